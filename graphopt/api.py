@@ -1,0 +1,191 @@
+"""`graphopt.optimize`: the whole ONNX pipeline as one call.
+
+    load -> shape inference -> [constant folding, rule sweep]* -> CSE, DCE -> lower -> save
+
+The rule sweeps and constant folding alternate until neither changes anything
+or the sweep limit is reached (reported in the report, never fatal).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import onnx
+import onnx_ir as ir
+
+from graphopt.errors import RuleNameError
+from graphopt.ir.onnx_io import load_model, save_model
+from graphopt.ir.onnx_view import OnnxView
+from graphopt.match.driver import DriverOptions, RuleSet, apply_rules
+from graphopt.ops.lowering import lower_fused_ops
+from graphopt.ops.targets import get_target
+from graphopt.pattern.ir import Rule
+from graphopt.report.model import GraphSummary, Report
+
+__all__ = ["OptimizeOptions", "optimize", "optimize_file", "builtin_rules", "select_rules", "BUILTIN_PATTERNS_DIR"]
+
+ModelLike = TypeVar("ModelLike", ir.Model, onnx.ModelProto)
+
+
+def _builtin_patterns_dir() -> Path:
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "_patterns", here.parent / "patterns"):  # installed wheel, then source tree
+        if candidate.is_dir():
+            return candidate
+    return here.parent / "patterns"
+
+
+BUILTIN_PATTERNS_DIR = _builtin_patterns_dir()
+
+
+@dataclass
+class OptimizeOptions:
+    target: str = "onnx"
+    #: Extra pattern files or folders, loaded after the built-in library.
+    patterns: Sequence[str | os.PathLike[str]] = ()
+    #: Only these rules (None: all).
+    enable: Sequence[str] | None = None
+    disable: Sequence[str] = ()
+    builtin: bool = True
+    max_sweeps: int = 8
+    #: Constant folding never grows the model by more than this per folded node.
+    fold_size_limit: int = 1 << 20
+    shape_inference: bool = True
+    #: Rewrites to leave out, as (rule, root output name); set by verification.
+    blocked: set[tuple[str, str]] = field(default_factory=set)
+    #: If set, only rewrites for which it returns True are applied (bisection).
+    allow: Callable[[str, str], bool] | None = None
+    max_rewrites: int | None = None
+    progress: Callable[[str], None] | None = None
+
+
+_BUILTIN_CACHE: list[Rule] | None = None
+
+
+def builtin_rules() -> list[Rule]:
+    global _BUILTIN_CACHE
+    if _BUILTIN_CACHE is None:
+        from graphopt.pattern.loader import load_patterns
+
+        _BUILTIN_CACHE = load_patterns(BUILTIN_PATTERNS_DIR)
+    return list(_BUILTIN_CACHE)
+
+
+def select_rules(options: OptimizeOptions) -> list[Rule]:
+    from graphopt.pattern.loader import load_patterns
+
+    rules = builtin_rules() if options.builtin else []
+    for extra in options.patterns:
+        rules.extend(load_patterns(extra))
+    names = {r.name for r in rules}
+    for name in [*(options.enable or ()), *options.disable]:
+        if name not in names:
+            raise RuleNameError(f"unknown rule '{name}' (see `graphopt patterns` for the list)")
+    if options.enable is not None:
+        wanted = set(options.enable)
+        rules = [r for r in rules if r.name in wanted]
+    dropped = set(options.disable)
+    return [r for r in rules if r.name not in dropped]
+
+
+def _summary(model: ir.Model) -> GraphSummary:
+    ops = [n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}" for n in ir.traversal.RecursiveGraphIterator(model.graph)]
+    for function in model.functions.values():
+        ops.extend(n.op_type for n in function)
+    return GraphSummary.of(ops, len(model.graph.initializers))
+
+
+def optimize(model: ModelLike | str | os.PathLike[str], options: OptimizeOptions | None = None, **kwargs: Any) -> tuple[Any, Report]:
+    """Optimize a model; returns (optimized model, report).
+
+    `model` may be a path, an onnx-ir Model (rewritten in place) or a ModelProto
+    (a ModelProto comes back as a ModelProto). Keyword arguments set fields of
+    `OptimizeOptions`.
+    """
+    options = options or OptimizeOptions(**kwargs)
+    target = get_target(options.target)
+    rules = RuleSet(select_rules(options))
+    report = Report(target=target.name)
+    started = time.perf_counter()
+
+    as_proto = isinstance(model, onnx.ModelProto)
+    if isinstance(model, (str, os.PathLike)):
+        report.input_path = str(model)
+        model = load_model(model)
+    elif as_proto:
+        model = ir.serde.deserialize_model(model)
+    assert isinstance(model, ir.Model)
+    report.times_s["load"] = time.perf_counter() - started
+    report.before = _summary(model)
+
+    _run_pipeline(model, rules, target, report, options)
+
+    report.after = _summary(model)
+    report.times_s["optimize"] = time.perf_counter() - started - report.times_s["load"]
+    report.finalize()
+    return (ir.serde.serialize_model(model) if as_proto else model), report
+
+
+def _run_pipeline(model: ir.Model, rules: RuleSet, target: Any, report: Report, options: OptimizeOptions) -> None:
+    from graphopt import passes
+
+    say = options.progress or (lambda message: None)
+
+    def timed(name: str, fn: Callable[[], int]) -> int:
+        stats = report.pass_stats(name)
+        t0 = time.perf_counter()
+        changes = fn()
+        stats.runs += 1
+        stats.changes += changes
+        stats.time_s += time.perf_counter() - t0
+        return changes
+
+    if options.shape_inference:
+        say("shape inference")
+        timed("shape_inference", lambda: passes.infer_shapes(model))
+    view = OnnxView(model)
+    driver_options = DriverOptions(max_rewrites=options.max_rewrites, allow=options.allow, blocked=set(options.blocked))
+    for sweep in range(1, options.max_sweeps + 1):
+        report.sweeps = sweep
+        say(f"sweep {sweep}: constant folding")
+        folded = timed("constant_folding", lambda: passes.fold_constants(view, size_limit_bytes=options.fold_size_limit))
+        say(f"sweep {sweep}: rules")
+        t0 = time.perf_counter()
+        rewritten = apply_rules(view, rules, target, report, driver_options)
+        report.times_s["rules"] = report.times_s.get("rules", 0.0) + time.perf_counter() - t0
+        if report.limit_reached or (folded == 0 and rewritten == 0):
+            break
+        if driver_options.max_rewrites is not None:
+            driver_options.max_rewrites = max(0, driver_options.max_rewrites - rewritten)
+    else:
+        report.limit_reached = True
+        report.warnings.append(f"stopped after {options.max_sweeps} sweeps without reaching a fixpoint")
+    if report.limit_reached and not report.warnings:
+        report.warnings.append("rewrite limit reached; the result is valid but may not be fully optimized")
+    say("cleanup")
+    timed("cse", lambda: passes.eliminate_common_subexpressions(model))
+    timed("dce", lambda: passes.eliminate_dead_code(model))
+    timed("lowering", lambda: lower_fused_ops(model, target))
+
+
+def optimize_file(
+    input_path: str | os.PathLike[str],
+    output_path: str | os.PathLike[str],
+    options: OptimizeOptions | None = None,
+    **kwargs: Any,
+) -> Report:
+    """Load, optimize and atomically save; the input file is never modified unless it is the output."""
+    options = options or OptimizeOptions(**kwargs)
+    optimized, report = optimize(input_path, options)
+    report.output_path = str(output_path)
+    t0 = time.perf_counter()
+    save_model(optimized, output_path)
+    report.times_s["save"] = time.perf_counter() - t0
+    return report
+
+

@@ -1,0 +1,194 @@
+"""Load and save ONNX models safely.
+
+Loading goes through onnx-ir, which memory-maps external data instead of reading
+it. Before anything else sees the model we check what would otherwise surface
+as a crash deep inside a pass: a missing or non-ONNX file, an unsupported opset,
+a cycle, dangling value names, and external-data references that are missing,
+truncated, or point outside the model's folder (never read those).
+
+Saving is atomic: the model (and its external data, if any) is written into a
+temporary folder beside the destination and renamed into place, so a crash or a
+full disk never leaves a half-written file at the output path.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import onnx
+import onnx_ir as ir
+from google.protobuf.message import DecodeError
+
+from graphopt.errors import ModelError
+
+__all__ = ["load_model", "save_model", "check_model", "MAX_PROTOBUF_BYTES", "MIN_OPSET"]
+
+MAX_PROTOBUF_BYTES = 2**31 - 1
+#: Oldest default-domain opset whose semantics the rules assume (BatchNormalization-7 onwards).
+MIN_OPSET = 7
+
+
+def load_model(path: str | os.PathLike[str]) -> ir.Model:
+    """Load `path` as an onnx-ir model; raise ModelError with a one-line reason if unusable."""
+    path = Path(path)
+    if not path.exists():
+        raise ModelError(f"{path}: no such file")
+    if path.is_dir():
+        raise ModelError(f"{path}: is a directory, not an ONNX file")
+    if path.stat().st_size == 0:
+        raise ModelError(f"{path}: file is empty")
+    try:
+        proto = onnx.load(str(path), load_external_data=False)
+    except (DecodeError, RuntimeError, ValueError, UnicodeDecodeError) as error:
+        raise ModelError(f"{path}: not a valid ONNX model (the protobuf does not parse: {_first_line(error)})") from None
+    except OSError as error:
+        raise ModelError(f"{path}: cannot read: {error.strerror or error}") from None
+    _check_proto(proto, path)
+    try:
+        model = ir.serde.deserialize_model(proto)
+    except Exception as error:  # onnx-ir rejects malformed content with assorted exceptions
+        raise ModelError(f"{path}: malformed model: {_first_line(error)}") from None
+    ir.external_data.set_base_dir(model.graph, str(path.parent))
+    check_model(model, path)
+    return model
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip() or type(error).__name__
+    return text.splitlines()[0]
+
+
+def _check_proto(proto: onnx.ModelProto, path: Path) -> None:
+    if not proto.HasField("graph") or proto.ir_version <= 0:
+        raise ModelError(f"{path}: not a valid ONNX model (no graph or no IR version)")
+    opsets = {o.domain: o.version for o in proto.opset_import}
+    default = opsets.get("", opsets.get("ai.onnx"))
+    if default is None:
+        raise ModelError(f"{path}: the model imports no default-domain opset")
+    newest = onnx.defs.onnx_opset_version()
+    if not MIN_OPSET <= default <= newest:
+        raise ModelError(f"{path}: unsupported opset {default} (graphopt supports opsets {MIN_OPSET} to {newest})")
+
+
+def check_model(model: ir.Model, path: Path | str = "<model>") -> None:
+    """Structural checks on a loaded model: cycles, dangling names, external data."""
+    base = Path(path).parent if str(path) != "<model>" else None
+    _check_graph(model.graph, path, outer=set())
+    for function in model.functions.values():
+        _check_order(function, path, set(map(id, function.inputs)), f"function {function.name}")
+    if base is not None:
+        _check_external_data(model, base, path)
+
+
+def _check_graph(graph: ir.Graph, path: Path | str, outer: set[int]) -> None:
+    defined = set(outer)
+    defined.update(map(id, graph.inputs))
+    defined.update(map(id, graph.initializers.values()))
+    _check_order(graph, path, defined, f"graph {graph.name or 'main'}")
+    for node in graph:
+        for attr in node.attributes.values():
+            if attr.type == ir.AttributeType.GRAPH:
+                _check_graph(attr.value, path, defined)
+            elif attr.type == ir.AttributeType.GRAPHS:
+                for sub in attr.value:
+                    _check_graph(sub, path, defined)
+
+
+def _check_order(graph: ir.Graph | ir.Function, path: Path | str, defined: set[int], what: str) -> None:
+    """Every input must be defined before use: a graph input, an initializer, an outer
+    value or an earlier node. If not, the graph has a cycle or a dangling name."""
+    producers = {id(out): node for node in graph for out in node.outputs}
+    for node in graph:
+        for value in node.inputs:
+            if value is None or id(value) in defined:
+                continue
+            producer = producers.get(id(value))
+            name = value.name or "?"
+            if producer is None:
+                raise ModelError(f"{path}: {what}: node {node.name or node.op_type} uses '{name}', which nothing defines")
+            if _reaches(producer, node, producers):
+                raise ModelError(f"{path}: {what} has a cycle through '{name}' (node {node.name or node.op_type})")
+            raise ModelError(f"{path}: {what} is not in topological order: '{name}' is used before node {producer.name or producer.op_type} defines it")
+        defined.update(map(id, node.outputs))
+    for value in graph.outputs:
+        if id(value) not in defined:
+            raise ModelError(f"{path}: {what}: output '{value.name}' is not defined by any node, input or initializer")
+
+
+def _reaches(start: ir.Node, target: ir.Node, producers: dict[int, ir.Node]) -> bool:
+    """Is `target` among the (transitive) producers of `start`'s inputs?"""
+    stack, seen = [start], set()
+    while stack:
+        node = stack.pop()
+        if node is target:
+            return True
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        stack.extend(producers[id(v)] for v in node.inputs if v is not None and id(v) in producers)
+    return False
+
+
+def _check_external_data(model: ir.Model, base: Path, path: Path | str) -> None:
+    real_base = os.path.realpath(base)
+    sizes: dict[str, int] = {}
+    for graph in model.graphs():
+        for value in graph.initializers.values():
+            tensor = value.const_value
+            if not isinstance(tensor, ir.ExternalTensor):
+                continue
+            location = tensor.location
+            if os.path.isabs(location) or ".." in Path(location).parts:
+                raise ModelError(f"{path}: tensor '{value.name}' points outside the model's folder: {location!r}")
+            target = os.path.realpath(os.path.join(real_base, location))
+            if os.path.commonpath([real_base, target]) != real_base:
+                raise ModelError(f"{path}: tensor '{value.name}' points outside the model's folder via a link: {location!r}")
+            if target not in sizes:
+                if not os.path.isfile(target):
+                    raise ModelError(f"{path}: external data file {location!r} of tensor '{value.name}' is missing")
+                if not os.access(target, os.R_OK):
+                    raise ModelError(f"{path}: external data file {location!r} is not readable")
+                sizes[target] = os.path.getsize(target)
+            end = (tensor.offset or 0) + (tensor.length if tensor.length is not None else tensor.nbytes)
+            if end > sizes[target]:
+                raise ModelError(f"{path}: external data for tensor '{value.name}' ends at byte {end}, past the end of {location!r} ({sizes[target]} bytes)")
+
+
+def _has_external(model: ir.Model) -> bool:
+    return any(isinstance(v.const_value, ir.ExternalTensor) for g in model.graphs() for v in g.initializers.values())
+
+
+def _weight_bytes(model: ir.Model) -> int:
+    return sum(v.const_value.nbytes for g in model.graphs() for v in g.initializers.values() if v.const_value is not None)
+
+
+def save_model(model: ir.Model, path: str | os.PathLike[str], *, external_data: bool | None = None) -> None:
+    """Write `model` to `path` atomically.
+
+    Weights go to `<name>.data` beside it when `external_data` is True, or (None)
+    when the input had external data or the model would not fit in one protobuf.
+    """
+    path = Path(path)
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise ModelError(f"{path}: the output folder {folder} does not exist")
+    if external_data is None:
+        external_data = _has_external(model) or _weight_bytes(model) > MAX_PROTOBUF_BYTES - (64 << 20)
+    data_name = path.name + ".data" if external_data else None
+    try:
+        staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=folder))
+    except OSError as error:
+        raise ModelError(f"{path}: cannot write to {folder}: {error.strerror or error}") from None
+    try:
+        staged = staging / path.name
+        ir.save(model, staged, external_data=data_name)
+        if data_name:
+            os.replace(staging / data_name, folder / data_name)
+        os.replace(staged, path)
+    except OSError as error:
+        raise ModelError(f"{path}: cannot write the output: {error.strerror or error}") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

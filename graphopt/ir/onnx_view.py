@@ -1,0 +1,331 @@
+"""The graph view over an ONNX model held in onnx-ir.
+
+onnx-ir gives us values with producers and uses, O(1) node insertion and removal,
+lazily loaded (memory-mapped) external tensors, subgraphs and functions; this
+module only adapts it to `graphopt.ir.view.GraphView` and implements the
+mutations a rewrite needs while keeping untouched nodes exactly as they were.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Mapping, Sequence
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from graphopt.pattern.ir import MISSING
+
+__all__ = ["OnnxView", "DTYPE_NAMES", "dtype_name", "onnx_dtype_from_name"]
+
+DTYPE_NAMES: dict[ir.DataType, str] = {
+    ir.DataType.FLOAT: "f32",
+    ir.DataType.FLOAT16: "f16",
+    ir.DataType.BFLOAT16: "bf16",
+    ir.DataType.DOUBLE: "f64",
+    ir.DataType.INT64: "i64",
+    ir.DataType.INT32: "i32",
+    ir.DataType.INT16: "i16",
+    ir.DataType.INT8: "i8",
+    ir.DataType.UINT64: "u64",
+    ir.DataType.UINT32: "u32",
+    ir.DataType.UINT16: "u16",
+    ir.DataType.UINT8: "u8",
+    ir.DataType.BOOL: "bool",
+    ir.DataType.STRING: "str",
+    ir.DataType.COMPLEX64: "c64",
+    ir.DataType.COMPLEX128: "c128",
+    ir.DataType.FLOAT8E4M3FN: "f8e4m3fn",
+    ir.DataType.FLOAT8E5M2: "f8e5m2",
+}
+_NAME_TO_DTYPE = {v: k for k, v in DTYPE_NAMES.items()}
+
+
+def dtype_name(dtype: ir.DataType | int | None) -> str | None:
+    if dtype is None:
+        return None
+    return DTYPE_NAMES.get(ir.DataType(dtype), ir.DataType(dtype).name.lower())
+
+
+def onnx_dtype_from_name(name: str) -> int:
+    return int(_NAME_TO_DTYPE[name])
+
+
+@lru_cache(maxsize=4096)
+def _schema_default(domain: str, op_type: str, opset: int, name: str) -> Any:
+    try:
+        schema = onnx.defs.get_schema(op_type, opset, domain)
+    except Exception:  # unknown op or domain: no schema, no defaults
+        return MISSING
+    attr = schema.attributes.get(name)
+    if attr is None or not attr.default_value.name:
+        return MISSING
+    value = onnx.helper.get_attribute_value(attr.default_value)
+    if isinstance(value, bytes):
+        value = value.decode()
+    return value
+
+
+def _attr_python_value(attr: ir.Attr) -> Any:
+    value = attr.value
+    if attr.type in (ir.AttributeType.TENSOR,):
+        return value.numpy()
+    if attr.type in (ir.AttributeType.INTS, ir.AttributeType.FLOATS, ir.AttributeType.STRINGS):
+        return list(value)
+    return value
+
+
+class OnnxView:
+    """GraphView over an `ir.Model`; nodes, values and scopes are onnx-ir's own objects."""
+
+    def __init__(self, model: ir.Model) -> None:
+        self.model = model
+        self._counter = itertools.count()
+        self._names: set[str] = set()
+        self._scope_labels: dict[int, str] = {}
+        self._scopes: list[ir.Graph | ir.Function] = []
+        # Constant nodes made for a rewrite in a subgraph or function, inserted on commit.
+        self._pending_constants: list[ir.Node] = []
+        self._collect_scopes(model.graph, "main")
+        for key, function in model.functions.items():
+            self._collect_scopes(function, f"function:{key[0]}.{key[1]}")
+        for scope in self._scopes:
+            self._names.update(v.name for v in self._scope_values(scope) if v.name)
+
+    # ------------------------------------------------------------ scopes
+    def _collect_scopes(self, scope: ir.Graph | ir.Function, label: str) -> None:
+        self._scopes.append(scope)
+        self._scope_labels[id(scope)] = label
+        for node in scope:
+            for attr in node.attributes.values():
+                if attr.type == ir.AttributeType.GRAPH:
+                    self._collect_scopes(attr.value, f"{label}/{self.label(node)}.{attr.name}")
+                elif attr.type == ir.AttributeType.GRAPHS:
+                    for i, g in enumerate(attr.value):
+                        self._collect_scopes(g, f"{label}/{self.label(node)}.{attr.name}[{i}]")
+
+    @staticmethod
+    def _scope_values(scope: ir.Graph | ir.Function) -> Iterator[ir.Value]:
+        yield from scope.inputs
+        if isinstance(scope, ir.Graph):
+            yield from scope.initializers.values()
+        for node in scope:
+            yield from node.outputs
+
+    def scopes(self) -> list[ir.Graph | ir.Function]:
+        return list(self._scopes)
+
+    def nodes(self, scope: ir.Graph | ir.Function) -> list[ir.Node]:
+        return list(scope)
+
+    def scope_of(self, node: ir.Node) -> ir.Graph | ir.Function:
+        return node.graph
+
+    def scope_label(self, scope: Any) -> str:
+        return self._scope_labels.get(id(scope), "?")
+
+    def iter_all_nodes(self) -> Iterator[ir.Node]:
+        for scope in self._scopes:
+            yield from scope
+
+    def opset(self, domain: str) -> int | None:
+        return self.model.opset_imports.get(domain)
+
+    # ------------------------------------------------------------ reading
+    def op_key(self, node: ir.Node) -> tuple[str, str]:
+        domain = node.domain
+        return ("" if domain == "ai.onnx" else domain, node.op_type)
+
+    def inputs(self, node: ir.Node) -> Sequence[ir.Value | None]:
+        return node.inputs
+
+    def outputs(self, node: ir.Node) -> Sequence[ir.Value]:
+        return node.outputs
+
+    def producer(self, value: ir.Value) -> ir.Node | None:
+        return value.producer()
+
+    def output_index(self, value: ir.Value) -> int:
+        return value.index() or 0
+
+    def users(self, value: ir.Value) -> list[ir.Node]:
+        return [use.node for use in value.uses()]
+
+    def num_uses(self, value: ir.Value) -> int:
+        return len(value.uses())
+
+    def is_graph_output(self, value: ir.Value) -> bool:
+        return value.is_graph_output()
+
+    def is_const(self, value: ir.Value) -> bool:
+        if value.is_graph_input():
+            return False  # an initializer that is also an input can be overridden
+        if value.const_value is not None:
+            return True
+        producer = value.producer()
+        return producer is not None and producer.op_type == "Constant" and producer.domain in ("", "ai.onnx")
+
+    def const_array(self, value: ir.Value) -> np.ndarray | None:
+        if not self.is_const(value):
+            return None
+        try:
+            tensor = ir.convenience.get_const_tensor(value)
+        except ValueError:
+            return None
+        if tensor is None:
+            return None
+        return tensor.numpy()
+
+    def dtype(self, value: ir.Value) -> str | None:
+        dtype = value.dtype
+        if dtype is None and value.const_value is not None:
+            dtype = value.const_value.dtype
+        return dtype_name(dtype)
+
+    def shape(self, value: ir.Value) -> tuple[int | str | None, ...] | None:
+        shape = value.shape
+        if shape is None:
+            if value.const_value is not None:
+                return tuple(int(d) for d in value.const_value.shape)
+            return None
+        return tuple(d if isinstance(d, int) else (d.value if d.value is not None else None) for d in shape)
+
+    def attr(self, node: ir.Node, name: str) -> Any:
+        attr = node.attributes.get(name)
+        if attr is not None and not attr.is_ref():
+            return _attr_python_value(attr)
+        domain, op_type = self.op_key(node)
+        opset = node.version or self.opset(domain) or (self.opset("") if domain == "" else 1) or 1
+        return _schema_default(domain, op_type, opset, name)
+
+    def attrs(self, node: ir.Node) -> Mapping[str, Any]:
+        return {k: _attr_python_value(a) for k, a in node.attributes.items() if not a.is_ref()}
+
+    def raw_attrs(self, node: ir.Node) -> Mapping[str, ir.Attr]:
+        return node.attributes
+
+    def label(self, node: ir.Node) -> str:
+        if node.name:
+            return node.name
+        first = next((o.name for o in node.outputs if o.name), None)
+        return f"{node.op_type}({first})" if first else f"{node.op_type}@{id(node):x}"
+
+    # ------------------------------------------------------------ mutating
+    def fresh_name(self, hint: str) -> str:
+        while True:
+            name = f"{hint}__go{next(self._counter)}"
+            if name not in self._names:
+                self._names.add(name)
+                return name
+
+    def new_node(
+        self,
+        scope: Any,
+        domain: str,
+        op_type: str,
+        inputs: Sequence[ir.Value | None],
+        attrs: Mapping[str, Any],
+        num_outputs: int,
+        name_hint: str = "",
+    ) -> ir.Node:
+        attributes = []
+        for key, value in attrs.items():
+            if isinstance(value, ir.Attr):
+                attributes.append(ir.Attr(key, value.type, value.value, ref_attr_name=value.ref_attr_name))
+            else:
+                attributes.append(ir.convenience.convert_attribute(key, value))
+        node_name = self.fresh_name(name_hint or op_type)
+        node = ir.Node(domain, op_type, list(inputs), attributes, num_outputs=num_outputs, name=node_name)
+        for i, out in enumerate(node.outputs):
+            out.name = self.fresh_name(f"{node_name}_out{i}" if num_outputs > 1 else node_name)
+        return node
+
+    def new_constant(self, scope: Any, array: np.ndarray, name_hint: str) -> ir.Value:
+        name = self.fresh_name(name_hint or "const")
+        tensor = ir.tensor(np.asarray(array), name=name)
+        if isinstance(scope, ir.Graph) and scope is self.model.graph:
+            value = ir.Value(name=name, const_value=tensor, shape=ir.Shape(tensor.shape), type=ir.TensorType(tensor.dtype))
+            scope.register_initializer(value)
+            return value
+        # Subgraphs and functions: a Constant node keeps the value local to its scope.
+        node = ir.Node("", "Constant", [], [ir.AttrTensor("value", tensor)], name=name)
+        node.outputs[0].name = name
+        node.outputs[0].type = ir.TensorType(tensor.dtype)
+        node.outputs[0].shape = ir.Shape(tensor.shape)
+        self._pending_constants.append(node)
+        return node.outputs[0]
+
+    def discard_pending(self) -> None:
+        self._pending_constants = []
+
+    def commit(
+        self,
+        root: ir.Node,
+        new_nodes: Sequence[ir.Node],
+        replacements: Sequence[tuple[ir.Value, ir.Value]],
+        matched: Sequence[ir.Node],
+    ) -> list[ir.Node]:
+        graph = root.graph
+        pending, self._pending_constants = self._pending_constants, []
+        to_insert = [*pending, *new_nodes]
+        new_set = set(map(id, to_insert))
+        for old, new in replacements:
+            if old.is_graph_output():
+                producer = new.producer()
+                if producer is None or id(producer) not in new_set or new.is_graph_output():
+                    # The output keeps its name, so an existing value cannot take its place: copy it.
+                    ident = ir.Node("", "Identity", [new], name=self.fresh_name("Identity"))
+                    to_insert.append(ident)
+                    new = ident.outputs[0]
+                old_name = old.name
+                old.name = self.fresh_name(old_name or "replaced")
+                new.name = old_name
+            if new.type is None:
+                new.type = old.type
+            if new.shape is None and old.shape is not None:
+                new.shape = old.shape
+            old.replace_all_uses_with(new, replace_graph_outputs=True)
+        if to_insert:
+            graph.insert_before(root, to_insert)
+        touched: list[ir.Node] = []
+        for _, new in replacements:
+            touched.extend(use.node for use in new.uses())
+        touched.extend(self._erase_unused(list(matched)))
+        return touched
+
+    def _erase_unused(self, candidates: list[ir.Node]) -> list[ir.Node]:
+        """Erase candidates without users, then producers left without users.
+
+        Returns surviving producers whose use counts dropped (worth another look)."""
+        survivors: list[ir.Node] = []
+        seen: set[int] = set()
+        while candidates:
+            node = candidates.pop()
+            if id(node) in seen or node.graph is None:
+                continue
+            if any(out.uses() or out.is_graph_output() for out in node.outputs):
+                survivors.append(node)
+                continue
+            seen.add(id(node))
+            producers = [v.producer() for v in node.inputs if v is not None]
+            graph = node.graph
+            for i in range(len(node.inputs)):
+                node.replace_input_with(i, None)
+            graph.remove(node)
+            candidates.extend(p for p in producers if p is not None and p.graph is graph)
+        return survivors
+
+    def erase_dead(self, scope: Any) -> int:
+        before = len(scope)
+        self._erase_unused(list(scope))
+        return before - len(scope)
+
+    def remove_unused_initializers(self) -> int:
+        graph = self.model.graph
+        unused = [name for name, v in graph.initializers.items() if not v.uses() and not v.is_graph_output() and not v.is_graph_input()]
+        for name in unused:
+            graph.initializers.pop(name)
+        return len(unused)

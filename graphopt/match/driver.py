@@ -1,0 +1,199 @@
+"""The rewrite driver: apply a rule set to a graph until nothing more applies.
+
+* Rules are compiled once into `(domain, op) -> [rules]`, best benefit first.
+* Each scope's worklist is seeded in topological order and popped from the end,
+  so nodes nearer the outputs are tried first (large output-rooted patterns win).
+* After a rewrite only what it touched goes back on the worklist: the new nodes,
+  the users of replaced values and the producers of the match's leaves (whose use
+  counts dropped). Matched nodes left without users are erased at once. No rewrite
+  causes a rescan of the graph, so cost grows linearly with its size.
+* A rewrite budget bounds the work; reaching it is reported, not fatal.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from graphopt.ir.view import GraphView
+from graphopt.match.matcher import Failure, Match, Matcher, OpBinding
+from graphopt.match.rewrite import plan_rewrite
+from graphopt.ops.targets import Target
+from graphopt.pattern.ir import Rule
+from graphopt.pattern.native import RewriteDeclined
+from graphopt.report.model import NearMiss, Report, RewriteRecord
+
+__all__ = ["RuleSet", "DriverOptions", "apply_rules"]
+
+
+class RuleSet:
+    """Rules indexed by root op, each bucket sorted by benefit (highest first)."""
+
+    def __init__(self, rules: Iterable[Rule]) -> None:
+        self.rules = list(rules)
+        self.by_op: dict[tuple[str, str], list[Rule]] = {}
+        for rule in self.rules:
+            self.by_op.setdefault(rule.root_key, []).append(rule)
+        for bucket in self.by_op.values():
+            bucket.sort(key=lambda r: (-r.effective_benefit, r.name))
+
+    def __len__(self) -> int:
+        return len(self.rules)
+
+
+@dataclass
+class DriverOptions:
+    #: Stop after this many rewrites in one call (None: 4 per node + 100).
+    max_rewrites: int | None = None
+    #: Applies only while it returns True for (rule name, root output name); used to bisect.
+    allow: Callable[[str, str], bool] | None = None
+    #: Rewrites to skip, as (rule name, root output name) keys.
+    blocked: set[tuple[str, str]] = field(default_factory=set)
+    #: Record near-misses (cheap, but can be turned off for speed).
+    trace: bool = True
+
+
+def rewrite_key(view: GraphView, rule: Rule, root: Any) -> tuple[str, str]:
+    """Identifies a rewrite across runs on the same input: rule and root's first output name."""
+    outputs = view.outputs(root)
+    name = getattr(outputs[0], "name", None) if outputs else None
+    return (rule.name, name or view.label(root))
+
+
+def apply_rules(view: GraphView, rules: RuleSet, target: Target, report: Report, options: DriverOptions | None = None) -> int:
+    """Apply `rules` to every scope of `view`; returns the number of rewrites applied."""
+    options = options or DriverOptions()
+    matcher = Matcher(view)
+    applied = 0
+    total_nodes = sum(len(view.nodes(s)) for s in view.scopes())
+    budget = options.max_rewrites if options.max_rewrites is not None else 4 * total_nodes + 100
+    for rule in rules.rules:
+        report.rule(rule.name, str(rule.loc or ""), rule.effective_benefit, rule.doc)
+
+    for scope in view.scopes():
+        scope_label = view.scope_label(scope)
+        worklist = list(view.nodes(scope))
+        queued = set(map(id, worklist))
+
+        def push(nodes: Iterable[Any]) -> None:
+            for n in nodes:
+                if n is not None and id(n) not in queued and view.scope_of(n) is scope:
+                    queued.add(id(n))
+                    worklist.append(n)
+
+        while worklist:
+            node = worklist.pop()
+            queued.discard(id(node))
+            if view.scope_of(node) is not scope:
+                continue  # erased since it was queued
+            bucket = rules.by_op.get(view.op_key(node))
+            if not bucket:
+                continue
+            for rule in bucket:
+                stats = report.rules[rule.name]
+                started = time.perf_counter()
+                outcome = matcher.attempt(rule, node)
+                stats.attempts += 1
+                if isinstance(outcome, Failure):
+                    stats.time_s += time.perf_counter() - started
+                    if options.trace:
+                        _near_miss(view, stats, rule, node, scope_label, outcome)
+                    continue
+                stats.matches += 1
+                key = rewrite_key(view, rule, node)
+                if key in options.blocked or (options.allow is not None and not options.allow(*key)):
+                    stats.time_s += time.perf_counter() - started
+                    continue
+                if applied >= budget:
+                    stats.time_s += time.perf_counter() - started
+                    report.limit_reached = True
+                    return applied
+                try:
+                    planned = plan_rewrite(view, outcome)
+                except RewriteDeclined as declined:
+                    stats.time_s += time.perf_counter() - started
+                    _near_miss(view, stats, rule, node, scope_label, Failure(len(outcome.nodes) + 2, node, str(declined)))
+                    continue
+                problem = _target_problem(view, target, planned.new_nodes)
+                if problem is not None:
+                    _discard(view)
+                    stats.time_s += time.perf_counter() - started
+                    _near_miss(view, stats, rule, node, scope_label, Failure(len(outcome.nodes) + 2, node, problem))
+                    continue
+                leaves = _leaf_producers(view, outcome)
+                touched = view.commit(node, planned.new_nodes, planned.replacements, outcome.nodes)
+                removed = sum(1 for n in outcome.nodes if view.scope_of(n) is not scope)
+                applied += 1
+                stats.applications += 1
+                stats.time_s += time.perf_counter() - started
+                stats.rewrites.append(
+                    RewriteRecord(
+                        index=report.next_index(),
+                        rule=rule.name,
+                        scope=scope_label,
+                        node=key[1],
+                        op=view.op_key(node)[1],
+                        removed=removed,
+                        added=[_op_name(view.op_key(n)) for n in planned.new_nodes],
+                    )
+                )
+                push(leaves)
+                push(touched)
+                push(reversed(planned.new_nodes))  # pushed last: tried first
+                if view.scope_of(node) is scope:
+                    push([node])
+                break
+    return applied
+
+
+def _op_name(key: tuple[str, str]) -> str:
+    return f"{key[0]}.{key[1]}" if key[0] else key[1]
+
+
+def _leaf_producers(view: GraphView, match: Match) -> list[Any]:
+    """Producers of the values feeding the match from outside: their use counts drop."""
+    inside = set(map(id, match.nodes))
+    result = []
+    for node in match.nodes:
+        for value in view.inputs(node):
+            if value is None:
+                continue
+            producer = view.producer(value)
+            if producer is not None and id(producer) not in inside:
+                result.append(producer)
+    return result
+
+
+def _target_problem(view: GraphView, target: Target, new_nodes: list[Any]) -> str | None:
+    opset_of = getattr(view, "opset", lambda domain: None)
+    for node in new_nodes:
+        domain, op_type = view.op_key(node)
+        first = next((v for v in view.inputs(node) if v is not None), None)
+        dtype = view.dtype(first) if first is not None else None
+        reason = target.why_not(domain, op_type, dtype, opset_of(""))
+        if reason is not None:
+            return reason
+    return None
+
+
+def _discard(view: GraphView) -> None:
+    discard = getattr(view, "discard_pending", None)
+    if discard is not None:
+        discard()
+
+
+def _near_miss(view: GraphView, stats: Any, rule: Rule, root: Any, scope_label: str, failure: Failure) -> None:
+    failed_at = failure.node
+    stats.add_near_miss(
+        NearMiss(
+            rule=rule.name,
+            scope=scope_label,
+            node=view.label(root),
+            op=view.op_key(root)[1],
+            failed_at=view.label(failed_at) if failed_at is not None and not isinstance(failed_at, OpBinding) else "",
+            reason=failure.reason,
+            depth=failure.depth,
+        )
+    )

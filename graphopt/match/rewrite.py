@@ -1,0 +1,133 @@
+"""Run the rewrite half of a rule against a match.
+
+The executor only *builds*: new nodes are created detached, and the caller
+(the driver) decides whether to commit them — after checking that the target
+can run every one of them. Nothing in the graph changes here, except constants
+registered for new nodes, which are dropped again as unused if the rewrite is
+not committed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from graphopt.ir.view import GraphView
+from graphopt.match.matcher import Match, MatchContext, OpBinding
+from graphopt.pattern.ir import Build, Call, Let, Lit, Ref, Replace
+from graphopt.pattern.native import RewriteDeclined, lookup
+
+__all__ = ["PlannedRewrite", "plan_rewrite"]
+
+
+@dataclass
+class PlannedRewrite:
+    match: Match
+    new_nodes: list[Any]
+    replacements: list[tuple[Any, Any]]  # (old value, new value)
+
+
+class _BuiltOutputs:
+    """A new node with several outputs; `x.0`, `x.1` select them."""
+
+    def __init__(self, node: Any, view: GraphView) -> None:
+        self.node = node
+        self.outputs = list(view.outputs(node))
+
+    def __getitem__(self, key: str | int) -> Any:
+        return self.outputs[int(key)]
+
+
+def plan_rewrite(view: GraphView, match: Match) -> PlannedRewrite:
+    """Evaluate the rule body; raises RewriteDeclined when a native helper backs out."""
+    scope = view.scope_of(match.root)
+    ctx = MatchContext(view, scope)
+    env: dict[str, Any] = dict(match.bindings)
+    new_nodes: list[Any] = []
+    replacements: list[tuple[Any, Any]] = []
+
+    def as_value(x: Any, hint: str) -> Any:
+        if isinstance(x, OpBinding):
+            return x.value
+        if isinstance(x, _BuiltOutputs):
+            return x.outputs[0]
+        if isinstance(x, (np.ndarray, np.generic)):
+            return ctx.constant(np.asarray(x), hint)
+        return x
+
+    def evaluate(expr: Any, hint: str = "") -> Any:
+        if isinstance(expr, Ref):
+            if expr.name not in env:
+                raise KeyError(f"'{expr.name}' is not bound")
+            value = env[expr.name]
+            if expr.field is None:
+                return value
+            if isinstance(value, _BuiltOutputs):
+                return value[expr.field]
+            if isinstance(value, Mapping):
+                return value[expr.field]
+            return getattr(value, expr.field)
+        if isinstance(expr, Lit):
+            return expr.value
+        if isinstance(expr, Call):
+            native = lookup("Rewrite", expr.name) or lookup("Constraint", expr.name)
+            if native is None:
+                raise KeyError(f"native {expr.name} is not registered")
+            args = [_plain(evaluate(a)) for a in expr.args]
+            return native.fn(ctx, *args)
+        if isinstance(expr, Build):
+            operands = [None if o is None else as_value(evaluate(o, f"{expr.op_type}_in"), f"{expr.op_type}_in") for o in expr.operands]
+            attrs: dict[str, Any] = {}
+            if expr.copy_from is not None:
+                source = env[expr.copy_from]
+                source_node = source.node if isinstance(source, OpBinding) else source
+                attrs.update(view.raw_attrs(source_node))
+            for name, value_expr in expr.attrs:
+                value = _plain(evaluate(value_expr))
+                if value is None:
+                    attrs.pop(name, None)  # None removes an attribute (e.g. one that was copied)
+                else:
+                    attrs[name] = value
+            node = view.new_node(scope, expr.domain, expr.op_type, operands, attrs, expr.num_outputs)
+            new_nodes.append(node)
+            built = _BuiltOutputs(node, view)
+            return built if expr.num_outputs > 1 else built.outputs[0]
+        raise TypeError(f"cannot evaluate {expr!r}")
+
+    try:
+        for stmt in match.rule.body:
+            if isinstance(stmt, Let):
+                env[stmt.name] = evaluate(stmt.expr, stmt.name)
+            elif isinstance(stmt, Replace):
+                target = env[stmt.target]
+                if not isinstance(target, OpBinding):
+                    raise TypeError(f"replace target '{stmt.target}' is not a matched op")
+                outputs = list(view.outputs(target.node))
+                values = [as_value(evaluate(e, stmt.target), stmt.target) for e in stmt.values]
+                if len(values) > len(outputs):
+                    raise RewriteDeclined(f"{len(values)} replacements for {len(outputs)} outputs")
+                for old, new in zip(outputs, values):
+                    if new is None:
+                        raise RewriteDeclined("replacement value is missing")
+                    replacements.append((old, new))
+                # Outputs not replaced must be unused, or the rewrite would leave them dangling.
+                for old in outputs[len(values):]:
+                    if view.users(old) or view.is_graph_output(old):
+                        raise RewriteDeclined(f"output {view.output_index(old)} of {view.label(target.node)} is still used")
+    except RewriteDeclined:
+        _discard(view)
+        raise
+    return PlannedRewrite(match, new_nodes, replacements)
+
+
+def _plain(value: Any) -> Any:
+    return value.value if isinstance(value, OpBinding) else value
+
+
+def _discard(view: GraphView) -> None:
+    discard = getattr(view, "discard_pending", None)
+    if discard is not None:
+        discard()

@@ -1,0 +1,130 @@
+"""Targets and their capability tables: which ops a rewrite may emit, per dtype.
+
+A rewrite emits standard ONNX ops or graphopt's own fused ops (domain
+`graphopt`). Standard ops are allowed when the model's opset defines them. A
+graphopt op is allowed only when the target has a lowering for it *and* the op
+it lowers to has a kernel for the dtype on that target. Nothing else is ever
+emitted: the driver checks every new node before committing a rewrite.
+
+The onnxruntime tables list the kernels registered for each execution provider
+(onnxruntime/contrib_ops/cpu/cpu_contrib_kernels.cc and
+onnxruntime/contrib_ops/cuda/cuda_contrib_kernels.cc). tests/test_targets.py
+builds a one-node model for every ort-cpu entry and checks that onnxruntime's CPU
+provider runs it; the CUDA entries are checked on the GPU machine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import onnx
+
+__all__ = ["Target", "TARGETS", "get_target", "GRAPHOPT_DOMAIN", "MS_DOMAIN"]
+
+GRAPHOPT_DOMAIN = "graphopt"
+MS_DOMAIN = "com.microsoft"
+
+_F = frozenset
+
+# Kernels registered by onnxruntime per provider: (domain, op) -> dtypes.
+_ORT_CPU: dict[tuple[str, str], frozenset[str]] = {
+    (MS_DOMAIN, "FusedConv"): _F({"f32"}),
+    (MS_DOMAIN, "FusedGemm"): _F({"f32"}),
+    (MS_DOMAIN, "FusedMatMul"): _F({"f32"}),
+    (MS_DOMAIN, "Attention"): _F({"f32"}),
+    (MS_DOMAIN, "MultiHeadAttention"): _F({"f32"}),
+    (MS_DOMAIN, "GroupQueryAttention"): _F({"f32", "f16"}),
+    (MS_DOMAIN, "RotaryEmbedding"): _F({"f32", "f16"}),
+    (MS_DOMAIN, "SkipLayerNormalization"): _F({"f32", "f64", "f16"}),
+    (MS_DOMAIN, "SkipSimplifiedLayerNormalization"): _F({"f32", "f64", "f16"}),
+    (MS_DOMAIN, "BiasGelu"): _F({"f32"}),
+    (MS_DOMAIN, "FastGelu"): _F({"f32"}),
+    (MS_DOMAIN, "QuickGelu"): _F({"f32"}),
+    (MS_DOMAIN, "Gelu"): _F({"f32"}),
+    # Registered by onnxruntime in the default domain although ONNX has no such op.
+    ("", "SimplifiedLayerNormalization"): _F({"f32", "f64", "f16"}),
+}
+
+_ORT_CUDA: dict[tuple[str, str], frozenset[str]] = {
+    (MS_DOMAIN, "FusedConv"): _F({"f32"}),
+    (MS_DOMAIN, "FusedMatMul"): _F({"f32", "f64", "f16", "bf16"}),
+    (MS_DOMAIN, "Attention"): _F({"f32", "f16"}),
+    (MS_DOMAIN, "MultiHeadAttention"): _F({"f32", "f16"}),
+    (MS_DOMAIN, "GroupQueryAttention"): _F({"f16", "bf16"}),
+    (MS_DOMAIN, "RotaryEmbedding"): _F({"f32", "f16", "bf16"}),
+    (MS_DOMAIN, "SkipLayerNormalization"): _F({"f32", "f16"}),
+    (MS_DOMAIN, "SkipSimplifiedLayerNormalization"): _F({"f32", "f16"}),
+    (MS_DOMAIN, "BiasGelu"): _F({"f32", "f64", "f16", "bf16"}),
+    (MS_DOMAIN, "FastGelu"): _F({"f32", "f16", "bf16"}),
+    (MS_DOMAIN, "QuickGelu"): _F({"f32", "f64", "f16", "bf16"}),
+    (MS_DOMAIN, "Gelu"): _F({"f32", "f64", "f16", "bf16"}),
+    (MS_DOMAIN, "BiasSplitGelu"): _F({"f32", "f16"}),
+    (MS_DOMAIN, "GroupNorm"): _F({"f32", "f16"}),
+    (MS_DOMAIN, "NhwcConv"): _F({"f32", "f16"}),
+    ("", "SimplifiedLayerNormalization"): _F({"f32", "f64", "f16", "bf16"}),
+}
+
+# graphopt op -> the op it lowers to on onnxruntime targets (same inputs and attributes).
+_ORT_LOWERINGS: dict[str, tuple[str, str]] = {
+    "FusedConv": (MS_DOMAIN, "FusedConv"),
+}
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    description: str
+    kernels: Mapping[tuple[str, str], frozenset[str]] = field(default_factory=dict)
+    lowerings: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+
+    def lowered(self, domain: str, op_type: str) -> tuple[str, str]:
+        """The op this target runs for (domain, op_type): graphopt ops map through the lowering table."""
+        if domain == GRAPHOPT_DOMAIN:
+            return self.lowerings.get(op_type, (domain, op_type))
+        return (domain, op_type)
+
+    def why_not(self, domain: str, op_type: str, dtype: str | None, opset: int | None) -> str | None:
+        """None if the target can run this op for this dtype; else the reason it cannot."""
+        if domain == GRAPHOPT_DOMAIN:
+            if op_type not in self.lowerings:
+                return f"target {self.name} has no lowering for graphopt.{op_type}"
+            domain, op_type = self.lowerings[op_type]
+        key = (domain, op_type)
+        if key in self.kernels:
+            if dtype is not None and dtype not in self.kernels[key]:
+                return f"target {self.name} has no {_name(key)} kernel for {dtype}"
+            return None
+        if domain in ("", "ai.onnx") and _is_standard(op_type, opset or onnx.defs.onnx_opset_version()):
+            return None
+        return f"target {self.name} cannot run {_name(key)}"
+
+
+@lru_cache(maxsize=1024)
+def _is_standard(op_type: str, opset: int) -> bool:
+    try:
+        onnx.defs.get_schema(op_type, opset, "")
+    except onnx.defs.SchemaError:
+        return False
+    return True
+
+
+def _name(key: tuple[str, str]) -> str:
+    return f"{key[0]}.{key[1]}" if key[0] else key[1]
+
+
+TARGETS: dict[str, Target] = {
+    "onnx": Target("onnx", "standard ONNX ops only; runs in any runtime"),
+    "ort-cpu": Target("ort-cpu", "onnxruntime, CPU execution provider", _ORT_CPU, _ORT_LOWERINGS),
+    "ort-cuda": Target("ort-cuda", "onnxruntime, CUDA execution provider", _ORT_CUDA, _ORT_LOWERINGS),
+}
+
+
+def get_target(name: str) -> Target:
+    from graphopt.errors import GraphoptError
+
+    try:
+        return TARGETS[name]
+    except KeyError:
+        raise GraphoptError(f"unknown target '{name}' (known: {', '.join(TARGETS)})") from None

@@ -1,0 +1,310 @@
+"""The pattern IR: a small, frozen description of one rewrite rule.
+
+Both front ends (the `.pdll` text parser and the embedded Python form) produce
+these objects, the printer turns them back into text, and the matcher and the
+rewrite executor consume them. Nothing here knows about ONNX or FX.
+
+A rule has two halves:
+
+* the *match* half, a DAG of `OpMatch` / `Var` / `AltMatch` nodes rooted at the
+  op being replaced, plus native constraint calls over the bound names;
+* the *rewrite* half, a list of statements (`Let`, `Replace`) over expressions
+  (`Ref`, `Lit`, `Call`, `Build`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Union
+
+__all__ = [
+    "MISSING",
+    "SourceLoc",
+    "ValueConstraint",
+    "Var",
+    "AttrMatch",
+    "OpMatch",
+    "AltMatch",
+    "MatchNode",
+    "Ref",
+    "Lit",
+    "Call",
+    "Build",
+    "Expr",
+    "Let",
+    "Replace",
+    "Statement",
+    "NativeDecl",
+    "Rule",
+    "PatternFile",
+    "VALUE_CONSTRAINTS",
+    "COMMUTATIVE_OPS",
+    "iter_match_nodes",
+    "bound_names",
+    "default_benefit",
+]
+
+
+class _Missing:
+    """Marker for "no value given" where None is a meaningful value."""
+
+    _instance: _Missing | None = None
+
+    def __new__(cls) -> _Missing:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "MISSING"
+
+    def __reduce__(self) -> str:
+        return "MISSING"
+
+
+MISSING = _Missing()
+
+#: Value constraints understood by the matcher, with the number of arguments
+#: each takes (None = any number, at least one).
+VALUE_CONSTRAINTS: dict[str, int | None] = {
+    "Const": 0,  # a constant: initializer (not an overridable input) or Constant node
+    "Rank": 1,  # Rank<4>: statically known rank
+    "DType": None,  # DType<f16, bf16>: element type is one of these
+    "OneUse": 0,  # used exactly once and not a graph output
+    "Scalar": 0,  # exactly one element (rank 0 or all dims 1)
+}
+
+#: Binary ops whose two operands the matcher tries in both orders.
+COMMUTATIVE_OPS: frozenset[tuple[str, str]] = frozenset(
+    {("", "Add"), ("", "Mul"), ("", "Max"), ("", "Min"), ("", "And"), ("", "Or"), ("", "Xor"), ("", "Equal"), ("", "Sum")}
+)
+
+
+@dataclass(frozen=True)
+class SourceLoc:
+    file: str
+    line: int
+    col: int = 1
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.col}"
+
+
+@dataclass(frozen=True)
+class ValueConstraint:
+    """A built-in constraint written on the value it restricts: `w: [Const, Rank<4>]`."""
+
+    kind: str
+    args: tuple[object, ...] = ()
+
+
+# ---------------------------------------------------------------- match half
+
+
+@dataclass(frozen=True)
+class Var:
+    """A leaf: binds any value (or checks a previous binding of the same name).
+
+    `_` is a wildcard that binds nothing. An optional var (`b?`) also matches a
+    missing trailing operand and then binds None.
+    """
+
+    name: str
+    constraints: tuple[ValueConstraint, ...] = ()
+    optional: bool = False
+
+
+@dataclass(frozen=True)
+class AttrMatch:
+    """One attribute of an `OpMatch`.
+
+    `{axis = 1}` compares with a literal; `{epsilon = eps}` binds the value to
+    `eps`; `default` gives the value to use when the node lacks the attribute
+    (otherwise the op schema's default is used).
+    """
+
+    name: str
+    literal: object = MISSING
+    bind: str | None = None
+    default: object = MISSING
+
+
+@dataclass(frozen=True)
+class OpMatch:
+    """Matches one node, by op type, operands and attributes.
+
+    `name` is the `let` name (the rewrite can refer to the matched node through
+    it); `output` picks which output of the node the operand refers to.
+    """
+
+    op_type: str
+    domain: str = ""
+    operands: tuple[MatchNode, ...] = ()
+    attrs: tuple[AttrMatch, ...] = ()
+    name: str | None = None
+    output: int = 0
+
+
+@dataclass(frozen=True)
+class AltMatch:
+    """Tagged alternatives: `alt form { mm: op<MatMul>(a, b), gemm: op<Gemm>(a, b) }`.
+
+    The first branch that matches wins; `tag_var` is bound to its tag so the
+    rewrite (and native helpers) can see which one it was.
+    """
+
+    tag_var: str
+    branches: tuple[tuple[str, MatchNode], ...]
+
+
+MatchNode = Union[Var, OpMatch, AltMatch]
+
+# -------------------------------------------------------------- rewrite half
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A bound name, optionally a field of a native rewrite's result (`f.w`)."""
+
+    name: str
+    field: str | None = None
+
+
+@dataclass(frozen=True)
+class Lit:
+    """A literal: int, float, str, bool, or a list of those."""
+
+    value: object
+
+
+@dataclass(frozen=True)
+class Call:
+    """A call of a native Constraint or Rewrite, declared body-less and registered in Python."""
+
+    name: str
+    args: tuple[Expr, ...] = ()
+
+
+@dataclass(frozen=True)
+class Build:
+    """A new node: `op<Conv>(x, f.w, f.b) {..conv, group = 1}`.
+
+    `copy_from` copies every attribute of a matched node; `attrs` are set on
+    top of that. An operand of None is an omitted optional input.
+    """
+
+    op_type: str
+    domain: str = ""
+    operands: tuple[Expr | None, ...] = ()
+    attrs: tuple[tuple[str, Expr], ...] = ()
+    copy_from: str | None = None
+    num_outputs: int = 1
+
+
+Expr = Union[Ref, Lit, Call, Build]
+
+
+@dataclass(frozen=True)
+class Let:
+    name: str
+    expr: Expr
+
+
+@dataclass(frozen=True)
+class Replace:
+    """`replace root with expr` (or a tuple, one per output of the root)."""
+
+    target: str
+    values: tuple[Expr, ...]
+
+
+Statement = Union[Let, Replace]
+
+
+@dataclass(frozen=True)
+class NativeDecl:
+    """A body-less `Constraint Name(a, b);` or `Rewrite Name(a) -> (x, y);`."""
+
+    kind: str  # "Constraint" or "Rewrite"
+    name: str
+    params: tuple[str, ...] = ()
+    results: tuple[str, ...] = ()
+    loc: SourceLoc | None = None
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    root: OpMatch
+    body: tuple[Statement, ...]
+    constraints: tuple[Call, ...] = ()
+    benefit: int | None = None
+    doc: str = ""
+    loc: SourceLoc | None = None
+    # Not part of the rule's meaning; excluded from equality so round trips compare rules.
+    natives: tuple[NativeDecl, ...] = field(default=(), compare=False)
+
+    @property
+    def effective_benefit(self) -> int:
+        return self.benefit if self.benefit is not None else default_benefit(self.root)
+
+    @property
+    def root_key(self) -> tuple[str, str]:
+        return (self.root.domain, self.root.op_type)
+
+
+@dataclass(frozen=True)
+class PatternFile:
+    path: str
+    natives: tuple[NativeDecl, ...]
+    rules: tuple[Rule, ...]
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def iter_match_nodes(node: MatchNode, _seen: set[int] | None = None):
+    """Every match node reachable from `node`, each once (patterns are DAGs)."""
+    seen = _seen if _seen is not None else set()
+    if id(node) in seen:
+        return
+    seen.add(id(node))
+    yield node
+    if isinstance(node, OpMatch):
+        for operand in node.operands:
+            yield from iter_match_nodes(operand, seen)
+    elif isinstance(node, AltMatch):
+        for _, branch in node.branches:
+            yield from iter_match_nodes(branch, seen)
+
+
+def bound_names(node: MatchNode) -> set[str]:
+    """Names a match binds: vars, let names, attribute bindings and alt tags."""
+    names: set[str] = set()
+    for n in iter_match_nodes(node):
+        if isinstance(n, Var) and n.name != "_":
+            names.add(n.name)
+        elif isinstance(n, OpMatch):
+            if n.name:
+                names.add(n.name)
+            names.update(a.bind for a in n.attrs if a.bind)
+        elif isinstance(n, AltMatch):
+            names.add(n.tag_var)
+    return names
+
+
+def default_benefit(node: MatchNode) -> int:
+    """PDLL's default: the number of matched ops (alternatives count their largest branch)."""
+    seen: set[int] = set()
+
+    def count(n: MatchNode) -> int:
+        if id(n) in seen:
+            return 0
+        seen.add(id(n))
+        if isinstance(n, OpMatch):
+            return 1 + sum(count(o) for o in n.operands)
+        if isinstance(n, AltMatch):
+            return max((count(b) for _, b in n.branches), default=0)
+        return 0
+
+    return count(node)

@@ -1,0 +1,189 @@
+"""The rewrite report: one data model, filled by the driver and passes, rendered as
+JSON (schema in docs/report-schema.md), in the terminal, and later as HTML.
+
+Bump `SCHEMA_VERSION` on any change that removes or renames a field; adding a
+field is compatible.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import itertools
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "SCHEMA_NAME",
+    "SCHEMA_VERSION",
+    "RewriteRecord",
+    "NearMiss",
+    "RuleStats",
+    "PassStats",
+    "GraphSummary",
+    "Verification",
+    "Report",
+    "MAX_NEAR_MISSES",
+]
+
+SCHEMA_NAME = "graphopt.report"
+SCHEMA_VERSION = 1
+#: Near-misses kept per rule (the deepest ones).
+MAX_NEAR_MISSES = 10
+#: Rewrite locations kept per rule (counts are always exact).
+MAX_LOCATIONS = 1000
+
+_tiebreak = itertools.count()
+
+
+@dataclass
+class RewriteRecord:
+    """One applied rewrite: which rule, at which node, what it replaced."""
+
+    index: int  # order of application across the whole run
+    rule: str
+    scope: str  # "main", or the path of a subgraph / function body
+    node: str  # the root node's name
+    op: str
+    removed: int  # nodes erased
+    added: list[str]  # op types of the nodes inserted
+
+
+@dataclass
+class NearMiss:
+    """A rule that got part of the way at a node, and the check that stopped it."""
+
+    rule: str
+    scope: str
+    node: str  # root node the rule was tried at
+    op: str
+    failed_at: str  # node where the failing check was, if any
+    reason: str
+    depth: int  # ops matched before the failure
+
+
+@dataclass
+class RuleStats:
+    name: str
+    source: str  # file:line
+    benefit: int
+    doc: str = ""
+    attempts: int = 0
+    matches: int = 0
+    applications: int = 0
+    time_s: float = 0.0
+    rewrites: list[RewriteRecord] = field(default_factory=list)
+    near_misses: list[NearMiss] = field(default_factory=list)
+    # heap of (depth, tiebreak, NearMiss): the deepest misses survive
+    _heap: list[tuple[int, int, NearMiss]] = field(default_factory=list, repr=False)
+
+    def add_near_miss(self, miss: NearMiss) -> None:
+        item = (miss.depth, -next(_tiebreak), miss)
+        if len(self._heap) < MAX_NEAR_MISSES:
+            heapq.heappush(self._heap, item)
+        elif item[:2] > self._heap[0][:2]:
+            heapq.heapreplace(self._heap, item)
+
+    def finalize(self) -> None:
+        self.near_misses = [m for _, _, m in sorted(self._heap, key=lambda t: (-t[0], -t[1]))]
+
+
+@dataclass
+class PassStats:
+    name: str
+    runs: int = 0
+    changes: int = 0
+    time_s: float = 0.0
+
+
+@dataclass
+class GraphSummary:
+    nodes: int
+    ops: dict[str, int]
+    initializers: int = 0
+
+    @classmethod
+    def of(cls, op_types: list[str], initializers: int = 0) -> GraphSummary:
+        counts = Counter(op_types)
+        return cls(len(op_types), dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))), initializers)
+
+
+@dataclass
+class Verification:
+    passed: bool
+    runs: int
+    max_abs_diff: dict[str, float]
+    rtol: float
+    atol: float
+    input_shapes: dict[str, list[int]]
+    dropped: list[str] = field(default_factory=list)  # rewrites left out because they changed numbers
+    message: str = ""
+
+
+@dataclass
+class Report:
+    target: str
+    input_path: str | None = None
+    output_path: str | None = None
+    before: GraphSummary | None = None
+    after: GraphSummary | None = None
+    rules: dict[str, RuleStats] = field(default_factory=dict)
+    passes: dict[str, PassStats] = field(default_factory=dict)
+    sweeps: int = 0
+    limit_reached: bool = False
+    times_s: dict[str, float] = field(default_factory=dict)
+    verification: Verification | None = None
+    warnings: list[str] = field(default_factory=list)
+    _applied: int = 0
+
+    # ----------------------------------------------------------- recording
+    def rule(self, name: str, source: str = "", benefit: int = 0, doc: str = "") -> RuleStats:
+        stats = self.rules.get(name)
+        if stats is None:
+            stats = self.rules[name] = RuleStats(name, source, benefit, doc)
+        return stats
+
+    def pass_stats(self, name: str) -> PassStats:
+        stats = self.passes.get(name)
+        if stats is None:
+            stats = self.passes[name] = PassStats(name)
+        return stats
+
+    def next_index(self) -> int:
+        self._applied += 1
+        return self._applied
+
+    @property
+    def applied(self) -> list[RewriteRecord]:
+        return sorted((r for s in self.rules.values() for r in s.rewrites), key=lambda r: r.index)
+
+    @property
+    def total_rewrites(self) -> int:
+        return sum(s.applications for s in self.rules.values())
+
+    def finalize(self) -> None:
+        for stats in self.rules.values():
+            stats.finalize()
+
+    # ----------------------------------------------------------- output
+    def to_dict(self) -> dict[str, Any]:
+        from graphopt import __version__
+
+        def plain(obj: Any) -> Any:
+            if dataclasses.is_dataclass(obj):
+                return {f.name: plain(getattr(obj, f.name)) for f in dataclasses.fields(obj) if not f.name.startswith("_")}
+            if isinstance(obj, dict):
+                return {k: plain(v) for k, v in obj.items()}
+            if isinstance(obj, (list, tuple)):
+                return [plain(v) for v in obj]
+            if isinstance(obj, float):
+                return round(obj, 6)
+            return obj
+
+        self.finalize()
+        body = plain(self)
+        body["rules"] = [plain(s) for s in sorted(self.rules.values(), key=lambda s: (-s.applications, s.name))]
+        body["passes"] = [plain(p) for p in self.passes.values()]
+        body["total_rewrites"] = self.total_rewrites
+        return {"schema": SCHEMA_NAME, "version": SCHEMA_VERSION, "tool": {"name": "graphopt", "version": __version__}, **body}
