@@ -30,6 +30,7 @@ from graphopt.pattern.ir import (
     Rule,
     ValueConstraint,
     Var,
+    bound_names,
 )
 from graphopt.pattern.native import lookup
 
@@ -128,6 +129,7 @@ class Matcher:
         self.view = view
         self._best: Failure | None = None
         self._scope: Any = None
+        self._names: dict[str, set[str]] = {}
 
     # ---------------------------------------------------------------- entry
     def attempt(self, rule: Rule, root: Any) -> Match | Failure:
@@ -141,9 +143,17 @@ class Matcher:
             if problem is None:
                 problem = self._check_constraints(rule, env.bindings, ctx)
             if problem is None:
-                return Match(rule, root, env.bindings, nodes)
+                return Match(rule, root, self._complete(rule, env.bindings), nodes)
             self._fail(len(nodes) + 1, problem[0], problem[1])
         return self._best or Failure(0, root, "no match")
+
+    def _complete(self, rule: Rule, bindings: dict[str, Any]) -> dict[str, Any]:
+        # Names bound only in the alternative branch that did not match read as None.
+        names = self._names.get(rule.name)
+        if names is None:
+            names = self._names[rule.name] = bound_names(rule.root)
+        missing = names.difference(bindings)
+        return {**bindings, **dict.fromkeys(missing)} if missing else bindings
 
     def _fail(self, depth: int, node: Any, reason: str) -> None:
         if self._best is None or depth > self._best.depth:
@@ -317,11 +327,9 @@ class Matcher:
 
 def evaluate_constraint_arg(expr: Any, bindings: dict[str, Any]) -> Any:
     if isinstance(expr, Ref):
-        value = bindings.get(expr.name, MISSING)
-        if value is MISSING:
-            raise KeyError(expr.name)
+        value = bindings.get(expr.name)
         if expr.field is not None:
-            return value[expr.field] if isinstance(value, dict) else getattr(value, expr.field)
+            return None if value is None else value[expr.field] if isinstance(value, dict) else getattr(value, expr.field)
         return value
     if isinstance(expr, Lit):
         return expr.value

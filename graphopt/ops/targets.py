@@ -6,11 +6,10 @@ graphopt op is allowed only when the target has a lowering for it *and* the op
 it lowers to has a kernel for the dtype on that target. Nothing else is ever
 emitted: the driver checks every new node before committing a rewrite.
 
-The onnxruntime tables list the kernels registered for each execution provider
-(onnxruntime/contrib_ops/cpu/cpu_contrib_kernels.cc and
-onnxruntime/contrib_ops/cuda/cuda_contrib_kernels.cc). tests/test_targets.py
-builds a one-node model for every ort-cpu entry and checks that onnxruntime's CPU
-provider runs it; the CUDA entries are checked on the GPU machine.
+The ort-cpu table is a snapshot of the kernels onnxruntime's CPU provider
+registers (data/ort_cpu_kernels.json, made by snapshot_ort_kernels.py);
+tests/test_targets.py checks it against the installed onnxruntime. The ort-cuda
+table lists the CUDA provider's contrib kernels; it is checked on the GPU machine.
 """
 
 from __future__ import annotations
@@ -18,6 +17,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
+
+import json
+from pathlib import Path
 
 import onnx
 
@@ -28,25 +30,18 @@ MS_DOMAIN = "com.microsoft"
 
 _F = frozenset
 
-# Kernels registered by onnxruntime per provider: (domain, op) -> dtypes.
-_ORT_CPU: dict[tuple[str, str], frozenset[str]] = {
-    (MS_DOMAIN, "FusedConv"): _F({"f32"}),
-    (MS_DOMAIN, "FusedGemm"): _F({"f32"}),
-    (MS_DOMAIN, "FusedMatMul"): _F({"f32"}),
-    (MS_DOMAIN, "Attention"): _F({"f32"}),
-    (MS_DOMAIN, "MultiHeadAttention"): _F({"f32"}),
-    (MS_DOMAIN, "GroupQueryAttention"): _F({"f32", "f16"}),
-    (MS_DOMAIN, "RotaryEmbedding"): _F({"f32", "f16"}),
-    (MS_DOMAIN, "SkipLayerNormalization"): _F({"f32", "f64", "f16"}),
-    (MS_DOMAIN, "SkipSimplifiedLayerNormalization"): _F({"f32", "f64", "f16"}),
-    (MS_DOMAIN, "BiasGelu"): _F({"f32"}),
-    (MS_DOMAIN, "FastGelu"): _F({"f32"}),
-    (MS_DOMAIN, "QuickGelu"): _F({"f32"}),
-    (MS_DOMAIN, "Gelu"): _F({"f32"}),
-    # Registered by onnxruntime in the default domain although ONNX has no such op.
-    ("", "SimplifiedLayerNormalization"): _F({"f32", "f64", "f16"}),
-}
+def _load_kernel_table(name: str) -> dict[tuple[str, str], frozenset[str]]:
+    """A snapshot of the kernels one onnxruntime provider registers (see snapshot_ort_kernels.py)."""
+    data = json.loads((Path(__file__).parent / "data" / name).read_text())
+    return {tuple(key.split("::", 1)): frozenset(dtypes) for key, dtypes in data["kernels"].items()}  # type: ignore[misc]
 
+
+# Every kernel of onnxruntime's CPU provider, standard ops included: a node the
+# CPU provider has no kernel for makes the session fail to load.
+_ORT_CPU = _load_kernel_table("ort_cpu_kernels.json")
+
+# Contrib kernels of the CUDA provider (cuda_contrib_kernels.cc). Standard ops
+# need no table here: the CUDA provider hands any op it lacks to the CPU provider.
 _ORT_CUDA: dict[tuple[str, str], frozenset[str]] = {
     (MS_DOMAIN, "FusedConv"): _F({"f32"}),
     (MS_DOMAIN, "FusedMatMul"): _F({"f32", "f64", "f16", "bf16"}),
@@ -78,6 +73,8 @@ class Target:
     description: str
     kernels: Mapping[tuple[str, str], frozenset[str]] = field(default_factory=dict)
     lowerings: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    #: True when `kernels` lists every op the target runs (standard ops too).
+    complete: bool = False
 
     def lowered(self, domain: str, op_type: str) -> tuple[str, str]:
         """The op this target runs for (domain, op_type): graphopt ops map through the lowering table."""
@@ -96,6 +93,8 @@ class Target:
             if dtype is not None and dtype not in self.kernels[key]:
                 return f"target {self.name} has no {_name(key)} kernel for {dtype}"
             return None
+        if self.complete:
+            return f"target {self.name} has no kernel for {_name(key)}"
         if domain in ("", "ai.onnx") and _is_standard(op_type, opset or onnx.defs.onnx_opset_version()):
             return None
         return f"target {self.name} cannot run {_name(key)}"
@@ -116,7 +115,7 @@ def _name(key: tuple[str, str]) -> str:
 
 TARGETS: dict[str, Target] = {
     "onnx": Target("onnx", "standard ONNX ops only; runs in any runtime"),
-    "ort-cpu": Target("ort-cpu", "onnxruntime, CPU execution provider", _ORT_CPU, _ORT_LOWERINGS),
+    "ort-cpu": Target("ort-cpu", "onnxruntime, CPU execution provider", _ORT_CPU, _ORT_LOWERINGS, complete=True),
     "ort-cuda": Target("ort-cuda", "onnxruntime, CUDA execution provider", _ORT_CUDA, _ORT_LOWERINGS),
 }
 

@@ -1,0 +1,60 @@
+"""Write the table of onnxruntime kernels for one execution provider, from the
+installed onnxruntime build itself (its registered kernel definitions).
+
+    python -m graphopt.ops.snapshot_ort_kernels CPUExecutionProvider graphopt/ops/data/ort_cpu_kernels.json
+
+The CPU table is made with the CPU build; the CUDA table needs onnxruntime-gpu
+(run it on the GPU machine). For each (domain, op) it records the element types
+of the type constraint of the op's first input ("T" when unsure), for the newest
+opset range of that op.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+__all__ = ["snapshot"]
+
+_DTYPES = {
+    "tensor(float)": "f32", "tensor(float16)": "f16", "tensor(bfloat16)": "bf16", "tensor(double)": "f64",
+    "tensor(int64)": "i64", "tensor(int32)": "i32", "tensor(int16)": "i16", "tensor(int8)": "i8",
+    "tensor(uint64)": "u64", "tensor(uint32)": "u32", "tensor(uint16)": "u16", "tensor(uint8)": "u8",
+    "tensor(bool)": "bool", "tensor(string)": "str",
+}
+
+
+def snapshot(provider: str) -> dict[str, object]:
+    import onnxruntime
+    import onnxruntime.capi._pybind_state as C
+
+    first_input_constraint: dict[tuple[str, str], str] = {}
+    for schema in C.get_all_operator_schema():
+        if schema.inputs:
+            first_input_constraint[(schema.domain, schema.name)] = schema.inputs[0].typeStr
+    table: dict[str, dict[str, object]] = {}
+    for kernel in C.get_all_opkernel_def():
+        if kernel.provider != provider:
+            continue
+        domain = "" if kernel.domain == "ai.onnx" else kernel.domain
+        key = f"{domain}::{kernel.op_name}"
+        constraint = first_input_constraint.get((kernel.domain, kernel.op_name), "T")
+        types = kernel.type_constraints.get(constraint) or kernel.type_constraints.get("T") or next(iter(kernel.type_constraints.values()), [])
+        since = kernel.version_range[0]
+        entry = table.setdefault(key, {"since": since, "dtypes": set()})
+        if since > entry["since"]:  # keep only the newest opset range
+            entry["since"], entry["dtypes"] = since, set()
+        if since == entry["since"]:
+            entry["dtypes"].update(_DTYPES.get(t, t) for t in types)
+    return {
+        "onnxruntime": onnxruntime.__version__,
+        "provider": provider,
+        "kernels": {k: sorted(v["dtypes"]) for k, v in sorted(table.items())},
+    }
+
+
+if __name__ == "__main__":
+    provider, path = sys.argv[1], sys.argv[2]
+    with open(path, "w") as f:
+        json.dump(snapshot(provider), f, indent=0, sort_keys=True)
+        f.write("\n")
