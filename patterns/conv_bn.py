@@ -82,3 +82,22 @@ def fold_matmul_bn(ctx, bmat, g, beta, mean, var, eps):
     scale, shift = _bn_scale_shift(ctx, g, beta, mean, var, eps, weights.shape[1])
     new_w = weights.astype(np.float64) * scale[None, :]
     return {"w": new_w.astype(weights.dtype), "b": shift.astype(weights.dtype)}
+
+
+@native_rewrite("BNScaleForWeights")
+def bn_scale_for_weights(ctx, x, b, g, beta, mean, var, eps):
+    """For weights that are computed in the graph (e.g. by ConstantOfShape), the
+    scale stays a Mul on the weights; onnxruntime folds it when the session loads."""
+    rank = ctx.rank(x)
+    scale_array = ctx.array(g)
+    dtype = ctx.dtype(x)
+    if rank is None or scale_array is None or dtype not in ("f32", "f64", "f16", "bf16"):
+        raise RewriteDeclined("the input's rank or dtype is unknown")
+    channels = scale_array.shape[0] if scale_array.ndim == 1 else -1
+    scale, shift = _bn_scale_shift(ctx, g, beta, mean, var, eps, channels)
+    np_dtype = scale_array.dtype
+    bias = ctx.array(b).astype(np.float64) if b is not None else np.zeros(channels)
+    return {
+        "scale": scale.reshape((-1,) + (1,) * (rank - 1)).astype(np_dtype),
+        "b": (bias * scale + shift).astype(np_dtype),
+    }

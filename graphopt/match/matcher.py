@@ -90,19 +90,20 @@ class MatchContext:
 
 
 class _Env:
-    __slots__ = ("bindings", "nodes")
+    __slots__ = ("bindings", "nodes", "shared")
 
-    def __init__(self, bindings: dict[str, Any], nodes: tuple[Any, ...]) -> None:
+    def __init__(self, bindings: dict[str, Any], nodes: tuple[Any, ...], shared: frozenset[int] = frozenset()) -> None:
         self.bindings = bindings
         self.nodes = nodes
+        self.shared = shared  # ids of nodes matched by `shared` ops: exempt from the single-use check
 
     def bind(self, name: str, value: Any) -> _Env:
         b = dict(self.bindings)
         b[name] = value
-        return _Env(b, self.nodes)
+        return _Env(b, self.nodes, self.shared)
 
-    def add_node(self, node: Any) -> _Env:
-        return _Env(self.bindings, self.nodes + (node,))
+    def add_node(self, node: Any, shared: bool = False) -> _Env:
+        return _Env(self.bindings, self.nodes + (node,), self.shared | {id(node)} if shared else self.shared)
 
 
 def _same_attr(actual: Any, expected: Any) -> bool:
@@ -139,7 +140,7 @@ class Matcher:
         ctx = MatchContext(self.view, self._scope)
         for env in self._match_node(rule.root, root, _Env({}, ()), depth=0):
             nodes = env.nodes
-            problem = self._check_interior(nodes)
+            problem = self._check_interior(nodes, env.shared)
             if problem is None:
                 problem = self._check_constraints(rule, env.bindings, ctx)
             if problem is None:
@@ -251,7 +252,7 @@ class Matcher:
             self._fail(depth, node, f"{_key_name(key)} has {len(inputs)} inputs, pattern wants {want}")
             return
         inputs.extend([None] * (len(p.operands) - len(inputs)))
-        env = env.add_node(node)
+        env = env.add_node(node, p.shared)
         if p.name:
             outputs = view.outputs(node)
             env = env.bind(p.name, OpBinding(node, outputs[p.output] if len(outputs) > p.output else None))
@@ -295,7 +296,7 @@ class Matcher:
             return None if int(np.prod(shape, dtype=np.int64)) == 1 else f"has shape {list(shape)}, pattern wants a scalar"
         return f"has unknown constraint {c.kind}"
 
-    def _check_interior(self, nodes: tuple[Any, ...]) -> tuple[Any, str] | None:
+    def _check_interior(self, nodes: tuple[Any, ...], shared: frozenset[int]) -> tuple[Any, str] | None:
         """Interior nodes are single-use by default: every user of an interior value is
         itself part of the match, and no interior value is a graph output."""
         if len(nodes) <= 1:
@@ -303,6 +304,8 @@ class Matcher:
         matched = set(map(id, nodes))
         view = self.view
         for node in nodes[1:]:
+            if id(node) in shared:
+                continue
             for out in view.outputs(node):
                 if view.is_graph_output(out):
                     return node, f"interior node {view.label(node)} produces a graph output"

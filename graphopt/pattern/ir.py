@@ -134,7 +134,9 @@ class OpMatch:
     """Matches one node, by op type, operands and attributes.
 
     `name` is the `let` name (the rewrite can refer to the matched node through
-    it); `output` picks which output of the node the operand refers to.
+    it); `output` picks which output of the node the operand refers to. Interior
+    ops are single-use by default; a `shared` op may have users outside the match
+    (it then survives the rewrite), e.g. a Shape feeding several Gathers.
     """
 
     op_type: str
@@ -143,6 +145,7 @@ class OpMatch:
     attrs: tuple[AttrMatch, ...] = ()
     name: str | None = None
     output: int = 0
+    shared: bool = False
 
 
 @dataclass(frozen=True)

@@ -77,8 +77,13 @@ class RuleStats:
     near_misses: list[NearMiss] = field(default_factory=list)
     # heap of (depth, tiebreak, NearMiss): the deepest misses survive
     _heap: list[tuple[int, int, NearMiss]] = field(default_factory=list, repr=False)
+    _seen: set[tuple[str, str, str]] = field(default_factory=set, repr=False)
 
     def add_near_miss(self, miss: NearMiss) -> None:
+        key = (miss.scope, miss.node, miss.reason)
+        if key in self._seen:  # the same miss found again in a later sweep
+            return
+        self._seen.add(key)
         item = (miss.depth, -next(_tiebreak), miss)
         if len(self._heap) < MAX_NEAR_MISSES:
             heapq.heappush(self._heap, item)
