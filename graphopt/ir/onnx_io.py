@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import onnx
@@ -27,6 +28,7 @@ from graphopt.errors import ModelError
 __all__ = ["load_model", "save_model", "check_model", "MAX_PROTOBUF_BYTES", "MIN_OPSET"]
 
 MAX_PROTOBUF_BYTES = 2**31 - 1
+EXTERNAL_DATA_META = "graphopt.input_had_external_data"
 #: Oldest default-domain opset whose semantics the rules assume (BatchNormalization-7 onwards).
 MIN_OPSET = 7
 
@@ -53,6 +55,8 @@ def load_model(path: str | os.PathLike[str]) -> ir.Model:
         raise ModelError(f"{path}: malformed model: {_first_line(error)}") from None
     ir.external_data.set_base_dir(model.graph, str(path.parent))
     check_model(model, path)
+    # Remembered so the output keeps the input's layout even if every external tensor was rewritten.
+    model.meta[EXTERNAL_DATA_META] = _has_external(model)
     return model
 
 
@@ -132,29 +136,41 @@ def _reaches(start: ir.Node, target: ir.Node, producers: dict[int, ir.Node]) -> 
     return False
 
 
+def _external_tensors(model: ir.Model) -> Iterator[tuple[str, ir.ExternalTensor]]:
+    """Every tensor stored outside the model file: initializers, and tensor attributes
+    (a Constant node's value) in any graph or function body."""
+    for graph in model.graphs():
+        for value in graph.initializers.values():
+            if isinstance(value.const_value, ir.ExternalTensor):
+                yield value.name or "?", value.const_value
+    for scope in [*model.graphs(), *model.functions.values()]:
+        for node in scope:
+            for attr in node.attributes.values():
+                tensors = [attr.value] if attr.type == ir.AttributeType.TENSOR else attr.value if attr.type == ir.AttributeType.TENSORS else []
+                for tensor in tensors:
+                    if isinstance(tensor, ir.ExternalTensor):
+                        yield tensor.name or f"{node.name or node.op_type}.{attr.name}", tensor
+
+
 def _check_external_data(model: ir.Model, base: Path, path: Path | str) -> None:
     real_base = os.path.realpath(base)
     sizes: dict[str, int] = {}
-    for graph in model.graphs():
-        for value in graph.initializers.values():
-            tensor = value.const_value
-            if not isinstance(tensor, ir.ExternalTensor):
-                continue
-            location = tensor.location
-            if os.path.isabs(location) or ".." in Path(location).parts:
-                raise ModelError(f"{path}: tensor '{value.name}' points outside the model's folder: {location!r}")
-            target = os.path.realpath(os.path.join(real_base, location))
-            if os.path.commonpath([real_base, target]) != real_base:
-                raise ModelError(f"{path}: tensor '{value.name}' points outside the model's folder via a link: {location!r}")
-            if target not in sizes:
-                if not os.path.isfile(target):
-                    raise ModelError(f"{path}: external data file {location!r} of tensor '{value.name}' is missing")
-                if not os.access(target, os.R_OK):
-                    raise ModelError(f"{path}: external data file {location!r} is not readable")
-                sizes[target] = os.path.getsize(target)
-            end = (tensor.offset or 0) + (tensor.length if tensor.length is not None else tensor.nbytes)
-            if end > sizes[target]:
-                raise ModelError(f"{path}: external data for tensor '{value.name}' ends at byte {end}, past the end of {location!r} ({sizes[target]} bytes)")
+    for name, tensor in _external_tensors(model):
+        location = tensor.location
+        if os.path.isabs(location) or ".." in Path(location).parts:
+            raise ModelError(f"{path}: tensor '{name}' points outside the model's folder: {location!r}")
+        target = os.path.realpath(os.path.join(real_base, location))
+        if os.path.commonpath([real_base, target]) != real_base:
+            raise ModelError(f"{path}: tensor '{name}' points outside the model's folder via a link: {location!r}")
+        if target not in sizes:
+            if not os.path.isfile(target):
+                raise ModelError(f"{path}: external data file {location!r} of tensor '{name}' is missing")
+            if not os.access(target, os.R_OK):
+                raise ModelError(f"{path}: external data file {location!r} is not readable")
+            sizes[target] = os.path.getsize(target)
+        end = (tensor.offset or 0) + (tensor.length if tensor.length is not None else tensor.nbytes)
+        if end > sizes[target]:
+            raise ModelError(f"{path}: external data for tensor '{name}' ends at byte {end}, past the end of {location!r} ({sizes[target]} bytes)")
 
 
 def _has_external(model: ir.Model) -> bool:
@@ -176,7 +192,7 @@ def save_model(model: ir.Model, path: str | os.PathLike[str], *, external_data: 
     if not folder.is_dir():
         raise ModelError(f"{path}: the output folder {folder} does not exist")
     if external_data is None:
-        external_data = _has_external(model) or _weight_bytes(model) > MAX_PROTOBUF_BYTES - (64 << 20)
+        external_data = bool(model.meta.get(EXTERNAL_DATA_META)) or _has_external(model) or _weight_bytes(model) > MAX_PROTOBUF_BYTES - (64 << 20)
     data_name = path.name + ".data" if external_data else None
     try:
         staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=folder))

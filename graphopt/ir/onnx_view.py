@@ -91,7 +91,8 @@ class OnnxView:
         self._pending_constants: list[ir.Node] = []
         self._collect_scopes(model.graph, "main")
         for key, function in model.functions.items():
-            self._collect_scopes(function, f"function:{key[0]}.{key[1]}")
+            # A function's nodes belong to its inner graph (node.graph), so that is the scope.
+            self._collect_scopes(function.graph, f"function:{key[0]}.{key[1]}")
         for scope in self._scopes:
             self._names.update(v.name for v in self._scope_values(scope) if v.name)
 
@@ -273,15 +274,17 @@ class OnnxView:
         to_insert = [*pending, *new_nodes]
         new_set = set(map(id, to_insert))
         for old, new in replacements:
-            if old.is_graph_output():
-                producer = new.producer()
-                if producer is None or id(producer) not in new_set or new.is_graph_output():
-                    # The output keeps its name, so an existing value cannot take its place: copy it.
-                    ident = ir.Node("", "Identity", [new], name=self.fresh_name("Identity"))
-                    to_insert.append(ident)
-                    new = ident.outputs[0]
+            producer = new.producer()
+            is_new = producer is not None and id(producer) in new_set and not new.is_graph_output()
+            if old.is_graph_output() and not is_new:
+                # The output keeps its name, so an existing value cannot take its place: copy it.
+                ident = ir.Node("", "Identity", [new], name=self.fresh_name("Identity"))
+                to_insert.append(ident)
+                new, is_new = ident.outputs[0], True
+            if is_new and old.name:
+                # The new value takes over the old name, so consumers stay byte-identical.
                 old_name = old.name
-                old.name = self.fresh_name(old_name or "replaced")
+                old.name = self.fresh_name(old_name)
                 new.name = old_name
             if new.type is None:
                 new.type = old.type
