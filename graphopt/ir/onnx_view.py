@@ -85,16 +85,22 @@ class OnnxView:
         self.model = model
         self._counter = itertools.count()
         self._names: set[str] = set()
-        self._scope_labels: dict[int, str] = {}
-        self._scopes: list[ir.Graph | ir.Function] = []
         # Constant nodes made for a rewrite in a subgraph or function, inserted on commit.
         self._pending_constants: list[ir.Node] = []
-        self._collect_scopes(model.graph, "main")
-        for key, function in model.functions.items():
-            # A function's nodes belong to its inner graph (node.graph), so that is the scope.
-            self._collect_scopes(function.graph, f"function:{key[0]}.{key[1]}")
+        self._scope_labels: dict[int, str] = {}
+        self._scopes: list[ir.Graph] = []
+        self._refresh_scopes()
         for scope in self._scopes:
             self._names.update(v.name for v in self._scope_values(scope) if v.name)
+
+    def _refresh_scopes(self) -> None:
+        """Rewrites and passes can add or remove If/Loop nodes, so scopes are listed anew when asked."""
+        self._scopes = []
+        self._scope_labels = {}
+        self._collect_scopes(self.model.graph, "main")
+        for key, function in self.model.functions.items():
+            # A function's nodes belong to its inner graph (node.graph), so that is the scope.
+            self._collect_scopes(function.graph, f"function:{key[0]}.{key[1]}")
 
     # ------------------------------------------------------------ scopes
     def _collect_scopes(self, scope: ir.Graph | ir.Function, label: str) -> None:
@@ -116,7 +122,8 @@ class OnnxView:
         for node in scope:
             yield from node.outputs
 
-    def scopes(self) -> list[ir.Graph | ir.Function]:
+    def scopes(self) -> list[ir.Graph]:
+        self._refresh_scopes()
         return list(self._scopes)
 
     def nodes(self, scope: ir.Graph | ir.Function) -> list[ir.Node]:
@@ -167,7 +174,10 @@ class OnnxView:
         if value.const_value is not None:
             return True
         producer = value.producer()
-        return producer is not None and producer.op_type == "Constant" and producer.domain in ("", "ai.onnx")
+        if producer is None or producer.op_type != "Constant" or producer.domain not in ("", "ai.onnx"):
+            return False
+        # A Constant whose value is a function's attribute reference is unknown until the call.
+        return not any(attr.is_ref() for attr in producer.attributes.values())
 
     def const_array(self, value: ir.Value) -> np.ndarray | None:
         if not self.is_const(value):
@@ -188,6 +198,9 @@ class OnnxView:
 
     def shape(self, value: ir.Value) -> tuple[int | str | None, ...] | None:
         shape = value.shape
+        if shape is not None and value.is_graph_input() and value.graph is not self.model.graph:
+            # Loop/Scan body inputs may change shape from one iteration to the next: keep the rank only.
+            return (None,) * len(shape)
         if shape is None:
             if value.const_value is not None:
                 return tuple(int(d) for d in value.const_value.shape)
@@ -315,6 +328,11 @@ class OnnxView:
             seen.add(id(node))
             producers = [v.producer() for v in node.inputs if v is not None]
             graph = node.graph
+            for inner in _inner_nodes(node):
+                # Nodes of an erased If/Loop body stop being users of outer values.
+                producers.extend(v.producer() for v in inner.inputs if v is not None)
+                for i in range(len(inner.inputs)):
+                    inner.replace_input_with(i, None)
             for i in range(len(node.inputs)):
                 node.replace_input_with(i, None)
             graph.remove(node)
@@ -332,3 +350,15 @@ class OnnxView:
         for name in unused:
             graph.initializers.pop(name)
         return len(unused)
+
+
+def _inner_nodes(node: ir.Node) -> list[ir.Node]:
+    """Every node in the subgraphs of `node`, recursively."""
+    found: list[ir.Node] = []
+    for attr in node.attributes.values():
+        graphs = [attr.value] if attr.type == ir.AttributeType.GRAPH else list(attr.value) if attr.type == ir.AttributeType.GRAPHS else []
+        for graph in graphs:
+            for inner in graph:
+                found.append(inner)
+                found.extend(_inner_nodes(inner))
+    return found

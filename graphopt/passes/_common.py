@@ -1,0 +1,71 @@
+"""Small helpers shared by the passes: walking scopes, op sets, recording stats."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import onnx_ir as ir
+
+__all__ = [
+    "ONNX_DOMAINS",
+    "NON_DETERMINISTIC_OPS",
+    "is_onnx_op",
+    "is_non_deterministic",
+    "subgraphs",
+    "has_subgraphs",
+    "record",
+    "as_model",
+]
+
+ONNX_DOMAINS = frozenset({"", "ai.onnx"})
+
+# Ops whose result is not a function of their inputs: never folded, never merged.
+NON_DETERMINISTIC_OPS = frozenset(
+    {
+        "RandomNormal",
+        "RandomNormalLike",
+        "RandomUniform",
+        "RandomUniformLike",
+        "Multinomial",
+        "Bernoulli",
+    }
+)
+
+
+def is_onnx_op(node: ir.Node) -> bool:
+    return node.domain in ONNX_DOMAINS
+
+
+def is_non_deterministic(node: ir.Node) -> bool:
+    return node.op_type in NON_DETERMINISTIC_OPS and node.domain in ONNX_DOMAINS
+
+
+def subgraphs(node: ir.Node) -> Iterator[ir.Graph]:
+    """The graph-valued attributes of a node (If branches, Loop/Scan bodies)."""
+    for attr in node.attributes.values():
+        if attr.is_ref():
+            continue
+        if attr.type == ir.AttributeType.GRAPH:
+            yield attr.value
+        elif attr.type == ir.AttributeType.GRAPHS:
+            yield from attr.value
+
+
+def has_subgraphs(node: ir.Node) -> bool:
+    return any(attr.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) for attr in node.attributes.values())
+
+
+def record(stats: Any, changes: int, started: float) -> None:
+    """Add one run to a `graphopt.report.model.PassStats`-like object (runs, changes, time_s)."""
+    if stats is None:
+        return
+    stats.runs += 1
+    stats.changes += changes
+    stats.time_s += time.perf_counter() - started
+
+
+def as_model(model_or_view: Any) -> ir.Model:
+    """The `ir.Model` itself, or the one an `OnnxView` wraps."""
+    return model_or_view if isinstance(model_or_view, ir.Model) else model_or_view.model

@@ -1,0 +1,81 @@
+"""Dead-code elimination over the main graph, subgraphs and function bodies.
+
+Why not only onnx-ir's RemoveUnusedNodesPass: when it removes a dead If/Loop, the
+nodes inside its bodies stay registered as users of the outer values they read, so
+those outer producers are never seen as dead (not even on a second run); it also
+leaves dead subgraph initializers. This pass detaches the bodies of a removed node,
+removes dead initializers in every graph, and then uses onnx-ir's
+RemoveUnusedFunctionsPass (which walks subgraphs and nested calls) for functions.
+
+Node contents are never changed: unused optional outputs stay declared.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import onnx_ir as ir
+from onnx_ir.passes.common import RemoveUnusedFunctionsPass
+
+from graphopt.ir.onnx_view import OnnxView
+from graphopt.passes._common import as_model, record, subgraphs
+
+__all__ = ["eliminate_dead_code"]
+
+
+def eliminate_dead_code(model: ir.Model | OnnxView, *, remove_functions: bool = True, stats: Any = None) -> int:
+    """Remove nodes, initializers (and unused model-local functions) that no graph
+    output depends on; returns how many were removed. Graph inputs, graph outputs and
+    their producers always stay."""
+    started = time.perf_counter()
+    model = as_model(model)
+    removed = _sweep(model.graph)
+    for function in model.functions.values():
+        removed += _sweep(function)
+    if remove_functions:
+        before = len(model.functions)
+        RemoveUnusedFunctionsPass()(model)
+        removed += before - len(model.functions)
+    record(stats, removed, started)
+    return removed
+
+
+def _sweep(scope: ir.Graph | ir.Function) -> int:
+    """One reverse pass: users come after producers, so a node is seen only after every
+    node that could use it (bodies of surviving nodes are swept before what precedes
+    them, so outer values they stop reading die in the same pass)."""
+    removed = 0
+    for node in reversed(list(scope)):
+        if any(out.uses() or out.is_graph_output() for out in node.outputs):
+            for graph in subgraphs(node):
+                removed += _sweep(graph)
+            continue
+        removed += 1 + _detach_bodies(node)
+        scope.remove(node, safe=True)
+    if isinstance(scope, ir.Graph):
+        removed += _remove_dead_initializers(scope)
+    return removed
+
+
+def _detach_bodies(node: ir.Node) -> int:
+    """Drop the uses that a removed node's bodies hold on outer values; returns nodes dropped."""
+    count = 0
+    for graph in subgraphs(node):
+        for inner in reversed(list(graph)):
+            count += 1 + _detach_bodies(inner)
+            graph.remove(inner, safe=False)
+            for i in range(len(inner.inputs)):
+                inner.replace_input_with(i, None)
+    return count
+
+
+def _remove_dead_initializers(graph: ir.Graph) -> int:
+    dead = [
+        name
+        for name, value in graph.initializers.items()
+        if not value.uses() and not value.is_graph_output() and not value.is_graph_input()
+    ]
+    for name in dead:
+        graph.initializers.pop(name)
+    return len(dead)

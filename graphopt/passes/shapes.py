@@ -1,0 +1,115 @@
+"""Shape and type inference that keeps symbolic dims.
+
+Built on onnx-ir's ShapeInferencePass: it serializes the model without its large
+initializers (so models over 2 GB work), runs onnx.shape_inference with data
+propagation (Shape -> Gather -> Reshape chains get real dims), and merges the
+results back by value name. Our additions:
+
+* non-strict inference: one node onnx cannot infer (com.microsoft and other custom
+  domains, a bad annotation) stops only what depends on it, not the whole model;
+  if inference fails altogether the model is left as it was;
+* the merge never loses information: a dim that was an int stays that int, a named
+  symbolic dim is not replaced by an anonymous one, a known rank is not dropped;
+* the count of values whose type or shape got more precise.
+
+Only value types and shapes change; nodes and initializers stay as they were.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import onnx_ir as ir
+from onnx_ir.passes.common import ShapeInferencePass
+
+from graphopt.ir.onnx_view import OnnxView
+from graphopt.passes._common import as_model, record, subgraphs
+
+__all__ = ["infer_shapes"]
+
+logger = logging.getLogger(__name__)
+
+_Snapshot = tuple[ir.TypeProtocol | None, ir.Shape | None]
+
+
+def infer_shapes(model: ir.Model | OnnxView, *, data_prop: bool = True, stats: Any = None) -> int:
+    """Infer types and shapes in place; returns the number of values made more precise."""
+    started = time.perf_counter()
+    model = as_model(model)
+    before: dict[ir.Value, _Snapshot] = {v: (v.type, v.shape.copy() if v.shape is not None else None) for v in _values(model)}
+    order = list(model.graph.initializers)
+    try:
+        ShapeInferencePass(check_type=False, strict_mode=False, data_prop=data_prop)(model)
+    except Exception as e:  # noqa: BLE001 - the pass restores the model; we only log
+        logger.warning("shape inference failed, shapes left as they were: %s", e)
+        _restore(before)
+        _restore_order(model.graph, order)
+        record(stats, 0, started)
+        return 0
+    # The pass re-adds the large initializers it hid from onnx at the end: put them back.
+    _restore_order(model.graph, order)
+    changed = sum(_merge(value, type_, shape) for value, (type_, shape) in before.items())
+    record(stats, changed, started)
+    return changed
+
+
+def _values(model: ir.Model) -> Iterator[ir.Value]:
+    """Every value of the main graph and its subgraphs (the pass does not touch functions)."""
+    stack: list[ir.Graph] = [model.graph]
+    while stack:
+        graph = stack.pop()
+        yield from graph.inputs
+        yield from graph.initializers.values()
+        for node in graph:
+            yield from node.outputs
+            stack.extend(subgraphs(node))
+
+
+def _restore(before: dict[ir.Value, _Snapshot]) -> None:
+    for value, (type_, shape) in before.items():
+        value.type = type_
+        value.shape = shape
+
+
+def _restore_order(graph: ir.Graph, order: list[str]) -> None:
+    initializers = graph.initializers
+    if list(initializers) == order:
+        return
+    values = [initializers.pop(name) for name in order if name in initializers]
+    for value in values:
+        initializers.add(value)
+
+
+def _merge(value: ir.Value, old_type: ir.TypeProtocol | None, old_shape: ir.Shape | None) -> bool:
+    """Keep the more precise of the old and the inferred type/shape; True if it improved."""
+    new_shape = value.shape
+    improved = False
+    if old_type is not None:
+        if value.type != old_type:
+            value.type = old_type  # the graph's own annotation wins a conflict
+    elif value.type is not None:
+        improved = True
+    if old_shape is None:
+        return improved or new_shape is not None
+    if new_shape is None or len(new_shape) != len(old_shape):
+        value.shape = old_shape
+        return improved
+    dims: list[int | str | None] = []
+    for old, new in zip(old_shape, new_shape, strict=False):
+        if isinstance(old, int):
+            dims.append(old)
+        elif isinstance(new, int):
+            dims.append(new)
+            improved = True
+        elif old.value is None and new.value is not None:
+            dims.append(new.value)
+            improved = True
+        else:
+            dims.append(old.value)
+    merged = ir.Shape(dims)
+    if merged != new_shape:
+        value.shape = merged
+    return improved
