@@ -1,0 +1,126 @@
+"""Load rules from a patterns directory, a `.pdll` file or a `.py` file.
+
+A directory is loaded in two steps: first every `*.py` file in it (sorted by
+name), imported by path so that its `@native_constraint` / `@native_rewrite`
+helpers register and its `@rule` functions become rules; then every `*.pdll`
+file, sorted by name. `__init__.py`, `conftest.py` and test files are skipped.
+
+Every native a rule needs, declared or only called, must have a registered
+implementation once the Python files are imported; an unresolved one, and a
+rule name used twice, is a `PatternError` at load time, not a failure at match time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import re
+import sys
+import traceback
+from pathlib import Path
+
+from graphopt.errors import PatternError
+from graphopt.pattern.ir import NativeDecl, Rule
+from graphopt.pattern.native import lookup
+from graphopt.pattern.pdll import parse_pdll_file
+
+__all__ = ["load_patterns"]
+
+_SKIPPED_PY = re.compile(r"^(__init__|conftest|test_.*|.*_test)\.py$")
+
+
+def load_patterns(path_or_dir: str | os.PathLike[str]) -> list[Rule]:
+    """All rules of a patterns directory, or of one .pdll or .py file, checked and ready to match."""
+    path = Path(path_or_dir)
+    if path.is_dir():
+        py_files = sorted(p for p in path.glob("*.py") if p.is_file() and not _SKIPPED_PY.match(p.name))
+        pdll_files = sorted(p for p in path.glob("*.pdll") if p.is_file())
+    elif path.is_file() and path.suffix == ".pdll":
+        py_files, pdll_files = [], [path]
+    elif path.is_file() and path.suffix == ".py":
+        py_files, pdll_files = [path], []
+    elif not path.exists():
+        raise PatternError(f"{path}: no such file or directory")
+    else:
+        raise PatternError(f"{path}: expected a directory, a .pdll file or a .py file")
+
+    rules: list[Rule] = []
+    declared: list[NativeDecl] = []
+    for py in py_files:  # first: their natives must be registered before anything is resolved
+        rules += _rules_of_module(py)
+    for pdll in pdll_files:
+        pf = parse_pdll_file(pdll)
+        declared += pf.natives
+        rules += pf.rules
+
+    rules = list({id(r): r for r in rules}.values())  # a rule imported into a second module is still one rule
+    for decl in declared:
+        _resolve(decl)
+    for r in rules:
+        for decl in r.natives:
+            _resolve(decl)
+    _check_unique_names(rules)
+    return rules
+
+
+def _module_name(path: Path) -> str:
+    # Unique per file, stable across loads, never shadowing an importable module.
+    digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
+    stem = re.sub(r"\W", "_", path.stem)
+    return f"graphopt_patterns_{digest}_{stem}"
+
+
+def _rules_of_module(path: Path) -> list[Rule]:
+    name = _module_name(path)
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise PatternError(f"{path}: cannot be imported as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses and pickling inside the module look it up here
+    try:
+        spec.loader.exec_module(module)
+    except PatternError:
+        sys.modules.pop(name, None)
+        raise
+    except Exception as e:
+        sys.modules.pop(name, None)
+        raise _import_error(path, e) from e
+    found: list[Rule] = []
+    for value in vars(module).values():
+        if isinstance(value, Rule) and not any(value is r for r in found):
+            found.append(value)
+    return found
+
+
+def _import_error(path: Path, e: Exception) -> PatternError:
+    """file:line:col of where importing `path` failed, and why."""
+    if isinstance(e, SyntaxError) and e.lineno is not None:
+        return PatternError(f"{e.filename or path}:{e.lineno}:{e.offset or 1}: {type(e).__name__}: {e.msg}")
+    line = 1
+    target = str(path.resolve())
+    for frame in traceback.extract_tb(e.__traceback__):
+        if frame.filename and os.path.abspath(frame.filename) == target and frame.lineno:
+            line = frame.lineno  # the deepest frame in the pattern file itself
+    return PatternError(f"{path}:{line}:1: importing failed: {type(e).__name__}: {e}")
+
+
+def _resolve(decl: NativeDecl) -> None:
+    if lookup(decl.kind, decl.name) is not None:
+        return
+    other = "Rewrite" if decl.kind == "Constraint" else "Constraint"
+    hint = f" (a {other} of that name is registered)" if lookup(other, decl.name) else ""
+    register = "native_constraint" if decl.kind == "Constraint" else "native_rewrite"
+    where = str(decl.loc) if decl.loc else "<unknown>:1:1"
+    raise PatternError(
+        f"{where}: {decl.kind} '{decl.name}' has no Python implementation{hint}; "
+        f'register one with @{register}("{decl.name}") in a .py file beside the patterns'
+    )
+
+
+def _check_unique_names(rules: list[Rule]) -> None:
+    first: dict[str, Rule] = {}
+    for r in rules:
+        if r.name in first and first[r.name] is not r:
+            raise PatternError(f"{r.loc or '<unknown>:1:1'}: duplicate rule name '{r.name}' (first defined at {first[r.name].loc})")
+        first.setdefault(r.name, r)
