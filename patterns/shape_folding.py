@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from graphopt.pattern.native import native_constraint, native_rewrite
+from graphopt.pattern.native import RewriteDeclined, native_constraint, native_rewrite
 
 
 def _dims(ctx, x, start, end):
@@ -59,5 +59,25 @@ def gathered_dims_are_static(ctx, x, start, indices, axis):
 
 @native_rewrite("GatheredDims")
 def gathered_dims(ctx, x, start, indices):
-    dims = np.asarray(_dims(ctx, x, start, None), dtype=np.int64)
-    return {"value": dims[ctx.array(indices)]}
+    dims = _dims(ctx, x, start, None)
+    picked = np.asarray(ctx.array(indices)).astype(np.int64)
+    return {"value": np.asarray([dims[int(i)] for i in picked.reshape(-1)], dtype=np.int64).reshape(picked.shape)}
+
+
+@native_rewrite("SlicedDims")
+def sliced_dims(ctx, x, start, end, starts, ends, axes, steps):
+    dims = _dims(ctx, x, start, end)
+    if dims is None:
+        raise RewriteDeclined("the rank is unknown")
+    if axes is not None and [int(a) for a in ctx.array(axes).reshape(-1)] not in ([0], [-1]):
+        raise RewriteDeclined("slices along an axis a 1-D shape does not have")
+    step = 1 if steps is None else int(ctx.array(steps).reshape(-1)[0])
+    if step == 0:
+        raise RewriteDeclined("a Slice step of 0 is invalid")
+    begin, stop = int(ctx.array(starts).reshape(-1)[0]), int(ctx.array(ends).reshape(-1)[0])
+    # Python slicing clamps like ONNX Slice does (INT64_MAX / INT64_MIN ends included).
+    picked = list(dims)[slice(begin, stop, step)]
+    symbolic = [d for d in picked if not isinstance(d, int)]
+    if symbolic:
+        raise RewriteDeclined(f"sliced dims {symbolic} are not static")
+    return {"value": np.asarray(picked, dtype=np.int64)}

@@ -87,6 +87,7 @@ class OnnxView:
         self._names: set[str] = set()
         # Constant nodes made for a rewrite in a subgraph or function, inserted on commit.
         self._pending_constants: list[ir.Node] = []
+        self._new_initializers: dict[int, ir.Value] = {}  # initializers this view created, by id
         self._scope_labels: dict[int, str] = {}
         self._scopes: list[ir.Graph] = []
         self._refresh_scopes()
@@ -263,6 +264,7 @@ class OnnxView:
         if isinstance(scope, ir.Graph) and scope is self.model.graph:
             value = ir.Value(name=name, const_value=tensor, shape=ir.Shape(tensor.shape), type=ir.TensorType(tensor.dtype))
             scope.register_initializer(value)
+            self._new_initializers[id(value)] = value
             return value
         # Subgraphs and functions: a Constant node keeps the value local to its scope.
         node = ir.Node("", "Constant", [], [ir.AttrTensor("value", tensor)], name=name)
@@ -290,10 +292,17 @@ class OnnxView:
             producer = new.producer()
             is_new = producer is not None and id(producer) in new_set and not new.is_graph_output()
             if old.is_graph_output() and not is_new:
-                # The output keeps its name, so an existing value cannot take its place: copy it.
-                ident = ir.Node("", "Identity", [new], name=self.fresh_name("Identity"))
-                to_insert.append(ident)
-                new, is_new = ident.outputs[0], True
+                if id(new) in self._new_initializers and not new.uses():
+                    # A constant made for this rewrite becomes a Constant node carrying the output's name.
+                    self.model.graph.initializers.pop(new.name)
+                    const = ir.Node("", "Constant", [], [ir.AttrTensor("value", new.const_value)], name=self.fresh_name("Constant"))
+                    const.outputs[0].type, const.outputs[0].shape = new.type, new.shape
+                    new = const.outputs[0]
+                else:
+                    # The output keeps its name, so an existing value cannot take its place: copy it.
+                    new = ir.Node("", "Identity", [new], name=self.fresh_name("Identity")).outputs[0]
+                to_insert.append(new.producer())
+                is_new = True
             if is_new and old.name:
                 # The new value takes over the old name, so consumers stay byte-identical.
                 old_name = old.name

@@ -1,11 +1,11 @@
-"""Size-bounded constant folding, shape arithmetic included.
+"""Size-bounded constant folding.
 
 A node folds when every input is a constant (an initializer that is not a graph
-input, a Constant node, or a result folded earlier in the same pass). Shape and
-Size also fold when their input's dims are static, and Gather/Slice of a partly
-static shape fold when the dims they pick are static, so the
-Shape -> Gather -> Unsqueeze -> Concat -> Reshape chains of dynamic-shape exports
-collapse to one constant.
+input, a Constant node, or a result folded earlier in the same pass). Where shape
+arithmetic starts from a value's dims (Shape, Size, Gather/Slice of a partly
+static shape), the rules in patterns/shape_folding.pdll turn the known dims into
+constants — declaratively, with near-misses saying which dim was symbolic — and
+this pass folds the arithmetic on top of them in the next sweep.
 
 Why our own pass: onnx-ir ships none (onnxscript's folder sits on a different
 optimizer stack), and we need the growth rule, graph-output names, subgraphs and
@@ -112,8 +112,6 @@ class _Folder:
         # Constant contents by value (None: not a constant). Safe to cache for the pass:
         # a value never turns constant later, folding replaces it with a new value.
         self.consts: dict[ir.Value, np.ndarray | None] = {}
-        # Shape vectors known only in part: object arrays of int | None.
-        self.dims: dict[ir.Value, np.ndarray] = {}
 
     def fold_scope(self, scope: ir.Graph | ir.Function, opset: int) -> None:
         # Topological order: a folded result is seen as constant by its users, and an
@@ -141,27 +139,16 @@ class _Folder:
             return
         version = node.version or opset
 
-        if op in ("Shape", "Size"):
-            results = self._shape_or_size(node)
-            if results is not None:
-                self._replace(node, results, dead_bytes=0)
-            return
-
         # Every input constant? Check cheaply before loading any tensor.
-        partial = False
-        for i, value in enumerate(node.inputs):
-            if value is None or self.is_const(value):
-                continue
-            if i == 0 and op in ("Gather", "Slice") and value in self.dims:
-                partial = True
-                continue
-            return
+        for value in node.inputs:
+            if value is not None and not self.is_const(value):
+                return
         xs: list[np.ndarray | None] = []
-        for i, value in enumerate(node.inputs):
+        for value in node.inputs:
             if value is None:
                 xs.append(None)
                 continue
-            array = self.dims[value] if partial and i == 0 else self.const(value)
+            array = self.const(value)
             if array is None:
                 return
             xs.append(array)
@@ -180,14 +167,6 @@ class _Folder:
             results, fast = _evaluate(node, xs, version)
         if results is None or len(results) != len(node.outputs):
             return
-        if partial:
-            static = _static_or_none(results)
-            if static is None:
-                # Still partly known: remember it for a later Gather/Slice.
-                if results[0].ndim == 1:
-                    self.dims[node.outputs[0]] = results[0]
-                return
-            results = static
         if not self._results_match(node, results, xs, version, fast):
             return
         self._replace(node, results, dead)
@@ -208,38 +187,6 @@ class _Folder:
             array = None  # strings and opaque data are not folded
         self.consts[value] = array
         return array
-
-    def _static_dims(self, value: ir.Value) -> list[int | None] | None:
-        """The value's dims (int, or None where unknown); None when the rank is unknown."""
-        if value.is_graph_input():
-            if value.graph is not self.main:
-                # Loop/Scan body inputs may change shape from one iteration to the next.
-                return None
-        elif value.const_value is not None:
-            return [int(d) for d in value.const_value.shape.numpy()]
-        if value.shape is None:
-            array = self.const(value)
-            return None if array is None else list(array.shape)
-        return [d if isinstance(d, int) else None for d in value.shape]
-
-    def _shape_or_size(self, node: ir.Node) -> list[np.ndarray] | None:
-        if not node.inputs or node.inputs[0] is None:
-            return None
-        dims = self._static_dims(node.inputs[0])
-        if dims is None:
-            return None
-        if node.op_type == "Size":
-            known = [d for d in dims if d is not None]
-            return [np.array(math.prod(known), dtype=np.int64)] if len(known) == len(dims) else None
-        rank = len(dims)
-        start = _clamp(_norm(_attr(node, "start", 0), rank), 0, rank)
-        end = _clamp(_norm(_attr(node, "end", rank), rank), 0, rank)
-        picked = dims[start:end]
-        if any(d is None for d in picked):
-            if any(d is not None for d in picked):
-                self.dims[node.outputs[0]] = np.array(picked, dtype=object)
-            return None
-        return [np.array(picked, dtype=np.int64)]
 
     # ------------------------------------------------------------- checks
     def _results_match(
@@ -429,19 +376,6 @@ def _evaluate(node: ir.Node, xs: list[Any], version: int) -> tuple[Any, bool]:
     if any(x is not None and x.dtype == object for x in xs):
         return None, False
     return _reference_eval(node, xs, version), False
-
-
-def _static_or_none(results: Sequence[np.ndarray]) -> list[np.ndarray] | None:
-    """A partly known shape vector as int64 when every picked dim is known."""
-    out = []
-    for r in results:
-        if r.dtype != object:
-            out.append(r)
-        elif all(isinstance(d, (int, np.integer)) for d in r.reshape(-1)):
-            out.append(r.astype(np.int64))
-        else:
-            return None
-    return out
 
 
 @lru_cache(maxsize=512)
