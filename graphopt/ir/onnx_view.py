@@ -83,6 +83,9 @@ class OnnxView:
 
     def __init__(self, model: ir.Model) -> None:
         self.model = model
+        # Before IR version 4 every initializer had to be listed among the inputs too;
+        # such models mean them as weights, and onnxruntime treats them as constants.
+        self.legacy_weight_inputs = (model.ir_version or 0) < 4
         self._counter = itertools.count()
         self._names: set[str] = set()
         # Constant nodes made for a rewrite in a subgraph or function, inserted on commit.
@@ -170,8 +173,8 @@ class OnnxView:
         return value.is_graph_output()
 
     def is_const(self, value: ir.Value) -> bool:
-        if value.is_graph_input():
-            return False  # an initializer that is also an input can be overridden
+        if value.is_graph_input() and not (self.legacy_weight_inputs and value.const_value is not None):
+            return False  # an initializer that is also an input can be overridden (IR version 4 on)
         if value.const_value is not None:
             return True
         producer = value.producer()

@@ -30,7 +30,7 @@ def eliminate_dead_code(model: ir.Model | OnnxView, *, remove_functions: bool = 
     their producers always stay."""
     started = time.perf_counter()
     model = as_model(model)
-    removed = _sweep(model.graph)
+    removed = _sweep(model.graph, legacy_weight_inputs=(model.ir_version or 0) < 4)
     for function in model.functions.values():
         removed += _sweep(function)
     if remove_functions:
@@ -41,7 +41,7 @@ def eliminate_dead_code(model: ir.Model | OnnxView, *, remove_functions: bool = 
     return removed
 
 
-def _sweep(scope: ir.Graph | ir.Function) -> int:
+def _sweep(scope: ir.Graph | ir.Function, legacy_weight_inputs: bool = False) -> int:
     """One reverse pass: users come after producers, so a node is seen only after every
     node that could use it (bodies of surviving nodes are swept before what precedes
     them, so outer values they stop reading die in the same pass)."""
@@ -49,12 +49,12 @@ def _sweep(scope: ir.Graph | ir.Function) -> int:
     for node in reversed(list(scope)):
         if any(out.uses() or out.is_graph_output() for out in node.outputs):
             for graph in subgraphs(node):
-                removed += _sweep(graph)
+                removed += _sweep(graph, legacy_weight_inputs)
             continue
         removed += 1 + _detach_bodies(node)
         scope.remove(node, safe=True)
     if isinstance(scope, ir.Graph):
-        removed += _remove_dead_initializers(scope)
+        removed += _remove_dead_initializers(scope, legacy_weight_inputs)
     return removed
 
 
@@ -70,12 +70,20 @@ def _detach_bodies(node: ir.Node) -> int:
     return count
 
 
-def _remove_dead_initializers(graph: ir.Graph) -> int:
+def _remove_dead_initializers(graph: ir.Graph, legacy_weight_inputs: bool = False) -> int:
+    """Unused initializers go. An initializer listed among the inputs stays (a caller may
+    feed it) — except before IR version 4, where every weight had to be listed there:
+    then the dead weight and its input entry go together."""
     dead = [
-        name
-        for name, value in graph.initializers.items()
-        if not value.uses() and not value.is_graph_output() and not value.is_graph_input()
+        value
+        for value in graph.initializers.values()
+        if not value.uses() and not value.is_graph_output() and (legacy_weight_inputs or not value.is_graph_input())
     ]
-    for name in dead:
-        graph.initializers.pop(name)
+    dead_inputs = {id(v) for v in dead if v.is_graph_input()}
+    if dead_inputs:
+        kept = [v for v in graph.inputs if id(v) not in dead_inputs]
+        graph.inputs.clear()
+        graph.inputs.extend(kept)
+    for value in dead:
+        graph.initializers.pop(value.name)
     return len(dead)
