@@ -24,6 +24,7 @@ import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
 from graphopt.errors import ModelError
+from graphopt.ir import fast_io
 
 __all__ = ["load_model", "save_model", "check_model", "MAX_PROTOBUF_BYTES", "MIN_OPSET"]
 
@@ -43,7 +44,9 @@ def load_model(path: str | os.PathLike[str]) -> ir.Model:
     if path.stat().st_size == 0:
         raise ModelError(f"{path}: file is empty")
     try:
-        proto = onnx.load(str(path), load_external_data=False)
+        # Big single-file models: weights memory-mapped, only a skeleton is parsed (fast_io.py).
+        mapped = fast_io.map_model(path)
+        proto = mapped.skeleton if mapped is not None else onnx.load(str(path), load_external_data=False)
     except (DecodeError, RuntimeError, ValueError, UnicodeDecodeError) as error:
         raise ModelError(f"{path}: not a valid ONNX model (the protobuf does not parse: {_first_line(error)})") from None
     except OSError as error:
@@ -51,13 +54,22 @@ def load_model(path: str | os.PathLike[str]) -> ir.Model:
     _check_proto(proto, path)
     try:
         model = ir.serde.deserialize_model(proto)
+        if mapped is not None:
+            mapped.attach(model)
     except Exception as error:  # onnx-ir rejects malformed content with assorted exceptions
-        raise ModelError(f"{path}: malformed model: {_first_line(error)}") from None
+        raise ModelError(f"{path}: malformed model: {_first_line(_root_cause(error))}") from None
     ir.external_data.set_base_dir(model.graph, str(path.parent))
     check_model(model, path)
     # Remembered so the output keeps the input's layout even if every external tensor was rewritten.
     model.meta[EXTERNAL_DATA_META] = _has_external(model)
     return model
+
+
+def _root_cause(error: BaseException) -> BaseException:
+    """onnx-ir wraps the real reason ("Output 'y' is redeclared ...") in a generic SerdeError."""
+    while error.__cause__ is not None:
+        error = error.__cause__
+    return error
 
 
 def _first_line(error: BaseException) -> str:
@@ -181,6 +193,16 @@ def _weight_bytes(model: ir.Model) -> int:
     return sum(v.const_value.nbytes for g in model.graphs() for v in g.initializers.values() if v.const_value is not None)
 
 
+def _embed_attribute_tensors(model: ir.Model) -> None:
+    """Read Constant-node tensors that live in external files into memory: onnx-ir's save
+    moves only initializers, so their paths would stay relative to the input's folder."""
+    for scope in [*model.graphs(), *model.functions.values()]:
+        for node in scope:
+            for name, attr in list(node.attributes.items()):
+                if attr.type == ir.AttributeType.TENSOR and isinstance(attr.value, ir.ExternalTensor):
+                    node.attributes[name] = ir.AttrTensor(name, ir.Tensor(attr.value.numpy(), name=attr.value.name))
+
+
 def save_model(model: ir.Model, path: str | os.PathLike[str], *, external_data: bool | None = None) -> None:
     """Write `model` to `path` atomically.
 
@@ -191,6 +213,7 @@ def save_model(model: ir.Model, path: str | os.PathLike[str], *, external_data: 
     folder = path.parent if str(path.parent) else Path(".")
     if not folder.is_dir():
         raise ModelError(f"{path}: the output folder {folder} does not exist")
+    _embed_attribute_tensors(model)
     if external_data is None:
         external_data = bool(model.meta.get(EXTERNAL_DATA_META)) or _has_external(model) or _weight_bytes(model) > MAX_PROTOBUF_BYTES - (64 << 20)
     data_name = path.name + ".data" if external_data else None
@@ -200,9 +223,13 @@ def save_model(model: ir.Model, path: str | os.PathLike[str], *, external_data: 
         raise ModelError(f"{path}: cannot write to {folder}: {error.strerror or error}") from None
     try:
         staged = staging / path.name
-        ir.save(model, staged, external_data=data_name)
+        # fast_io reuses the input's bytes where it can (False: nothing written, use onnx-ir).
         if data_name:
+            if not fast_io.save_with_external_data(model, staged, data_name):
+                ir.save(model, staged, external_data=data_name)
             os.replace(staging / data_name, folder / data_name)
+        elif not fast_io.save_single_file(model, staged):
+            ir.save(model, staged)
         os.replace(staged, path)
     except OSError as error:
         raise ModelError(f"{path}: cannot write the output: {error.strerror or error}") from None
