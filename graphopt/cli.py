@@ -1,0 +1,313 @@
+"""The `graphopt` command line.
+
+    graphopt optimize IN -o OUT [--target T] [--patterns DIR]... [--enable RULE]...
+                     [--disable RULE]... [--verify] [--input-shape NAME=D1,D2]...
+                     [--report FILE.json] [--quiet] [--force]
+    graphopt patterns [--patterns DIR]...
+    graphopt version
+
+Exit codes: 0 success; 1 verification failed and could not be repaired (nothing is
+written but the report); 2 a problem with the input, the options or the output
+location, printed as one line `error: ...` on stderr (typer's own usage errors also
+exit 2). No model file is written unless the whole run succeeds, and the input is
+never modified unless it is also the output and `--force` is given.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import onnx_ir as ir
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from graphopt.errors import GraphoptError
+
+__all__ = ["app", "main", "EXIT_OK", "EXIT_VERIFY_FAILED", "EXIT_USAGE"]
+
+EXIT_OK = 0
+EXIT_VERIFY_FAILED = 1
+EXIT_USAGE = 2
+
+app = typer.Typer(
+    name="graphopt",
+    help="A graph-rewrite optimizer for ONNX models.",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+
+
+def _fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
+    # One line, whatever the message: scripts grep for "error:". Multi-line messages (a
+    # pattern error with its source excerpt) keep their first line, which names file:line:col.
+    lines = [line.strip() for line in str(message).splitlines() if line.strip()]
+    line = lines[0] if lines else "unknown error"
+    print(f"error: {line}", file=sys.stderr, flush=True)
+    raise typer.Exit(code)
+
+
+@contextmanager
+def _user_errors() -> Iterator[None]:
+    """Turn the errors a user can cause into one line and exit code 2."""
+    try:
+        yield
+    except GraphoptError as error:
+        _fail(str(error))
+    except OSError as error:
+        where = f"{error.filename}: " if error.filename else ""
+        _fail(f"{where}{error.strerror or error}")
+
+
+def _quiet_libraries() -> None:
+    # onnx-ir logs warnings about malformed graphs that our own checks report
+    # better, as one line; keep its chatter off stderr.
+    logging.getLogger("onnx_ir").setLevel(logging.ERROR)
+
+
+# ------------------------------------------------------------------ checks
+
+
+def _check_writable_folder(path: Path, what: str) -> None:
+    """Fail early, before the (possibly long) optimization, if `path` cannot be written."""
+    folder = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise GraphoptError(f"{path}: the {what} path is a directory")
+    if not folder.exists():
+        raise GraphoptError(f"{path}: the {what} folder {folder} does not exist")
+    if not folder.is_dir():
+        raise GraphoptError(f"{path}: the {what} folder {folder} is not a folder")
+    try:  # os.access lies for root and read-only mounts; creating a file does not
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as error:
+        raise GraphoptError(f"{path}: cannot write to the {what} folder {folder}: {error.strerror or error}") from None
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _external_files(model: ir.Model, base: Path) -> set[str]:
+    from graphopt.ir.onnx_io import _external_tensors  # the same walk load_model checks
+
+    return {os.path.realpath(base / tensor.location) for _, tensor in _external_tensors(model)}
+
+
+def _guard_input(input_path: Path, output: Path, model: ir.Model, force: bool) -> None:
+    """The input (and its external data) is never overwritten, unless it is the output and --force."""
+    if _same_file(input_path, output) or os.path.realpath(input_path) == os.path.realpath(output):
+        if not force:
+            raise GraphoptError(f"{output}: the output is the input model; pass --force to replace it")
+        return
+    inputs_data = _external_files(model, input_path.parent)
+    for written in (output, output.with_name(output.name + ".data")):
+        if os.path.realpath(written) in inputs_data:
+            raise GraphoptError(f"{output}: writing it would overwrite {written}, the input model's external data")
+
+
+def _parse_shapes(values: list[str]) -> dict[str, list[int]]:
+    from graphopt.verify import parse_shape
+
+    shapes: dict[str, list[int]] = {}
+    for text in values:
+        name, dims = parse_shape(text)
+        if name in shapes and shapes[name] != dims:
+            raise GraphoptError(f"--input-shape {name} is given twice with different shapes")
+        shapes[name] = dims
+    return shapes
+
+
+# ------------------------------------------------------------------ progress
+
+
+@contextmanager
+def _progress(console: Console, enabled: bool) -> Iterator[Callable[[str], None]]:
+    """A spinner fed by OptimizeOptions.progress; silent when not on a terminal."""
+    if not enabled or not console.is_terminal:
+        yield lambda message: None
+        return
+    with console.status("loading", spinner="dots") as status:
+        started = time.perf_counter()
+
+        def say(message: str) -> None:
+            status.update(f"{escape(message)} [dim]({time.perf_counter() - started:.1f}s)[/]")
+
+        yield say
+
+
+# ------------------------------------------------------------------ commands
+
+
+@app.command()
+def optimize(
+    model: Annotated[Path, typer.Argument(help="The ONNX model to optimize.", show_default=False)],
+    output: Annotated[Path, typer.Option("--output", "-o", metavar="OUT", help="Where to write the optimized model.", show_default=False)],
+    target: Annotated[
+        str, typer.Option(metavar="TARGET", help="onnx (standard ops), ort-cpu or ort-cuda (onnxruntime's fused kernels).")
+    ] = "onnx",
+    patterns: Annotated[
+        list[Path] | None, typer.Option("--patterns", metavar="DIR", help="Extra pattern file or folder (repeatable).")
+    ] = None,
+    enable: Annotated[list[str] | None, typer.Option("--enable", metavar="RULE", help="Apply only these rules (repeatable).")] = None,
+    disable: Annotated[list[str] | None, typer.Option("--disable", metavar="RULE", help="Leave these rules out (repeatable).")] = None,
+    verify: Annotated[
+        bool, typer.Option("--verify", help="Compare original and optimized outputs in onnxruntime; leave out rewrites that change them.")
+    ] = False,
+    input_shape: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--input-shape", metavar="NAME=D1,D2,...", help="Pin an input's shape for --verify, e.g. input_ids=1,128 (repeatable)."
+        ),
+    ] = None,
+    report: Annotated[Path | None, typer.Option("--report", metavar="FILE.json", help="Write the rewrite report as JSON here.")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing on success.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Allow the output to be the input model (replaced atomically).")] = False,
+    seed: Annotated[int, typer.Option(help="Seed of --verify's random inputs.")] = 0,
+    max_repairs: Annotated[int, typer.Option(help="Rewrites --verify may leave out before giving up.", min=0)] = 5,
+) -> None:
+    """Optimize an ONNX model and write the result."""
+    from graphopt.api import OptimizeOptions
+    from graphopt.api import optimize as run_optimize
+    from graphopt.ir.onnx_io import load_model, save_model
+    from graphopt.ops.targets import get_target
+    from graphopt.report.render import print_summary, write_json
+
+    console = Console()
+    errors = Console(stderr=True)
+    with _user_errors():
+        get_target(target)  # an unknown target is an error before any work
+        shapes = _parse_shapes(input_shape or [])
+        if shapes and not verify:
+            raise GraphoptError("--input-shape only applies with --verify")
+        _check_writable_folder(output, "output")
+        if report is not None:
+            _check_writable_folder(report, "report")
+            if _same_file(report, model) or os.path.realpath(report) in (os.path.realpath(model), os.path.realpath(output)):
+                raise GraphoptError(f"{report}: the report would overwrite the input or the output model")
+        with _progress(errors, not quiet) as say:
+            options = OptimizeOptions(
+                target=target,
+                patterns=[str(p) for p in patterns or []],
+                enable=list(enable) if enable else None,
+                disable=list(disable or []),
+                progress=say,
+            )
+            say("loading")
+            t0 = time.perf_counter()
+            original = load_model(model)
+            load_s = time.perf_counter() - t0
+            # Before optimizing: optimize() rewrites the model in place and may drop
+            # references to the input's external data files.
+            _guard_input(model, output, original, force)
+            optimized, result = run_optimize(original, options)
+            result.input_path = str(model)
+            result.times_s["load"] = load_s
+            verification = None
+            if verify:
+                from graphopt.verify import verify_and_repair
+
+                optimized, verification = verify_and_repair(
+                    lambda: load_model(model), optimized, result, options, shapes, seed=seed, max_repairs=max_repairs
+                )
+            if verification is None or verification.passed:
+                say("saving")
+                result.output_path = str(output)
+                t0 = time.perf_counter()
+                save_model(optimized, output)
+                result.times_s["save"] = time.perf_counter() - t0
+        # The report is written whenever the optimization ran, also when verification
+        # failed: it is what explains the failure.
+        if report is not None:
+            write_json(result, report)
+    if verification is not None and not verification.passed:
+        _fail(f"verification failed, nothing written: {verification.message}", EXIT_VERIFY_FAILED)
+    if not quiet:
+        print_summary(result, console)
+        console.print(f"wrote {escape(str(output))}" + (f" and {escape(str(report))}" if report else ""), highlight=False)
+
+
+@app.command("patterns")
+def list_patterns(
+    patterns: Annotated[
+        list[Path] | None, typer.Option("--patterns", metavar="DIR", help="Extra pattern file or folder (repeatable).")
+    ] = None,
+    builtin: Annotated[bool, typer.Option("--builtin/--no-builtin", help="Include the built-in library.")] = True,
+) -> None:
+    """List every rule (with its one-line doc and source file:line) and the native helpers."""
+    from graphopt.api import OptimizeOptions, select_rules
+    from graphopt.pattern.native import registered
+
+    with _user_errors():
+        rules = select_rules(OptimizeOptions(patterns=[str(p) for p in patterns or []], builtin=builtin))
+    natives = registered()
+    console = Console()
+    if console.is_terminal:
+        table = Table(title=f"{len(rules)} rules", title_justify="left")
+        table.add_column("rule")
+        table.add_column("source")
+        table.add_column("benefit", justify="right")
+        table.add_column("does")
+        for rule in rules:
+            table.add_row(escape(rule.name), escape(_short(rule.loc)), str(rule.effective_benefit), escape(rule.doc))
+        console.print(table)
+        helpers = Table(title=f"{len(natives)} native helpers", title_justify="left")
+        helpers.add_column("kind")
+        helpers.add_column("name")
+        helpers.add_column("source")
+        for native in natives:
+            helpers.add_row(native.kind, escape(native.name), escape(_short(native.source)))
+        console.print(helpers)
+        return
+    # Piped: plain tab-separated lines, one per entry, never wrapped.
+    for rule in rules:
+        print(f"rule\t{rule.name}\t{_short(rule.loc)}\t{rule.doc}")
+    for native in natives:
+        print(f"{native.kind.lower()}\t{native.name}\t{_short(native.source)}\t")
+
+
+def _short(location: Any) -> str:
+    """file:line[:col], relative to the current folder when under it."""
+    text = str(location or "")
+    if not text:
+        return "?"
+    try:
+        path, _, rest = text.partition(":")
+        relative = os.path.relpath(path)
+        return f"{relative}:{rest}" if not relative.startswith("..") else text
+    except ValueError:
+        return text
+
+
+@app.command()
+def version() -> None:
+    """Print graphopt's version and those of the libraries it runs on."""
+    import onnx
+    import onnxruntime
+
+    from graphopt import __version__
+
+    print(f"graphopt {__version__} (onnx {onnx.__version__}, onnx-ir {ir.__version__}, onnxruntime {onnxruntime.__version__})")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point."""
+    _quiet_libraries()
+    app(args=argv, prog_name="graphopt")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,151 @@
+"""Renderings of a `Report`: JSON (schema in docs/report-schema.md) and a terminal summary."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from graphopt.report.model import Report
+
+__all__ = ["report_to_json", "write_json", "print_summary", "MAX_NEAR_MISS_ROWS"]
+
+#: Near-miss rows shown in the terminal, in all and per rule (the JSON keeps all of them).
+MAX_NEAR_MISS_ROWS = 10
+MAX_NEAR_MISSES_PER_RULE = 3
+
+
+def report_to_json(report: Report) -> str:
+    return json.dumps(_finite(report.to_dict()), indent=2, allow_nan=False, default=_fallback) + "\n"
+
+
+def _finite(obj: Any) -> Any:
+    # JSON has no NaN or infinity; a non-finite number becomes null rather than invalid JSON.
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def _fallback(obj: Any) -> Any:
+    # numpy scalars and sets can slip into free-form fields; anything else is a bug.
+    if hasattr(obj, "item"):
+        return obj.item()
+    if isinstance(obj, (set, frozenset)):
+        return sorted(obj)
+    raise TypeError(f"{type(obj).__name__} is not JSON serializable")
+
+
+def write_json(report: Report, path: str | os.PathLike[str]) -> None:
+    """Write the report as JSON atomically: a reader never sees half a file."""
+    path = Path(path)
+    text = report_to_json(report)  # before touching the disk: a bug here leaves nothing behind
+    folder = path.parent if str(path.parent) else Path(".")
+    fd, staged = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(staged, path)
+    except BaseException:
+        try:
+            os.unlink(staged)
+        except OSError:
+            pass
+        raise
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f}"
+
+
+def print_summary(report: Report, console: Console) -> None:
+    """Nodes before/after by op, rewrites by rule, near-misses, warnings, verification, times."""
+    before = report.before.ops if report.before else {}
+    after = report.after.ops if report.after else {}
+    nodes = Table(title="Nodes by op type", title_justify="left")
+    nodes.add_column("op")
+    nodes.add_column("before", justify="right")
+    nodes.add_column("after", justify="right")
+    nodes.add_column("change", justify="right")
+    changed = sorted(
+        (op for op in {*before, *after} if before.get(op, 0) != after.get(op, 0)),
+        key=lambda op: (-abs(after.get(op, 0) - before.get(op, 0)), op),
+    )
+    for op in changed:
+        b, a = before.get(op, 0), after.get(op, 0)
+        nodes.add_row(escape(op), str(b), str(a), f"{a - b:+d}")
+    total_b = report.before.nodes if report.before else 0
+    total_a = report.after.nodes if report.after else 0
+    nodes.add_row("[bold]total[/]", str(total_b), str(total_a), f"{total_a - total_b:+d}", end_section=True)
+    if report.before and report.after:
+        ib, ia = report.before.initializers, report.after.initializers
+        nodes.add_row("initializers", str(ib), str(ia), f"{ia - ib:+d}")
+    console.print(nodes)
+
+    rules = sorted(report.rules.values(), key=lambda s: (-s.applications, -s.matches, s.name))
+    active = [s for s in rules if s.attempts or s.applications]
+    if active:
+        table = Table(title="Rewrites by rule", title_justify="left")
+        table.add_column("rule")
+        table.add_column("applied", justify="right")
+        table.add_column("matched", justify="right")
+        table.add_column("attempts", justify="right")
+        table.add_column("time ms", justify="right")
+        for s in active:
+            table.add_row(escape(s.name), str(s.applications), str(s.matches), str(s.attempts), _ms(s.time_s))
+        table.add_row(
+            "[bold]total[/]",
+            str(report.total_rewrites),
+            str(sum(s.matches for s in active)),
+            str(sum(s.attempts for s in active)),
+            _ms(sum(s.time_s for s in active)),
+            end_section=True,
+        )
+        console.print(table)
+    else:
+        console.print("No rule was tried: no node has an op that a rule starts from.")
+
+    # Near-misses matter where a rule did not apply everywhere it was tried: deepest first.
+    report.finalize()
+    misses, seen, per_rule = [], set(), Counter[str]()
+    for m in sorted((m for s in rules if s.applications < s.attempts for m in s.near_misses), key=lambda m: -m.depth):
+        # A node retried in a later sweep fails the same way; and a few rows per rule keep
+        # one rule tried at many nodes from crowding out the rest.
+        if (m.rule, m.node, m.reason) not in seen and per_rule[m.rule] < MAX_NEAR_MISSES_PER_RULE:
+            seen.add((m.rule, m.node, m.reason))
+            per_rule[m.rule] += 1
+            misses.append(m)
+    if misses:
+        table = Table(title="Near-misses (why a rule did not apply)", title_justify="left")
+        table.add_column("rule")
+        table.add_column("node")
+        table.add_column("failed check")
+        for m in misses[:MAX_NEAR_MISS_ROWS]:
+            where = m.node if not m.failed_at or m.failed_at == m.node else f"{m.node} (at {m.failed_at})"
+            table.add_row(escape(m.rule), escape(where), escape(m.reason))
+        if len(misses) > MAX_NEAR_MISS_ROWS:
+            table.caption = f"{len(misses) - MAX_NEAR_MISS_ROWS} more in the JSON report"
+        console.print(table)
+
+    for warning in report.warnings:
+        console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
+
+    v = report.verification
+    if v is not None:
+        status = "[green]passed[/]" if v.passed else "[red]FAILED[/]"
+        console.print(f"verification: {status} ({escape(v.message)})", highlight=False)
+
+    times = ", ".join(f"{name} {_ms(t)} ms" for name, t in report.times_s.items())
+    if times:
+        console.print(f"time: {times}", highlight=False)

@@ -1,0 +1,601 @@
+"""Check that an optimized model computes what the original did, and repair it if not.
+
+`verify` runs both models in onnxruntime (CPU unless told otherwise) on the same
+random inputs and compares every output with a tolerance that depends on its
+precision. `verify_and_repair` goes further: when the numbers differ (or the
+optimized model does not even load), it bisects over the applied rewrites to
+find the first one that changed them, leaves that rewrite out, re-optimizes and
+checks again, a bounded number of times.
+
+Random inputs are chosen to be valid for typical models: floats are standard
+normal; integers are small non-negative values that stay below the size of any
+table they index (found by following the input to a Gather); inputs named like
+masks are all ones; symbolic dimensions get one size per name (1 for batch-like
+dimensions, 16 otherwise) unless pinned with `input_shapes`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import re
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from graphopt.errors import GraphoptError
+from graphopt.report.model import Report, RewriteRecord, Verification
+
+__all__ = [
+    "VerificationError",
+    "Tolerance",
+    "TOLERANCES",
+    "DEFAULT_DIM",
+    "BATCH_DIM",
+    "verify",
+    "verify_and_repair",
+    "make_inputs",
+    "compare_outputs",
+    "parse_shape",
+    "providers_for",
+]
+
+#: Size given to a symbolic dimension that is not batch-like and not pinned.
+DEFAULT_DIM = 16
+#: Size given to batch-like symbolic dimensions.
+BATCH_DIM = 1
+#: Integer inputs stay below this (and below the size of any table they index).
+MAX_INT_VALUE = 8
+#: Models bigger than this go to onnxruntime through a temporary folder, not as bytes.
+_MAX_INLINE_BYTES = 1 << 30
+
+_BATCH_NAMES = re.compile(r"^(n|b|bs|batch.*|.*_batch|batch_size|num_batches)$", re.IGNORECASE)
+# Ops that pass integer values through unchanged, so a Gather behind them still indexes with them.
+_PASSTHROUGH = {"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity", "Expand", "Transpose", "Slice", "Concat"}
+
+
+#: onnxruntime execution providers: names, or (name, options) pairs.
+Providers = list[Any]
+
+
+class VerificationError(GraphoptError):
+    """Verification could not be carried out (as opposed to: it found a difference)."""
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    rtol: float
+    atol: float
+
+
+#: Per element type: |got - want| <= atol * max(1, scale) + rtol * |want|, where scale is
+#: the output's largest magnitude (rounding error grows with the size of what is summed).
+TOLERANCES: dict[str, Tolerance] = {
+    "float64": Tolerance(1e-7, 1e-9),
+    "float32": Tolerance(1e-4, 1e-5),
+    "float16": Tolerance(1e-2, 1e-3),
+    "bfloat16": Tolerance(5e-2, 1e-2),
+}
+_EXACT = Tolerance(0.0, 0.0)
+
+
+# ------------------------------------------------------------------ inputs
+
+
+def _np_dtype(dtype: ir.DataType) -> np.dtype:
+    try:
+        return np.dtype(dtype.numpy())
+    except Exception:  # noqa: BLE001 - onnx-ir raises assorted errors for types numpy lacks
+        raise VerificationError(f"cannot make random inputs of type {dtype.name}") from None
+
+
+def _gather_limits(graph: ir.Graph) -> dict[str, int]:
+    """For each graph input: the smallest table size it indexes through a Gather (if any)."""
+    limits: dict[str, int] = {}
+    for name, graph_input in _inputs(graph):
+        stack, seen, smallest = [graph_input], set(), None
+        while stack:
+            value = stack.pop()
+            if id(value) in seen:
+                continue
+            seen.add(id(value))
+            for node, index in value.uses():
+                if node.op_type in ("Gather", "GatherElements") and index == 1 and node.inputs[0] is not None:
+                    shape = node.inputs[0].shape
+                    axis = node.attributes.get_int("axis", 0)
+                    if shape is not None and len(shape) > 0:
+                        dim = shape[axis % len(shape)]
+                        if isinstance(dim, int) and dim > 0:
+                            smallest = dim if smallest is None else min(smallest, dim)
+                elif node.op_type in _PASSTHROUGH:
+                    stack.extend(node.outputs)
+        if smallest is not None:
+            limits[name] = smallest
+    return limits
+
+
+def _is_batch_like(name: str | None, position: int) -> bool:
+    return bool(name and _BATCH_NAMES.match(name)) or (name is None and position == 0)
+
+
+def _inputs(graph: ir.Graph) -> list[tuple[str, ir.Value]]:
+    """The graph inputs a caller feeds (not overridable initializers), with their names."""
+    return [(v.name or "", v) for v in graph.inputs if v.name not in graph.initializers]
+
+
+def _resolve_shapes(graph: ir.Graph, pinned: Mapping[str, list[int]]) -> dict[str, list[int]]:
+    inputs = _inputs(graph)
+    by_name = dict(inputs)
+    for name in pinned:
+        if name not in by_name:
+            known = ", ".join(by_name) or "none"
+            raise VerificationError(f"--input-shape names '{name}', which is not a model input (inputs: {known})")
+    symbols: dict[str, int] = {}
+    resolved: dict[str, list[int]] = {}
+    # Pinned inputs first: they also fix the size of every symbolic name they use.
+    for name, value in sorted(inputs, key=lambda item: item[0] not in pinned):
+        shape = value.shape
+        if name in pinned:
+            dims = list(pinned[name])
+            if shape is not None and len(shape) != len(dims):
+                raise VerificationError(f"--input-shape {name}: the input has rank {len(shape)}, not {len(dims)}")
+            for i, (want, have) in enumerate(zip(dims, shape or [], strict=False)):
+                if isinstance(have, int) and have != want:
+                    raise VerificationError(f"--input-shape {name}: dimension {i} is fixed at {have}, not {want}")
+                if isinstance(have, ir.SymbolicDim) and have.value is not None:
+                    symbols.setdefault(have.value, want)
+            resolved[name] = dims
+            continue
+        if shape is None:
+            raise VerificationError(f"input '{name}' has no known rank; pin it with --input-shape {name}=D1,D2,...")
+        dims = []
+        for position, dim in enumerate(shape):
+            if isinstance(dim, int):
+                dims.append(dim)
+                continue
+            symbol = dim.value if isinstance(dim, ir.SymbolicDim) else None
+            size = BATCH_DIM if _is_batch_like(symbol, position) else DEFAULT_DIM
+            if symbol is not None:
+                size = symbols.setdefault(symbol, size)
+            dims.append(size)
+        resolved[name] = dims
+    return resolved
+
+
+def make_inputs(model: ir.Model, shapes: Mapping[str, list[int]], seed: int) -> dict[str, np.ndarray]:
+    """Random inputs for `model` with the given (resolved) shapes."""
+    rng = np.random.default_rng(seed)
+    limits = _gather_limits(model.graph)
+    feeds: dict[str, np.ndarray] = {}
+    for name, value in _inputs(model.graph):  # an overridable initializer keeps its value
+        if value.dtype is None:
+            raise VerificationError(f"input '{name}' has no element type")
+        dtype = _np_dtype(value.dtype)
+        shape = tuple(shapes[name])
+        if value.dtype == ir.DataType.BOOL:
+            array = rng.random(shape) < 0.5
+        elif value.dtype.is_floating_point():
+            array = rng.standard_normal(shape).astype(dtype)
+        elif value.dtype.is_integer():
+            if "mask" in name.lower():
+                array = np.ones(shape, dtype)  # attend everywhere: an all-masked row is NaN in any model
+            else:
+                high = max(1, min(MAX_INT_VALUE, limits.get(name, MAX_INT_VALUE)))
+                array = rng.integers(0, high, shape).astype(dtype)
+        elif value.dtype == ir.DataType.STRING:
+            array = np.full(shape, "a", dtype=object)
+        else:
+            raise VerificationError(f"cannot make random inputs of type {value.dtype.name} (input '{name}')")
+        feeds[name] = array
+    return feeds
+
+
+# ------------------------------------------------------------------ running
+
+
+def _has_external(model: ir.Model) -> bool:
+    return any(isinstance(v.const_value, ir.ExternalTensor) for g in model.graphs() for v in g.initializers.values())
+
+
+def _weight_bytes(model: ir.Model) -> int:
+    return sum(v.const_value.nbytes for g in model.graphs() for v in g.initializers.values() if v.const_value is not None)
+
+
+class _LoadFailed(Exception):
+    """onnxruntime refused the model itself (as opposed to failing on the inputs)."""
+
+
+_MAX_IR = re.compile(r"max supported IR version: (\d+)")
+_MISSING_KERNEL = re.compile(r"Could not find an implementation|NOT_IMPLEMENTED", re.IGNORECASE)
+
+
+def _open_session(source: bytes | str, providers: Providers) -> Any:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 4  # errors come back as exceptions; keep onnxruntime's log off stderr
+    return ort.InferenceSession(source, options, providers=providers)
+
+
+@contextmanager
+def _embedded_attribute_tensors(model: ir.Model) -> Iterator[None]:
+    """Constant-node tensors stored in external files, embedded for the duration: onnxruntime
+    resolves such paths against its working folder, and onnx-ir's save moves only initializers."""
+    swapped: list[tuple[ir.Node, str, ir.Attr]] = []
+    try:
+        for scope in [*model.graphs(), *model.functions.values()]:
+            for node in scope:
+                for name, attr in list(node.attributes.items()):
+                    if attr.type == ir.AttributeType.TENSOR and isinstance(attr.value, ir.ExternalTensor):
+                        swapped.append((node, name, attr))
+                        node.attributes[name] = ir.AttrTensor(name, ir.Tensor(attr.value.numpy(), name=attr.value.name))
+        yield
+    finally:
+        for node, name, attr in swapped:
+            node.attributes[name] = attr
+
+
+@contextmanager
+def _session(model: ir.Model, providers: Providers) -> Iterator[Any]:
+    """An InferenceSession for `model`, with onnxruntime's own graph rewrites off so the
+    graph runs as written. Big models (or ones whose weights live in files) go through a
+    temporary folder with external data, since a protobuf cannot exceed 2 GB.
+
+    A model newer than this onnxruntime's IR version is run as the newest IR version it
+    supports: both models get the same treatment, and what is compared is the graph."""
+    with tempfile.TemporaryDirectory(prefix="graphopt-verify-") as folder, _embedded_attribute_tensors(model):
+        if not _has_external(model) and _weight_bytes(model) < _MAX_INLINE_BYTES:
+            proto = ir.serde.serialize_model(model)
+            source: bytes | str = proto.SerializeToString()
+        else:
+            source = os.path.join(folder, "model.onnx")
+            ir.save(model, source, external_data="model.onnx.data")
+            proto = onnx.load(source, load_external_data=False)
+        try:
+            try:
+                session = _open_session(source, providers)
+            except Exception as error:  # noqa: BLE001 - onnxruntime raises its own types
+                newest = _MAX_IR.search(str(error))
+                if not newest or proto.ir_version <= int(newest.group(1)):
+                    raise
+                proto.ir_version = int(newest.group(1))
+                if isinstance(source, bytes):
+                    source = proto.SerializeToString()
+                else:
+                    onnx.save(proto, source)  # weights stay in model.onnx.data
+                session = _open_session(source, providers)
+        except Exception as error:  # noqa: BLE001
+            raise _LoadFailed(_first_line(error)) from None
+        yield session
+
+
+def _run(model: ir.Model, feeds: list[dict[str, np.ndarray]], providers: Providers) -> list[dict[str, np.ndarray]]:
+    with _session(model, providers) as session:
+        names = [o.name for o in session.get_outputs()]
+        wanted = {i.name for i in session.get_inputs()}
+        results = []
+        for feed in feeds:
+            arrays = session.run(names, {k: v for k, v in feed.items() if k in wanted})
+            results.append(dict(zip(names, arrays, strict=True)))
+        return results
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip() or type(error).__name__
+    text = text.splitlines()[0]
+    # onnxruntime prefixes messages with "[ONNXRuntimeError] : 1 : FAIL : " and often the C++
+    # source location and function signature; keep the sentence after them.
+    text = re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", text)
+    text = re.sub(r"\S+\.(?:cc|h|cpp):\d+ \S*?\(.*?\) ", "", text)
+    return text[:400]
+
+
+# ------------------------------------------------------------------ comparing
+
+
+def _tolerance(dtype: np.dtype) -> Tolerance:
+    return TOLERANCES.get(np.dtype(dtype).name, _EXACT)
+
+
+def compare_outputs(want: Mapping[str, np.ndarray], got: Mapping[str, np.ndarray]) -> tuple[dict[str, float], list[str]]:
+    """Max abs difference per output, and one line per output that is out of tolerance."""
+    diffs: dict[str, float] = {}
+    problems: list[str] = []
+    for name, expected in want.items():
+        if name not in got:
+            problems.append(f"output '{name}' is missing")
+            continue
+        actual = np.asarray(got[name])
+        expected = np.asarray(expected)
+        # Outputs that cannot be compared element-wise get no max_abs_diff entry; the problem says why.
+        if actual.shape != expected.shape:
+            problems.append(f"output '{name}' has shape {list(actual.shape)}, expected {list(expected.shape)}")
+            continue
+        if actual.dtype != expected.dtype:
+            problems.append(f"output '{name}' has type {actual.dtype}, expected {expected.dtype}")
+            continue
+        tol = _tolerance(expected.dtype)
+        if tol is _EXACT or expected.size == 0:
+            equal = np.array_equal(actual, expected)
+            if expected.dtype.kind in "biu":
+                diffs[name] = float(np.max(np.abs(actual.astype(np.float64) - expected.astype(np.float64)), initial=0.0))
+            else:
+                diffs[name] = 0.0 if equal else 1.0  # strings: equal or not
+            if not equal:
+                problems.append(f"output '{name}' differs (exact match required for {expected.dtype})")
+            continue
+        a, e = actual.astype(np.float64), expected.astype(np.float64)
+        # NaN and infinity must sit in the same places; the rest is compared numerically.
+        special = ~np.isfinite(e) | ~np.isfinite(a)
+        same_special = (
+            np.array_equal(np.isnan(a), np.isnan(e))
+            and np.array_equal(a[np.isinf(e)], e[np.isinf(e)])
+            and not np.isinf(a[~np.isinf(e)]).any()
+        )
+        finite = ~special
+        delta = np.abs(a[finite] - e[finite])
+        diffs[name] = float(delta.max(initial=0.0))
+        scale = max(1.0, float(np.abs(e[finite]).max(initial=0.0)))
+        bad = delta > tol.atol * scale + tol.rtol * np.abs(e[finite])
+        if not same_special:
+            problems.append(f"output '{name}' has NaN or infinity in different places")
+        elif bad.any():
+            problems.append(
+                f"output '{name}' differs: max abs diff {diffs[name]:.3g} ({int(bad.sum())} of {e.size} elements out of tolerance rtol={tol.rtol:g}, atol={tol.atol:g}×{scale:.3g})"
+            )
+    return diffs, problems
+
+
+# ------------------------------------------------------------------ verify
+
+
+@dataclass
+class _Reference:
+    """The original model's outputs on the random inputs: computed once, compared many times."""
+
+    feeds: list[dict[str, np.ndarray]]
+    outputs: list[dict[str, np.ndarray]]
+    shapes: dict[str, list[int]]
+    tolerance: Tolerance
+    providers: Providers
+    #: A missing kernel is "cannot verify here", not a failure (a GPU target checked on a CPU).
+    cpu_only: bool = False
+
+
+def _as_model(model: ir.Model | onnx.ModelProto | str | os.PathLike[str]) -> ir.Model:
+    if isinstance(model, ir.Model):
+        return model
+    if isinstance(model, onnx.ModelProto):
+        return ir.serde.deserialize_model(model)
+    from graphopt.ir.onnx_io import load_model
+
+    return load_model(model)
+
+
+def _reference(original: ir.Model, input_shapes: Mapping[str, list[int]] | None, seed: int, runs: int, providers: Providers) -> _Reference:
+    shapes = _resolve_shapes(original.graph, input_shapes or {})
+    feeds = [make_inputs(original, shapes, seed + i) for i in range(max(1, runs))]
+    try:
+        outputs = _run(original, feeds, providers)
+    except GraphoptError:
+        raise
+    except _LoadFailed as error:
+        raise VerificationError(f"cannot verify: onnxruntime cannot load the original model: {error}") from None
+    except Exception as error:  # noqa: BLE001 - onnxruntime raises its own exception types
+        shown = ", ".join(f"{k}={','.join(map(str, v))}" for k, v in shapes.items())
+        raise VerificationError(
+            f"cannot verify: the original model fails in onnxruntime on random inputs ({shown}): {_first_line(error)}; pin input shapes with --input-shape NAME=D1,D2,..."
+        ) from None
+    loosest = _EXACT
+    for array in outputs[0].values():
+        tol = _tolerance(np.asarray(array).dtype)
+        loosest = Tolerance(max(loosest.rtol, tol.rtol), max(loosest.atol, tol.atol))
+    return _Reference(feeds, outputs, shapes, loosest, providers)
+
+
+def _check(reference: _Reference, candidate: ir.Model) -> Verification:
+    def result(passed: bool, diffs: dict[str, float], message: str) -> Verification:
+        return Verification(
+            passed, len(reference.feeds), diffs, reference.tolerance.rtol, reference.tolerance.atol, dict(reference.shapes), message=message
+        )
+
+    try:
+        outputs = _run(candidate, reference.feeds, reference.providers)
+    except _LoadFailed as error:
+        if reference.cpu_only and _MISSING_KERNEL.search(str(error)):
+            # Built for a GPU target and checked on a CPU: a CUDA-only kernel is no fault of the rewrite.
+            raise VerificationError(
+                f"cannot verify here: {error}; the model uses a kernel this onnxruntime's CPU provider lacks (verify on a machine with CUDA)"
+            ) from None
+        return result(False, {}, f"the optimized model does not load in onnxruntime: {error}")
+    except Exception as error:  # noqa: BLE001
+        return result(False, {}, f"the optimized model does not run in onnxruntime: {_first_line(error)}")
+    diffs: dict[str, float] = {}
+    for want, got in zip(reference.outputs, outputs, strict=True):
+        run_diffs, problems = compare_outputs(want, got)
+        for name, diff in run_diffs.items():
+            diffs[name] = max(diffs.get(name, 0.0), diff)
+        if problems:
+            return result(False, diffs, "; ".join(problems))
+    return result(True, diffs, f"all {len(diffs)} outputs match on {len(reference.feeds)} random inputs")
+
+
+def _providers(providers: Providers | None) -> Providers:
+    return list(providers) if providers else ["CPUExecutionProvider"]
+
+
+def providers_for(target: str) -> Providers:
+    """Where to verify a model optimized for `target`: on CUDA for ort-cuda when this
+    onnxruntime has it (TF32 off, so float32 stays float32), else on the CPU."""
+    import onnxruntime as ort
+
+    if target == "ort-cuda" and "CUDAExecutionProvider" in ort.get_available_providers():
+        return [("CUDAExecutionProvider", {"use_tf32": "0"}), "CPUExecutionProvider"]
+    return ["CPUExecutionProvider"]
+
+
+def verify(
+    original: ir.Model | onnx.ModelProto | str | os.PathLike[str],
+    optimized: ir.Model | onnx.ModelProto | str | os.PathLike[str],
+    *,
+    input_shapes: Mapping[str, list[int]] | None = None,
+    seed: int = 0,
+    runs: int = 2,
+    providers: Providers | None = None,
+) -> Verification:
+    """Run both models on the same random inputs and compare every output.
+
+    Raises VerificationError when the comparison cannot be made (the original does
+    not run, an input shape cannot be resolved); a difference, or an optimized model
+    that does not load, is a failed Verification, not an exception.
+    """
+    reference = _reference(_as_model(original), input_shapes, seed, runs, _providers(providers))
+    return _check(reference, _as_model(optimized))
+
+
+# ------------------------------------------------------------------ repair
+
+
+def _describe(record: RewriteRecord) -> str:
+    where = record.node if record.scope == "main" else f"{record.node} (in {record.scope})"
+    return f"{record.rule} at {where}"
+
+
+def verify_and_repair(
+    load_original: Callable[[], ir.Model],
+    optimized: ir.Model,
+    report: Report,
+    options: Any,
+    input_shapes: Mapping[str, list[int]] | None = None,
+    *,
+    seed: int = 0,
+    runs: int = 2,
+    max_repairs: int = 5,
+    providers: Providers | None = None,
+) -> tuple[ir.Model, Verification]:
+    """Verify `optimized`; if it fails, find the rewrite that broke it, leave it out, retry.
+
+    `load_original` must return a fresh copy of the input model each call (optimize
+    rewrites in place). Each round bisects over `report.applied`: re-optimizing with
+    only the first k rewrites allowed finds the smallest k whose model fails, and that
+    rewrite is added to `options.blocked`. `report` is updated in place to describe the
+    model returned (its rewrites, and `report.verification`).
+    """
+    from graphopt.api import optimize
+
+    started = time.perf_counter()
+    say = getattr(options, "progress", None) or (lambda message: None)
+    say("verify: running the original model")
+    target = getattr(options, "target", "onnx")
+    chosen = list(providers) if providers else providers_for(target)
+    reference = _reference(load_original(), input_shapes, seed, runs, chosen)
+    reference.cpu_only = target == "ort-cuda" and chosen == ["CPUExecutionProvider"]
+    say("verify: running the optimized model")
+    verification = _check(reference, optimized)
+    dropped: list[str] = []
+    first_problem = verification.message
+    quiet = dataclasses.replace(options, progress=None)
+
+    def attempt(allowed: set[tuple[str, str]] | None) -> tuple[ir.Model, Report, Verification]:
+        trial = dataclasses.replace(
+            quiet, blocked=set(options.blocked), allow=None if allowed is None else (lambda rule, node: (rule, node) in allowed)
+        )
+        model, trial_report = optimize(load_original(), trial)
+        return model, trial_report, _check(reference, model)
+
+    rounds = 0
+    while not verification.passed and rounds < max_repairs:
+        rounds += 1
+        applied = report.applied
+        keys = [(r.rule, r.node) for r in applied]
+        say(f"verify: failed; bisecting over {len(keys)} rewrites (round {rounds})")
+        prefix_passes = functools.partial(_prefix_passes, attempt, keys)
+        culprit, why = _bisect(keys, prefix_passes)
+        if culprit is None:
+            verification.message = f"{verification.message}; cannot repair: {why}"
+            break
+        record = applied[culprit]
+        options.blocked.add(keys[culprit])
+        dropped.append(_describe(record))
+        say(f"verify: leaving out {dropped[-1]}")
+        optimized, new_report, verification = attempt(None)
+        _replace_report(report, new_report)
+
+    verification.dropped = dropped
+    if dropped:
+        outcome = "the rest verifies" if verification.passed else "still fails"
+        first = first_problem.split("; ")[0]
+        verification.message = (
+            f"left out {', '.join(dropped)}: {'it' if len(dropped) == 1 else 'each'} changed the outputs"
+            f" (first found: {dropped[0]}, where {first}); {outcome}: {verification.message}"
+        )
+        for text in dropped:
+            report.warnings.append(f"left out {text}: it changed the model's outputs")
+    elif not verification.passed and rounds >= max_repairs:
+        verification.message += f" (gave up after {max_repairs} repairs)"
+    report.verification = verification
+    report.times_s["verify"] = report.times_s.get("verify", 0.0) + time.perf_counter() - started
+    return optimized, verification
+
+
+def _prefix_passes(
+    attempt: Callable[[set[tuple[str, str]] | None], tuple[ir.Model, Report, Verification]], keys: list[tuple[str, str]], k: int
+) -> bool:
+    """Does the model verify with only the first k rewrites allowed?"""
+    return attempt(set(keys[:k]))[2].passed
+
+
+def _bisect(keys: list[tuple[str, str]], passes: Callable[[int], bool]) -> tuple[int | None, str]:
+    """Index of the first rewrite whose inclusion makes the model fail; else None and why.
+
+    Assumes failure is monotonic in the prefix length: once a prefix fails, longer
+    ones do too. The empty prefix is checked only when the search ends at the first
+    rewrite (the usual run of a pass-only failure)."""
+    if not keys:
+        return None, "no rewrite was applied, so a pass (not a rule) changed the numbers"
+    lo, hi = 0, len(keys)  # prefix lo passes (assumed until checked), prefix hi fails
+    if passes(hi):
+        return None, "re-optimizing with the same rewrites does not reproduce the failure"
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if passes(mid):
+            lo = mid
+        else:
+            hi = mid
+    if lo == 0 and not passes(0):
+        return None, "it fails with no rewrite applied, so a pass (not a rule) changed the numbers"
+    return hi - 1, ""
+
+
+def _replace_report(report: Report, new: Report) -> None:
+    """Make `report` describe the re-optimized model, keeping what the caller set on it."""
+    keep = {"input_path": report.input_path, "output_path": report.output_path}
+    times = dict(report.times_s)
+    for f in dataclasses.fields(Report):
+        setattr(report, f.name, getattr(new, f.name))
+    for name, value in keep.items():
+        if value is not None:
+            setattr(report, name, value)
+    # The new run's step times, but the load and verify times of the command as a whole.
+    report.times_s = {**new.times_s, **{k: v for k, v in times.items() if k in ("load", "verify")}}
+
+
+def parse_shape(text: str) -> tuple[str, list[int]]:
+    """`name=1,128` -> ("name", [1, 128]); raises VerificationError on malformed text."""
+    name, sep, dims = text.rpartition("=")
+    try:
+        values = [int(d) for d in dims.split(",")] if dims.strip() else []
+    except ValueError:
+        values = None  # type: ignore[assignment]
+    if not sep or not name or values is None or any(v < 0 for v in values):
+        raise VerificationError(f"--input-shape {text!r}: expected NAME=D1,D2,... with non-negative integers, e.g. input_ids=1,128")
+    return name, values
