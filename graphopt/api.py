@@ -55,7 +55,8 @@ class OptimizeOptions:
     max_sweeps: int = 8
     #: Constant folding never grows the model by more than this per folded node.
     fold_size_limit: int = 1 << 20
-    shape_inference: bool = True
+    #: "auto": infer shapes unless every node output already has a type and shape.
+    shape_inference: bool | str = "auto"
     #: Rewrites to leave out, as (rule, root output name); set by verification.
     blocked: set[tuple[str, str]] = field(default_factory=set)
     #: If set, only rewrites for which it returns True are applied (bisection).
@@ -145,7 +146,7 @@ def _run_pipeline(model: ir.Model, rules: RuleSet, target: Any, report: Report, 
         stats.time_s += time.perf_counter() - t0
         return changes
 
-    if options.shape_inference:
+    if options.shape_inference is True or (options.shape_inference == "auto" and not _fully_typed(model)):
         say("shape inference")
         timed("shape_inference", lambda: passes.infer_shapes(model))
     view = OnnxView(model)
@@ -171,6 +172,15 @@ def _run_pipeline(model: ir.Model, rules: RuleSet, target: Any, report: Report, 
     timed("cse", lambda: passes.eliminate_common_subexpressions(model))
     timed("dce", lambda: passes.eliminate_dead_code(model))
     timed("lowering", lambda: lower_fused_ops(model, target))
+
+
+def _fully_typed(model: ir.Model) -> bool:
+    """Exporters that write value_info for every value need no shape inference."""
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+        for value in node.outputs:
+            if value.type is None or value.shape is None:
+                return False
+    return True
 
 
 def optimize_file(

@@ -78,8 +78,9 @@ class GraphView(Protocol):
         inputs: Sequence[Value | None],
         attrs: Mapping[str, Any],
         num_outputs: int,
+        name_hint: str = "",
     ) -> Node:
-        """A node not yet in the graph (inserted by `commit`)."""
+        """A node not yet in the graph (inserted by `commit`), named after `name_hint`."""
 
     def new_constant(self, scope: Scope, array: np.ndarray, name_hint: str) -> Value:
         """A constant value holding `array`, usable as an input of new nodes."""

@@ -81,17 +81,20 @@ def plan_rewrite(view: GraphView, match: Match) -> PlannedRewrite:
         if isinstance(expr, Build):
             operands = [None if o is None else as_value(evaluate(o, f"{expr.op_type}_in"), f"{expr.op_type}_in") for o in expr.operands]
             attrs: dict[str, Any] = {}
+            # New nodes are named after the node they stand in for, so reports and tools can trace them.
+            name_hint = view.label(match.root)
             if expr.copy_from is not None:
                 source = env[expr.copy_from]
                 source_node = source.node if isinstance(source, OpBinding) else source
                 attrs.update(view.raw_attrs(source_node))
+                name_hint = view.label(source_node)
             for name, value_expr in expr.attrs:
                 value = _plain(evaluate(value_expr))
                 if value is None:
                     attrs.pop(name, None)  # None removes an attribute (e.g. one that was copied)
                 else:
                     attrs[name] = value
-            node = view.new_node(scope, expr.domain, expr.op_type, operands, attrs, expr.num_outputs)
+            node = view.new_node(scope, expr.domain, expr.op_type, operands, attrs, expr.num_outputs, name_hint=name_hint)
             new_nodes.append(node)
             built = _BuiltOutputs(node, view)
             return built if expr.num_outputs > 1 else built.outputs[0]

@@ -18,9 +18,13 @@ Two conventions the IR does not spell out:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import os
+import pickle
 import re
+import tempfile
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -122,16 +126,62 @@ def parse_pdll_file(path: str | Path) -> PatternFile:
         line = before.count(b"\n") + 1
         col = len(before) - (before.rfind(b"\n") + 1) + 1
         raise PatternError(f"{p}:{line}:{col}: file is not valid UTF-8") from None
-    return parse_pdll(text, str(p))
+    cached = _cache_path(data, p)
+    if cached is not None:
+        try:
+            with open(cached, "rb") as f:
+                return pickle.load(f)
+        except (OSError, pickle.PickleError, EOFError, AttributeError, ImportError):
+            pass  # no cache yet, or one from another version: parse
+    result = parse_pdll(text, str(p))
+    if cached is not None:
+        _write_cache(cached, result)
+    return result
+
+
+# ------------------------------------------------------------------ cache
+# Parsing the library costs more than optimizing a small model (building the LALR
+# tables alone takes ~0.1 s), so a parsed file is kept, keyed by its bytes, its path
+# (locations name it) and the grammar; set GRAPHOPT_NO_CACHE=1 to turn this off.
+
+
+def _cache_path(data: bytes, path: Path) -> Path | None:
+    if os.environ.get("GRAPHOPT_NO_CACHE") == "1":
+        return None
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "graphopt" / "patterns"
+    key = hashlib.sha256()
+    for part in (_CACHE_VERSION.encode(), _grammar_text().encode(), str(path).encode(), data):
+        key.update(len(part).to_bytes(8, "little"))
+        key.update(part)
+    return root / f"{key.hexdigest()[:32]}.pickle"
+
+
+def _write_cache(target: Path, result: PatternFile) -> None:
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, temp = tempfile.mkstemp(dir=target.parent, suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            pickle.dump(result, f, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(temp, target)
+    except OSError:
+        pass  # a read-only home is no reason to fail: parse next time
+
+
+# Bump when the pattern IR's classes change shape, so old pickles are not read.
+_CACHE_VERSION = "ir-1"
 
 
 # ------------------------------------------------------------------ syntax
 
 
 @lru_cache(maxsize=1)
+def _grammar_text() -> str:
+    return Path(__file__).with_name("pdll.lark").read_text(encoding="utf-8")
+
+
+@lru_cache(maxsize=1)
 def _parser() -> Lark:
-    grammar = Path(__file__).with_name("pdll.lark").read_text(encoding="utf-8")
-    return Lark(grammar, parser="lalr", propagate_positions=True, maybe_placeholders=True)
+    return Lark(_grammar_text(), parser="lalr", propagate_positions=True, maybe_placeholders=True)
 
 
 def _describe_terminal(name: str) -> str:
