@@ -618,7 +618,21 @@ def _tile(node: ir.Node, xs: list[Any], version: int) -> list[np.ndarray] | None
     return [np.tile(data, [int(r) for r in repeats.reshape(-1)])]
 
 
+def _shape(node: ir.Node, xs: list[Any], version: int) -> list[np.ndarray] | None:
+    dims = xs[0].shape
+    rank = len(dims)
+    start = _clamp(_norm(int(_attr(node, "start", 0)), rank), 0, rank)
+    end = _clamp(_norm(int(_attr(node, "end", rank)), rank), 0, rank)
+    return [np.array(dims[start:end], dtype=np.int64)]
+
+
+def _size(node: ir.Node, xs: list[Any], version: int) -> list[np.ndarray] | None:
+    return [np.array(xs[0].size, dtype=np.int64)]
+
+
 _FAST_OPS: dict[str, _FastOp] = {
+    "Shape": _shape,  # of a constant; Shape of a computed value is the shape rules' job
+    "Size": _size,
     "Add": _binary(np.add, "iuf"),
     "Sub": _binary(np.subtract, "iuf"),
     "Mul": _binary(np.multiply, "iuf"),
