@@ -90,3 +90,48 @@ def test_noop_cast_producing_graph_output_keeps_output_name() -> None:
     assert [o.name for o in optimized.graph.output] == ["y"]
     assert op_types(optimized) == ["Identity"]  # an output cannot be renamed to an input
     assert_same_outputs(model, optimized)
+
+
+def test_castlike_with_known_type_becomes_cast_and_folds() -> None:
+    import numpy as np
+    from rule_testing import init
+
+    model = make_model(
+        [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("CastLike", ["c", "r"], ["cl"]), helper.make_node("Add", ["r", "cl"], ["y"])],
+        [helper.make_tensor_value_info("x", T.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", T.FLOAT, None)],
+        [init("c", np.array(2, np.int64))],
+        opset=15,
+    )
+    optimized, report = optimize_with(model, ["CastLikeToCast"])
+    assert rewrites(report, "CastLikeToCast") == 1
+    assert op_types(optimized) == ["Relu", "Add"]  # the Cast of a constant folds away
+    assert_same_outputs(model, optimized)
+
+
+def test_castlike_of_an_input_becomes_cast() -> None:
+    model = make_model(
+        [helper.make_node("CastLike", ["x", "like"], ["y"])],
+        [helper.make_tensor_value_info("x", T.FLOAT, [2]), helper.make_tensor_value_info("like", T.FLOAT16, [2])],
+        [helper.make_tensor_value_info("y", T.FLOAT16, None)],
+        opset=15,
+    )
+    optimized, report = optimize_with(model, ["CastLikeToCast"])
+    assert rewrites(report, "CastLikeToCast") == 1
+    assert op_types(optimized) == ["Cast"]
+    assert_same_outputs(model, optimized)
+
+
+def test_castlike_whose_type_is_unknown_stays() -> None:
+    import onnx
+
+    graph = helper.make_graph(
+        [helper.make_node("Mystery", ["x"], ["like"], domain="custom"), helper.make_node("CastLike", ["x", "like"], ["y"])],
+        "g", [helper.make_tensor_value_info("x", T.FLOAT, [2])], [helper.make_tensor_value_info("y", T.FLOAT16, None)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15), helper.make_opsetid("custom", 1)], ir_version=8)
+    optimized, report = optimize_with(model, ["CastLikeToCast"])
+    assert rewrites(report, "CastLikeToCast") == 0
+    assert [n.op_type for n in optimized.graph.node] == ["Mystery", "CastLike"]
+    assert "type is unknown" in report.rules["CastLikeToCast"].near_misses[0].reason
+    del onnx

@@ -328,6 +328,8 @@ def _estimate_out_bytes(node: ir.Node, xs: Sequence[np.ndarray | None]) -> int |
             count = math.prod(int(d) for d in arrays[0])
         elif op == "Expand":
             count = math.prod(np.broadcast_shapes(arrays[0].shape, tuple(int(d) for d in arrays[1])))
+        elif op == "CastLike":  # the second input only lends its type
+            count, itemsize = arrays[0].size, arrays[1].itemsize
         elif op == "Tile":
             count = arrays[0].size * math.prod(int(r) for r in arrays[1])
         elif op == "Range":
@@ -500,6 +502,17 @@ def _cast(node: ir.Node, xs: list[Any], version: int) -> list[np.ndarray] | None
     return [np.asarray(x.astype(target))]
 
 
+def _cast_like(node: ir.Node, xs: list[Any], version: int) -> list[np.ndarray] | None:
+    x, like = xs
+    if not (_native(x) and _native(like)):
+        return None
+    if x.dtype.kind == "f" and like.dtype.kind in "iu" and x.size:
+        info = np.iinfo(like.dtype)
+        if not np.all(np.isfinite(x)) or x.min() < info.min or x.max() > info.max:
+            raise _NoFold  # out-of-range float -> int is undefined behaviour
+    return [np.asarray(x.astype(like.dtype))]
+
+
 def _gather(node: ir.Node, xs: list[Any], version: int) -> list[np.ndarray] | None:
     data, indices = xs
     if indices.dtype.kind not in "iu":
@@ -651,6 +664,7 @@ _FAST_OPS: dict[str, _FastOp] = {
     "Reciprocal": _unary(np.reciprocal, "f"),
     "Where": _where,
     "Cast": _cast,
+    "CastLike": _cast_like,
     "Gather": _gather,
     "Concat": _concat,
     "Unsqueeze": _unsqueeze,
