@@ -154,7 +154,8 @@ def _run_pipeline(model: ir.Model, rules: RuleSet, target: Any, report: Report, 
     for sweep in range(1, options.max_sweeps + 1):
         report.sweeps = sweep
         say(f"sweep {sweep}: constant folding")
-        folded = timed("constant_folding", lambda: passes.fold_constants(view, size_limit_bytes=options.fold_size_limit))
+        folded = timed("inline_constant_ifs", lambda: passes.inline_constant_ifs(view))
+        folded += timed("constant_folding", lambda: passes.fold_constants(view, size_limit_bytes=options.fold_size_limit))
         say(f"sweep {sweep}: rules")
         t0 = time.perf_counter()
         rewritten = apply_rules(view, rules, target, report, driver_options)

@@ -96,7 +96,7 @@ def test_failure_leaves_the_model_as_it_was(monkeypatch, caplog) -> None:
     def boom(*args, **kwargs):
         raise RuntimeError("inference exploded")
 
-    monkeypatch.setattr(shapes.ShapeInferencePass, "call", boom)
+    monkeypatch.setattr(shapes._c_api_utils, "call_onnx_api", boom)
     with caplog.at_level(logging.WARNING, logger=shapes.__name__):
         assert infer_shapes(model) == 0
     assert "inference exploded" in caplog.text
@@ -141,3 +141,22 @@ def test_bert_like_static_dims_are_propagated() -> None:
     assert dims(value(model, "l0_q_out"))[2] == 64
     assert value(model, "l0_h").shape is not None and dims(value(model, "l0_h")) == []
     assert content(model) == before
+
+
+def test_sequence_values_keep_sequence_types() -> None:
+    # onnx-ir 1.1's own pass merged only the element type and turned these into tensors.
+    seq = helper.make_graph(
+        [
+            helper.make_node("SequenceEmpty", [], ["empty"], dtype=TensorProto.FLOAT),
+            helper.make_node("SequenceInsert", ["empty", "x"], ["one"]),
+            helper.make_node("SequenceAt", ["one", "zero"], ["y"]),
+        ],
+        "seq",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [onnx.numpy_helper.from_array(np.array(0, np.int64), "zero")],
+    )
+    model = to_ir(helper.make_model(seq, opset_imports=[helper.make_opsetid("", 17)], ir_version=8))
+    infer_shapes(model)
+    assert isinstance(value(model, "one").type, ir.SequenceType)
+    assert isinstance(value(model, "y").type, ir.TensorType)

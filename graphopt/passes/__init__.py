@@ -5,6 +5,7 @@ run in a `graphopt.report.model.PassStats` (``stats=``). `fold_constants` takes 
 `OnnxView`."""
 
 from graphopt.passes.constant_folding import DEFAULT_SIZE_LIMIT_BYTES, fold_constants
+from graphopt.passes.control_flow import inline_constant_ifs
 from graphopt.passes.cse import eliminate_common_subexpressions
 from graphopt.passes.dce import eliminate_dead_code
 from graphopt.passes.shapes import infer_shapes
@@ -12,6 +13,7 @@ from graphopt.passes.shapes import infer_shapes
 __all__ = [
     "DEFAULT_SIZE_LIMIT_BYTES",
     "fold_constants",
+    "inline_constant_ifs",
     "eliminate_common_subexpressions",
     "eliminate_dead_code",
     "infer_shapes",

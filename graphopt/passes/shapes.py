@@ -1,9 +1,9 @@
 """Shape and type inference that keeps symbolic dims.
 
-Built on onnx-ir's ShapeInferencePass: it serializes the model without its large
-initializers (so models over 2 GB work), runs onnx.shape_inference with data
-propagation (Shape -> Gather -> Reshape chains get real dims), and merges the
-results back by value name. Our additions:
+Built on onnx-ir's helper for onnx's C API: it serializes the model without its
+large initializers (so models over 2 GB work); onnx.shape_inference runs with data
+propagation (Shape -> Gather -> Reshape chains get real dims), and the results are
+merged back by value name. Our additions:
 
 * non-strict inference: one node onnx cannot infer (com.microsoft and other custom
   domains, a bad annotation) stops only what depends on it, not the whole model;
@@ -23,7 +23,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import onnx_ir as ir
-from onnx_ir.passes.common import ShapeInferencePass
+import onnx
+from onnx_ir.passes.common import _c_api_utils  # onnx-ir's helper for calling onnx's C API on big models
 
 from graphopt.ir.onnx_view import OnnxView
 from graphopt.passes._common import as_model, record, subgraphs
@@ -42,7 +43,7 @@ def infer_shapes(model: ir.Model | OnnxView, *, data_prop: bool = True, stats: A
     before: dict[ir.Value, _Snapshot] = {v: (v.type, v.shape.copy() if v.shape is not None else None) for v in _values(model)}
     order = list(model.graph.initializers)
     try:
-        ShapeInferencePass(check_type=False, strict_mode=False, data_prop=data_prop)(model)
+        _infer_into(model, data_prop)
     except Exception as e:  # noqa: BLE001 - the pass restores the model; we only log
         logger.warning("shape inference failed, shapes left as they were: %s", e)
         _restore(before)
@@ -54,6 +55,31 @@ def infer_shapes(model: ir.Model | OnnxView, *, data_prop: bool = True, stats: A
     changed = sum(_merge(value, type_, shape) for value, (type_, shape) in before.items())
     record(stats, changed, started)
     return changed
+
+
+def _infer_into(model: ir.Model, data_prop: bool) -> None:
+    """onnx's shape inference, merged into the model by name.
+
+    Not onnx-ir's ShapeInferencePass: its merge copies only the element type, so a
+    sequence value comes back as a tensor (onnx-ir 1.1), which onnxruntime then
+    refuses. We reuse its helper that hides large initializers from onnx's C API
+    (so models above 2 GB work) and merge whole types ourselves.
+    """
+
+    def run(proto: onnx.ModelProto) -> onnx.ModelProto:
+        return onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=data_prop)
+
+    inferred = ir.serde.deserialize_model(_c_api_utils.call_onnx_api(run, model))
+    for original_graph, inferred_graph in zip(model.graphs(), inferred.graphs(), strict=False):
+        inferred_values = ir.convenience.create_value_mapping(inferred_graph)
+        for name, value in ir.convenience.create_value_mapping(original_graph).items():
+            new = inferred_values.get(name)
+            if new is None:
+                continue
+            if new.type is not None:
+                value.type = new.type
+            if new.shape is not None:
+                value.shape = new.shape
 
 
 def _values(model: ir.Model) -> Iterator[ir.Value]:
