@@ -24,14 +24,26 @@ def main() -> None:
     import onnxruntime as ort
 
     ort.preload_dlls()
-    from graphopt.ops.snapshot_ort_kernels import snapshot
+    # onnxruntime's kernel listing loads every provider library; it crashes the process
+    # when one of them (TensorRT) cannot load, so it runs in a child process.
+    import subprocess
+
     from graphopt.ops.targets import TARGETS
 
-    table = snapshot("CUDAExecutionProvider")
-    (out / "ort_cuda_kernels.json").write_text(json.dumps(table, indent=0, sort_keys=True) + "\n")
-    live = {tuple(k.split("::", 1)): set(v) for k, v in table["kernels"].items()}
+    snap = out / "ort_cuda_kernels.json"
+    child = subprocess.run(
+        [sys.executable, "-c", "import sys, json, onnxruntime as o; o.preload_dlls(); from graphopt.ops.snapshot_ort_kernels import snapshot; "
+         "open(sys.argv[1], 'w').write(json.dumps(snapshot('CUDAExecutionProvider'), sort_keys=True))", str(snap)],
+        capture_output=True, text=True,
+    )
     problems = []
-    for key, dtypes in TARGETS["ort-cuda"].kernels.items():
+    live: dict[tuple[str, ...], set[str]] = {}
+    if child.returncode == 0:
+        table = json.loads(snap.read_text())
+        live = {tuple(k.split("::", 1)): set(v) for k, v in table["kernels"].items()}
+    else:
+        problems.append(f"kernel listing unavailable (exit {child.returncode}): {child.stderr.strip().splitlines()[-1:] }")
+    for key, dtypes in TARGETS["ort-cuda"].kernels.items() if live else ():
         if key not in live:
             problems.append(f"{key}: no CUDA kernel at all")
         elif not dtypes <= live[key]:
