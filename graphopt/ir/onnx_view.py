@@ -351,18 +351,6 @@ class OnnxView:
             candidates.extend(p for p in producers if p is not None and p.graph is graph)
         return survivors
 
-    def erase_dead(self, scope: Any) -> int:
-        before = len(scope)
-        self._erase_unused(list(scope))
-        return before - len(scope)
-
-    def remove_unused_initializers(self) -> int:
-        graph = self.model.graph
-        unused = [name for name, v in graph.initializers.items() if not v.uses() and not v.is_graph_output() and not v.is_graph_input()]
-        for name in unused:
-            graph.initializers.pop(name)
-        return len(unused)
-
 
 def _inner_nodes(node: ir.Node) -> list[ir.Node]:
     """Every node in the subgraphs of `node`, recursively."""

@@ -64,6 +64,12 @@ class GraphView(Protocol):
     def attrs(self, node: Node) -> Mapping[str, Any]:
         """Attributes actually set on the node."""
 
+    def raw_attrs(self, node: Node) -> Mapping[str, Any]:
+        """The node's attributes in the graph library's own form (copied verbatim by `{..x}`)."""
+
+    def opset(self, domain: str) -> int | None:
+        """The opset version the model imports for `domain`."""
+
     def label(self, node: Node) -> str:
         """A stable, human-readable name for reports."""
 
@@ -96,6 +102,7 @@ class GraphView(Protocol):
         replacement (graph outputs keep their names), and erase the matched nodes and
         other producers left without users. Returns the nodes whose inputs changed."""
 
-    def erase_dead(self, scope: Scope) -> int: ...
+    def discard_pending(self) -> None:
+        """Forget constants made for a rewrite that will not be committed."""
 
     def iter_all_nodes(self) -> Iterator[Node]: ...

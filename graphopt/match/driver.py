@@ -74,18 +74,10 @@ def apply_rules(view: GraphView, rules: RuleSet, target: Target, report: Report,
 
     for scope in view.scopes():
         scope_label = view.scope_label(scope)
-        worklist = list(view.nodes(scope))
-        queued = set(map(id, worklist))
-
-        def push(nodes: Iterable[Any]) -> None:
-            for n in nodes:
-                if n is not None and id(n) not in queued and view.scope_of(n) is scope:
-                    queued.add(id(n))
-                    worklist.append(n)
-
+        worklist = _Worklist(view, scope)
+        push = worklist.push
         while worklist:
             node = worklist.pop()
-            queued.discard(id(node))
             if view.scope_of(node) is not scope:
                 continue  # erased since it was queued
             bucket = rules.by_op.get(view.op_key(node))
@@ -118,7 +110,7 @@ def apply_rules(view: GraphView, rules: RuleSet, target: Target, report: Report,
                     continue
                 problem = _target_problem(view, target, planned.new_nodes)
                 if problem is not None:
-                    _discard(view)
+                    view.discard_pending()
                     stats.time_s += time.perf_counter() - started
                     _near_miss(view, stats, rule, node, scope_label, Failure(len(outcome.nodes) + 2, node, problem))
                     continue
@@ -148,6 +140,30 @@ def apply_rules(view: GraphView, rules: RuleSet, target: Target, report: Report,
     return applied
 
 
+class _Worklist:
+    """A stack of one scope's nodes, each queued at most once. Seeded in topological
+    order and popped from the end, so nodes nearer the outputs come first."""
+
+    def __init__(self, view: GraphView, scope: Any) -> None:
+        self.view, self.scope = view, scope
+        self.stack = list(view.nodes(scope))
+        self.queued = set(map(id, self.stack))
+
+    def __bool__(self) -> bool:
+        return bool(self.stack)
+
+    def pop(self) -> Any:
+        node = self.stack.pop()
+        self.queued.discard(id(node))
+        return node
+
+    def push(self, nodes: Iterable[Any]) -> None:
+        for node in nodes:
+            if node is not None and id(node) not in self.queued and self.view.scope_of(node) is self.scope:
+                self.queued.add(id(node))
+                self.stack.append(node)
+
+
 def _op_name(key: tuple[str, str]) -> str:
     return f"{key[0]}.{key[1]}" if key[0] else key[1]
 
@@ -167,21 +183,15 @@ def _leaf_producers(view: GraphView, match: Match) -> list[Any]:
 
 
 def _target_problem(view: GraphView, target: Target, new_nodes: list[Any]) -> str | None:
-    opset_of = getattr(view, "opset", lambda domain: None)
     for node in new_nodes:
         domain, op_type = view.op_key(node)
         first = next((v for v in view.inputs(node) if v is not None), None)
         dtype = view.dtype(first) if first is not None else None
-        reason = target.why_not(domain, op_type, dtype, opset_of(""))
+        reason = target.why_not(domain, op_type, dtype, view.opset(""))
         if reason is not None:
             return reason
     return None
 
-
-def _discard(view: GraphView) -> None:
-    discard = getattr(view, "discard_pending", None)
-    if discard is not None:
-        discard()
 
 
 def _near_miss(view: GraphView, stats: Any, rule: Rule, root: Any, scope_label: str, failure: Failure) -> None:

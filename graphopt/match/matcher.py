@@ -85,8 +85,7 @@ class MatchContext:
         return self.view.new_constant(self.scope, np.asarray(array), name_hint)
 
     def opset(self, domain: str = "") -> int | None:
-        getter = getattr(self.view, "opset", None)
-        return getter(domain) if getter else None
+        return self.view.opset(domain)
 
 
 class _Env:

@@ -121,7 +121,7 @@ def plan_rewrite(view: GraphView, match: Match) -> PlannedRewrite:
                     if view.users(old) or view.is_graph_output(old):
                         raise RewriteDeclined(f"output {view.output_index(old)} of {view.label(target.node)} is still used")
     except RewriteDeclined:
-        _discard(view)
+        view.discard_pending()
         raise
     return PlannedRewrite(match, new_nodes, replacements)
 
@@ -129,8 +129,3 @@ def plan_rewrite(view: GraphView, match: Match) -> PlannedRewrite:
 def _plain(value: Any) -> Any:
     return value.value if isinstance(value, OpBinding) else value
 
-
-def _discard(view: GraphView) -> None:
-    discard = getattr(view, "discard_pending", None)
-    if discard is not None:
-        discard()

@@ -14,11 +14,10 @@ table lists the CUDA provider's contrib kernels; it is checked on the GPU machin
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
-
-import json
 from pathlib import Path
 
 import onnx

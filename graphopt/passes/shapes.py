@@ -22,8 +22,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import onnx_ir as ir
 import onnx
+import onnx_ir as ir
 from onnx_ir.passes.common import _c_api_utils  # onnx-ir's helper for calling onnx's C API on big models
 
 from graphopt.ir.onnx_view import OnnxView

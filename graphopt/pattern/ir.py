@@ -15,7 +15,6 @@ A rule has two halves:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Union
 
 __all__ = [
     "MISSING",
@@ -160,7 +159,7 @@ class AltMatch:
     branches: tuple[tuple[str, MatchNode], ...]
 
 
-MatchNode = Union[Var, OpMatch, AltMatch]
+MatchNode = Var | OpMatch | AltMatch
 
 # -------------------------------------------------------------- rewrite half
 
@@ -204,7 +203,7 @@ class Build:
     num_outputs: int = 1
 
 
-Expr = Union[Ref, Lit, Call, Build]
+Expr = Ref | Lit | Call | Build
 
 
 @dataclass(frozen=True)
@@ -221,7 +220,7 @@ class Replace:
     values: tuple[Expr, ...]
 
 
-Statement = Union[Let, Replace]
+Statement = Let | Replace
 
 
 @dataclass(frozen=True)
