@@ -51,8 +51,9 @@ import threading
 import time
 import traceback
 from collections import Counter
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 CACHE = REPO / ".cache" / "onnx-backend"
@@ -360,6 +361,23 @@ def _worker_env() -> dict[str, str]:
     return env
 
 
+def _read_lines(proc: subprocess.Popen[str], lines: queue.Queue[str | None]) -> None:
+    assert proc.stdout
+    for line in proc.stdout:
+        lines.put(line)
+    lines.put(None)
+
+
+def _write_tests(proc: subprocess.Popen[str], todo: list[BackendTest]) -> None:
+    assert proc.stdin
+    try:
+        for t in todo:
+            proc.stdin.write(json.dumps(dataclasses.asdict(t)) + "\n")
+        proc.stdin.close()
+    except (BrokenPipeError, OSError):
+        pass
+
+
 def _run_chunk(tests: list[BackendTest], target: str | None, ort_level: str, timeout: float,
                results: dict[tuple[str, str], Outcome], progress: Callable[[], None]) -> None:
     modes = ["base"] + (["opt"] if target else [])
@@ -372,23 +390,8 @@ def _run_chunk(tests: list[BackendTest], target: str | None, ort_level: str, tim
                                 stderr=subprocess.DEVNULL, text=True, bufsize=1)
         lines: queue.Queue[str | None] = queue.Queue()
 
-        def reader(p: subprocess.Popen[str] = proc) -> None:
-            assert p.stdout
-            for ln in p.stdout:
-                lines.put(ln)
-            lines.put(None)
-
-        def writer(p: subprocess.Popen[str] = proc, todo: list[BackendTest] = list(pending)) -> None:
-            assert p.stdin
-            try:
-                for t in todo:
-                    p.stdin.write(json.dumps(dataclasses.asdict(t)) + "\n")
-                p.stdin.close()
-            except (BrokenPipeError, OSError):
-                pass
-
-        threading.Thread(target=reader, daemon=True).start()
-        threading.Thread(target=writer, daemon=True).start()
+        threading.Thread(target=_read_lines, args=(proc, lines), daemon=True).start()
+        threading.Thread(target=_write_tests, args=(proc, list(pending)), daemon=True).start()
         died = None
         while pending:
             try:

@@ -51,16 +51,16 @@ import os
 import platform
 import re
 import resource
-import shutil
 import statistics
 import subprocess
 import sys
 import time
 import traceback
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS_DIR = REPO / "benchmarks" / "results"
@@ -492,8 +492,8 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="graphopt vs anchors: load+optimize+save times", formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="models: " + ", ".join(sorted(_model_names())))
-    ap.add_argument("--models", help="comma-separated model names (default: %s)" % ",".join(DEFAULT_MODELS))
-    ap.add_argument("--tools", help="comma-separated tools (default: all: %s)" % ",".join(ALL_TOOLS))
+    ap.add_argument("--models", help=f"comma-separated model names (default: {','.join(DEFAULT_MODELS)})")
+    ap.add_argument("--tools", help=f"comma-separated tools (default: all: {','.join(ALL_TOOLS)})")
     ap.add_argument("--repeat", type=int, default=3, help="repetitions per tool and model (default 3); medians are reported")
     ap.add_argument("--quick", action="store_true", help="tiny models only (smoke test)")
     ap.add_argument("--scaling-layers", help="BERT layer counts for the graphopt scaling run (default 2,6,12,24; quick 1,2,4); 'none' to skip")
@@ -632,7 +632,7 @@ def _run(a: argparse.Namespace) -> int:
         summary[name]["(original)"] = {"node_count": model_info[name]["node_count"]}
 
     ratios: dict[str, dict[str, Any]] = {}
-    for name, _, job_tools in jobs:
+    for name, _, _job_tools in jobs:
         for g in GRAPHOPT_TOOLS:
             gs = summary[name].get(g, {})
             if not gs.get("median_in_process_s"):
@@ -730,7 +730,7 @@ def _markdown(res: dict[str, Any], models: list[str], tools: list[str]) -> str:
     for tool, sc in res["scaling"].items():
         lines += ["", f"Scaling, {tool} on BERT (dynamo export), median in-process s:", "",
                   "| layers | " + " | ".join(sc["layers"]) + " |", "|---|" + "---|" * len(sc["layers"]),
-                  f"| time | " + " | ".join(_fmt(v["median_in_process_s"]) for v in sc["layers"].values()) + " |"]
+                  "| time | " + " | ".join(_fmt(v["median_in_process_s"]) for v in sc["layers"].values()) + " |"]
         rk = next((k for k in sc if k.startswith("ratio_")), None)
         if rk:
             lines.append(f"\n{rk}: {sc[rk] and round(sc[rk], 2)} (limit {sc['limit']}): {_verdict(sc['pass'])}")

@@ -115,21 +115,23 @@ def optimize(model: ModelLike | str | os.PathLike[str], options: OptimizeOptions
     started = time.perf_counter()
 
     as_proto = isinstance(model, onnx.ModelProto)
+    graph_model: ir.Model
     if isinstance(model, (str, os.PathLike)):
         report.input_path = str(model)
-        model = load_model(model)
-    elif as_proto:
-        model = ir.serde.deserialize_model(model)
-    assert isinstance(model, ir.Model)
+        graph_model = load_model(model)
+    elif isinstance(model, onnx.ModelProto):
+        graph_model = ir.serde.deserialize_model(model)
+    else:
+        graph_model = model
     report.times_s["load"] = time.perf_counter() - started
-    report.before = _summary(model)
+    report.before = _summary(graph_model)
 
-    _run_pipeline(model, rules, target, report, options)
+    _run_pipeline(graph_model, rules, target, report, options)
 
-    report.after = _summary(model)
+    report.after = _summary(graph_model)
     report.times_s["optimize"] = time.perf_counter() - started - report.times_s["load"]
     report.finalize()
-    return (ir.serde.serialize_model(model) if as_proto else model), report
+    return (ir.serde.serialize_model(graph_model) if as_proto else graph_model), report
 
 
 def _run_pipeline(model: ir.Model, rules: RuleSet, target: Any, report: Report, options: OptimizeOptions) -> None:

@@ -107,7 +107,7 @@ class OnnxView:
             self._collect_scopes(function.graph, f"function:{key[0]}.{key[1]}")
 
     # ------------------------------------------------------------ scopes
-    def _collect_scopes(self, scope: ir.Graph | ir.Function, label: str) -> None:
+    def _collect_scopes(self, scope: ir.Graph, label: str) -> None:
         self._scopes.append(scope)
         self._scope_labels[id(scope)] = label
         for node in scope:
@@ -133,8 +133,8 @@ class OnnxView:
     def nodes(self, scope: ir.Graph | ir.Function) -> list[ir.Node]:
         return list(scope)
 
-    def scope_of(self, node: ir.Node) -> ir.Graph | ir.Function:
-        return node.graph
+    def scope_of(self, node: ir.Node) -> ir.Graph | None:
+        return node.graph  # None once the node is erased
 
     def scope_label(self, scope: Any) -> str:
         return self._scope_labels.get(id(scope), "?")
@@ -207,7 +207,7 @@ class OnnxView:
             return (None,) * len(shape)
         if shape is None:
             if value.const_value is not None:
-                return tuple(int(d) for d in value.const_value.shape)
+                return tuple(int(d) for d in value.const_value.shape.numpy())
             return None
         return tuple(d if isinstance(d, int) else (d.value if d.value is not None else None) for d in shape)
 
@@ -265,7 +265,7 @@ class OnnxView:
         name = self.fresh_name(name_hint or "const")
         tensor = ir.tensor(np.asarray(array), name=name)
         if isinstance(scope, ir.Graph) and scope is self.model.graph:
-            value = ir.Value(name=name, const_value=tensor, shape=ir.Shape(tensor.shape), type=ir.TensorType(tensor.dtype))
+            value = ir.Value(name=name, const_value=tensor, shape=ir.Shape(array.shape), type=ir.TensorType(tensor.dtype))
             scope.register_initializer(value)
             self._new_initializers[id(value)] = value
             return value
@@ -273,7 +273,7 @@ class OnnxView:
         node = ir.Node("", "Constant", [], [ir.AttrTensor("value", tensor)], name=name)
         node.outputs[0].name = name
         node.outputs[0].type = ir.TensorType(tensor.dtype)
-        node.outputs[0].shape = ir.Shape(tensor.shape)
+        node.outputs[0].shape = ir.Shape(np.shape(array))
         self._pending_constants.append(node)
         return node.outputs[0]
 
@@ -288,6 +288,7 @@ class OnnxView:
         matched: Sequence[ir.Node],
     ) -> list[ir.Node]:
         graph = root.graph
+        assert graph is not None, "the root of a rewrite is in the graph"
         pending, self._pending_constants = self._pending_constants, []
         to_insert = [*pending, *new_nodes]
         new_set = set(map(id, to_insert))
@@ -295,16 +296,16 @@ class OnnxView:
             producer = new.producer()
             is_new = producer is not None and id(producer) in new_set and not new.is_graph_output()
             if old.is_graph_output() and not is_new:
-                if id(new) in self._new_initializers and not new.uses():
+                if id(new) in self._new_initializers and not new.uses() and new.name and new.const_value is not None:
                     # A constant made for this rewrite becomes a Constant node carrying the output's name.
                     self.model.graph.initializers.pop(new.name)
-                    const = ir.Node("", "Constant", [], [ir.AttrTensor("value", new.const_value)], name=self.fresh_name("Constant"))
-                    const.outputs[0].type, const.outputs[0].shape = new.type, new.shape
-                    new = const.outputs[0]
+                    stand_in = ir.Node("", "Constant", [], [ir.AttrTensor("value", new.const_value)], name=self.fresh_name("Constant"))
+                    stand_in.outputs[0].type, stand_in.outputs[0].shape = new.type, new.shape
                 else:
                     # The output keeps its name, so an existing value cannot take its place: copy it.
-                    new = ir.Node("", "Identity", [new], name=self.fresh_name("Identity")).outputs[0]
-                to_insert.append(new.producer())
+                    stand_in = ir.Node("", "Identity", [new], name=self.fresh_name("Identity"))
+                to_insert.append(stand_in)
+                new = stand_in.outputs[0]
                 is_new = True
             if is_new and old.name:
                 # The new value takes over the old name, so consumers stay byte-identical.

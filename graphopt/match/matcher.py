@@ -11,6 +11,7 @@ after matching the most ops): that is the near-miss the report shows.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -256,6 +257,7 @@ class Matcher:
             outputs = view.outputs(node)
             env = env.bind(p.name, OpBinding(node, outputs[p.output] if len(outputs) > p.output else None))
         depth += 1
+        orders: list[tuple[Any, ...]]
         if key in COMMUTATIVE_OPS and len(p.operands) == 2:
             orders = [(inputs[0], inputs[1]), (inputs[1], inputs[0])]
             if inputs[0] is inputs[1]:
@@ -292,7 +294,7 @@ class Matcher:
             shape = view.shape(value)
             if shape is None or any(not isinstance(d, int) for d in shape):
                 return "is not known to be a scalar"
-            return None if int(np.prod(shape, dtype=np.int64)) == 1 else f"has shape {list(shape)}, pattern wants a scalar"
+            return None if math.prod(d for d in shape if isinstance(d, int)) == 1 else f"has shape {list(shape)}, pattern wants a scalar"
         return f"has unknown constraint {c.kind}"
 
     def _check_interior(self, nodes: tuple[Any, ...], shared: frozenset[int]) -> tuple[Any, str] | None:

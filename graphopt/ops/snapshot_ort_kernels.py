@@ -32,24 +32,24 @@ def snapshot(provider: str) -> dict[str, object]:
     for schema in C.get_all_operator_schema():
         if schema.inputs:
             first_input_constraint[(schema.domain, schema.name)] = schema.inputs[0].typeStr
-    table: dict[str, dict[str, object]] = {}
+    newest: dict[str, int] = {}  # (domain::op) -> first opset of its newest kernel range
+    table: dict[str, set[str]] = {}
     for kernel in C.get_all_opkernel_def():
         if kernel.provider != provider:
             continue
         domain = "" if kernel.domain == "ai.onnx" else kernel.domain
         key = f"{domain}::{kernel.op_name}"
         constraint = first_input_constraint.get((kernel.domain, kernel.op_name), "T")
-        types = kernel.type_constraints.get(constraint) or kernel.type_constraints.get("T") or next(iter(kernel.type_constraints.values()), [])
+        types: list[str] = kernel.type_constraints.get(constraint) or kernel.type_constraints.get("T") or next(iter(kernel.type_constraints.values()), [])
         since = kernel.version_range[0]
-        entry = table.setdefault(key, {"since": since, "dtypes": set()})
-        if since > entry["since"]:  # keep only the newest opset range
-            entry["since"], entry["dtypes"] = since, set()
-        if since == entry["since"]:
-            entry["dtypes"].update(_DTYPES.get(t, t) for t in types)
+        if since > newest.get(key, -1):  # keep only the newest opset range
+            newest[key], table[key] = since, set()
+        if since == newest[key]:
+            table[key].update(_DTYPES.get(t, t) for t in types)
     return {
         "onnxruntime": onnxruntime.__version__,
         "provider": provider,
-        "kernels": {k: sorted(v["dtypes"]) for k, v in sorted(table.items())},
+        "kernels": {k: sorted(v) for k, v in sorted(table.items())},
     }
 
 

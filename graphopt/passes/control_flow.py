@@ -42,6 +42,7 @@ def _inline(view: OnnxView, node: ir.Node) -> bool:
     if branch.initializers or len(branch.outputs) != len(node.outputs):
         return False  # rare; not worth moving initializers between scopes
     scope = node.graph
+    assert scope is not None
     moved = list(branch)
     results = list(branch.outputs)
     branch.outputs.clear()

@@ -85,5 +85,6 @@ def _remove_dead_initializers(graph: ir.Graph, legacy_weight_inputs: bool = Fals
         graph.inputs.clear()
         graph.inputs.extend(kept)
     for value in dead:
-        graph.initializers.pop(value.name)
+        if value.name is not None:
+            graph.initializers.pop(value.name)
     return len(dead)
