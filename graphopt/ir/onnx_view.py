@@ -307,16 +307,7 @@ class OnnxView:
                 to_insert.append(stand_in)
                 new = stand_in.outputs[0]
                 is_new = True
-            if is_new and old.name:
-                # The new value takes over the old name, so consumers stay byte-identical.
-                old_name = old.name
-                old.name = self.fresh_name(old_name)
-                new.name = old_name
-            if new.type is None:
-                new.type = old.type
-            if new.shape is None and old.shape is not None:
-                new.shape = old.shape
-            old.replace_all_uses_with(new, replace_graph_outputs=True)
+            self.redirect(old, new, take_name=is_new)
         if to_insert:
             graph.insert_before(root, to_insert)
         touched: list[ir.Node] = []
@@ -324,6 +315,21 @@ class OnnxView:
             touched.extend(use.node for use in new.uses())
         touched.extend(self._erase_unused(list(matched)))
         return touched
+
+    def redirect(self, old: ir.Value, new: ir.Value, *, take_name: bool = True) -> None:
+        """Every use of `old` (graph outputs included) now reads `new`.
+
+        With `take_name`, `new` (a freshly made value) takes over old's name, so the
+        consumers' serialized form and the graph's output names stay as they were."""
+        if take_name and old.name:
+            old_name = old.name
+            old.name = self.fresh_name(old_name)
+            new.name = old_name
+        if new.type is None:
+            new.type = old.type
+        if new.shape is None and old.shape is not None:
+            new.shape = old.shape
+        old.replace_all_uses_with(new, replace_graph_outputs=True)
 
     def _erase_unused(self, candidates: list[ir.Node]) -> list[ir.Node]:
         """Erase candidates without users, then producers left without users.

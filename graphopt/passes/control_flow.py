@@ -55,14 +55,7 @@ def _inline(view: OnnxView, node: ir.Node) -> bool:
             identity = ir.Node("", "Identity", [new], name=view.fresh_name("Identity"))
             scope.insert_before(node, identity)
             new = identity.outputs[0]
-        old_name = old.name
-        old.name = view.fresh_name(old_name or "if_out")
-        new.name = old_name
-        if new.type is None:
-            new.type = old.type
-        if new.shape is None and old.shape is not None:
-            new.shape = old.shape
-        old.replace_all_uses_with(new, replace_graph_outputs=True)
+        view.redirect(old, new)
     # Detach the If (and the untaken branch's uses of outer values) before removing it.
     for attr in node.attributes.values():
         if attr.type == ir.AttributeType.GRAPH:
