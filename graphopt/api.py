@@ -62,6 +62,8 @@ class OptimizeOptions:
     #: If set, only rewrites for which it returns True are applied (bisection).
     allow: Callable[[str, str], bool] | None = None
     max_rewrites: int | None = None
+    #: Keep every failed attempt (rule, node, failing check) in report.trace.
+    trace: bool = False
     progress: Callable[[str], None] | None = None
 
 
@@ -152,7 +154,9 @@ def _run_pipeline(model: ir.Model, rules: RuleSet, target: Any, report: Report, 
         say("shape inference")
         timed("shape_inference", lambda: passes.infer_shapes(model))
     view = OnnxView(model)
-    driver_options = DriverOptions(max_rewrites=options.max_rewrites, allow=options.allow, blocked=set(options.blocked))
+    driver_options = DriverOptions(max_rewrites=options.max_rewrites, allow=options.allow, blocked=set(options.blocked), trace_all=options.trace)
+    if options.trace:
+        report.trace = []
     for sweep in range(1, options.max_sweeps + 1):
         report.sweeps = sweep
         say(f"sweep {sweep}: constant folding")

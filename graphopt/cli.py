@@ -174,6 +174,7 @@ def optimize(
         ),
     ] = None,
     report: Annotated[Path | None, typer.Option("--report", metavar="FILE.json", help="Write the rewrite report as JSON here.")] = None,
+    trace: Annotated[bool, typer.Option("--trace", help="Put every failed rule attempt (node, failing check) in the JSON report.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing on success.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Allow the output to be the input model (replaced atomically).")] = False,
     seed: Annotated[int, typer.Option(help="Seed of --verify's random inputs.")] = 0,
@@ -204,6 +205,7 @@ def optimize(
                 patterns=[str(p) for p in patterns or []],
                 enable=list(enable) if enable else None,
                 disable=list(disable or []),
+                trace=trace,
                 progress=say,
             )
             say("loading")

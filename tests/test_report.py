@@ -199,3 +199,25 @@ def test_summary_of_a_rule_stats_only_report() -> None:
     report = Report(target="onnx")
     report.rules["R"] = RuleStats("R", "f.pdll:3", 1, attempts=0)
     assert "No rule was tried" in _render(report)
+
+
+def test_trace_lists_every_failed_attempt(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    import onnx
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Cast", ["r"], ["y"], to=TensorProto.DOUBLE)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])], [helper.make_tensor_value_info("y", TensorProto.DOUBLE, None)])
+    src = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), src)
+    out, report_path = tmp_path / "o.onnx", tmp_path / "r.json"
+    done = subprocess.run([sys.executable, "-m", "graphopt", "optimize", str(src), "-o", str(out), "--report", str(report_path), "--trace", "--quiet"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    document = json.loads(report_path.read_text())
+    attempts = sum(rule["attempts"] - rule["matches"] for rule in document["rules"])
+    assert len(document["trace"]) == attempts > 0
+    assert {entry["rule"] for entry in document["trace"]} >= {"DropNoOpCast", "CollapseCastChain"}
+    assert any("casts f32 to f64" in entry["reason"] for entry in document["trace"])

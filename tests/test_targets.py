@@ -5,9 +5,9 @@ from __future__ import annotations
 import onnxruntime
 import pytest
 
+from graphopt.errors import GraphoptError
 from graphopt.ops.snapshot_ort_kernels import snapshot
 from graphopt.ops.targets import TARGETS, get_target
-from graphopt.errors import GraphoptError
 
 
 def test_cpu_snapshot_matches_installed_onnxruntime() -> None:

@@ -53,6 +53,8 @@ class DriverOptions:
     blocked: set[tuple[str, str]] = field(default_factory=set)
     #: Record near-misses (cheap, but can be turned off for speed).
     trace: bool = True
+    #: Also keep every failed attempt in `report.trace` (for `graphopt optimize --trace`).
+    trace_all: bool = False
 
 
 def rewrite_key(view: GraphView, rule: Rule, root: Any) -> tuple[str, str]:
@@ -91,7 +93,7 @@ def apply_rules(view: GraphView, rules: RuleSet, target: Target, report: Report,
                 if isinstance(outcome, Failure):
                     stats.time_s += time.perf_counter() - started
                     if options.trace:
-                        _near_miss(view, stats, rule, node, scope_label, outcome)
+                        _near_miss(view, stats, rule, node, scope_label, outcome, report if options.trace_all else None)
                     continue
                 stats.matches += 1
                 key = rewrite_key(view, rule, node)
@@ -106,13 +108,13 @@ def apply_rules(view: GraphView, rules: RuleSet, target: Target, report: Report,
                     planned = plan_rewrite(view, outcome)
                 except RewriteDeclined as declined:
                     stats.time_s += time.perf_counter() - started
-                    _near_miss(view, stats, rule, node, scope_label, Failure(len(outcome.nodes) + 2, node, str(declined)))
+                    _near_miss(view, stats, rule, node, scope_label, Failure(len(outcome.nodes) + 2, node, str(declined)), report if options.trace_all else None)
                     continue
                 problem = _target_problem(view, target, planned.new_nodes)
                 if problem is not None:
                     view.discard_pending()
                     stats.time_s += time.perf_counter() - started
-                    _near_miss(view, stats, rule, node, scope_label, Failure(len(outcome.nodes) + 2, node, problem))
+                    _near_miss(view, stats, rule, node, scope_label, Failure(len(outcome.nodes) + 2, node, problem), report if options.trace_all else None)
                     continue
                 leaves = _leaf_producers(view, outcome)
                 touched = view.commit(node, planned.new_nodes, planned.replacements, outcome.nodes)
@@ -194,10 +196,9 @@ def _target_problem(view: GraphView, target: Target, new_nodes: list[Any]) -> st
 
 
 
-def _near_miss(view: GraphView, stats: Any, rule: Rule, root: Any, scope_label: str, failure: Failure) -> None:
+def _near_miss(view: GraphView, stats: Any, rule: Rule, root: Any, scope_label: str, failure: Failure, trace_into: Report | None = None) -> None:
     failed_at = failure.node
-    stats.add_near_miss(
-        NearMiss(
+    miss = NearMiss(
             rule=rule.name,
             scope=scope_label,
             node=view.label(root),
@@ -205,5 +206,9 @@ def _near_miss(view: GraphView, stats: Any, rule: Rule, root: Any, scope_label: 
             failed_at=view.label(failed_at) if failed_at is not None and not isinstance(failed_at, OpBinding) else "",
             reason=failure.reason,
             depth=failure.depth,
-        )
     )
+    stats.add_near_miss(miss)
+    if trace_into is not None:
+        if trace_into.trace is None:
+            trace_into.trace = []
+        trace_into.trace.append(miss)

@@ -140,6 +140,8 @@ class Report:
     times_s: dict[str, float] = field(default_factory=dict)
     verification: Verification | None = None
     warnings: list[str] = field(default_factory=list)
+    #: Every failed attempt, in order, when tracing was asked for (None otherwise).
+    trace: list[NearMiss] | None = None
     _applied: int = 0
 
     # ----------------------------------------------------------- recording
