@@ -88,51 +88,48 @@ def apply_rules(view: GraphView, rules: RuleSet, target: Target, report: Report,
             for rule in bucket:
                 stats = report.rules[rule.name]
                 started = time.perf_counter()
-                outcome = matcher.attempt(rule, node)
-                stats.attempts += 1
-                if isinstance(outcome, Failure):
-                    stats.time_s += time.perf_counter() - started
-                    if options.trace:
-                        _near_miss(view, stats, rule, node, scope_label, outcome, report if options.trace_all else None)
-                    continue
-                stats.matches += 1
-                key = rewrite_key(view, rule, node)
-                if key in options.blocked or (options.allow is not None and not options.allow(*key)):
-                    stats.time_s += time.perf_counter() - started
-                    continue
-                if applied >= budget:
-                    stats.time_s += time.perf_counter() - started
-                    report.limit_reached = True
-                    return applied
                 try:
-                    planned = plan_rewrite(view, outcome)
-                except RewriteDeclined as declined:
-                    stats.time_s += time.perf_counter() - started
-                    _near_miss(view, stats, rule, node, scope_label, Failure(len(outcome.nodes) + 2, node, str(declined)), report if options.trace_all else None)
-                    continue
-                problem = _target_problem(view, target, planned.new_nodes)
-                if problem is not None:
-                    view.discard_pending()
-                    stats.time_s += time.perf_counter() - started
-                    _near_miss(view, stats, rule, node, scope_label, Failure(len(outcome.nodes) + 2, node, problem), report if options.trace_all else None)
-                    continue
-                leaves = _leaf_producers(view, outcome)
-                touched = view.commit(node, planned.new_nodes, planned.replacements, outcome.nodes)
-                removed = sum(1 for n in outcome.nodes if view.scope_of(n) is not scope)
-                applied += 1
-                stats.applications += 1
-                stats.time_s += time.perf_counter() - started
-                stats.rewrites.append(
-                    RewriteRecord(
-                        index=report.next_index(),
-                        rule=rule.name,
-                        scope=scope_label,
-                        node=key[1],
-                        op=view.op_key(node)[1],
-                        removed=removed,
-                        added=[_op_name(view.op_key(n)) for n in planned.new_nodes],
+                    outcome = matcher.attempt(rule, node)
+                    stats.attempts += 1
+                    trace_into = report if options.trace_all else None
+                    if isinstance(outcome, Failure):
+                        if options.trace:
+                            _near_miss(view, stats, rule, node, scope_label, outcome, trace_into)
+                        continue
+                    stats.matches += 1
+                    key = rewrite_key(view, rule, node)
+                    if key in options.blocked or (options.allow is not None and not options.allow(*key)):
+                        continue
+                    if applied >= budget:
+                        report.limit_reached = True
+                        return applied
+                    try:
+                        planned = plan_rewrite(view, outcome)
+                    except RewriteDeclined as declined:
+                        _near_miss(view, stats, rule, node, scope_label, Failure(len(outcome.nodes) + 2, node, str(declined)), trace_into)
+                        continue
+                    problem = _target_problem(view, target, planned.new_nodes)
+                    if problem is not None:
+                        view.discard_pending()
+                        _near_miss(view, stats, rule, node, scope_label, Failure(len(outcome.nodes) + 2, node, problem), trace_into)
+                        continue
+                    leaves = _leaf_producers(view, outcome)
+                    touched = view.commit(node, planned.new_nodes, planned.replacements, outcome.nodes)
+                    applied += 1
+                    stats.applications += 1
+                    stats.rewrites.append(
+                        RewriteRecord(
+                            index=report.next_index(),
+                            rule=rule.name,
+                            scope=scope_label,
+                            node=key[1],
+                            op=view.op_key(node)[1],
+                            removed=sum(1 for n in outcome.nodes if view.scope_of(n) is not scope),
+                            added=[_op_name(view.op_key(n)) for n in planned.new_nodes],
+                        )
                     )
-                )
+                finally:
+                    stats.time_s += time.perf_counter() - started
                 push(leaves)
                 push(touched)
                 push(reversed(planned.new_nodes))  # pushed last: tried first
