@@ -63,6 +63,8 @@ _ORT_CUDA: dict[tuple[str, str], frozenset[str]] = {
 # graphopt op -> the op it lowers to on onnxruntime targets (same inputs and attributes).
 _ORT_LOWERINGS: dict[str, tuple[str, str]] = {
     "FusedConv": (MS_DOMAIN, "FusedConv"),
+    "SkipLayerNorm": (MS_DOMAIN, "SkipLayerNormalization"),
+    "Gelu": (MS_DOMAIN, "Gelu"),
 }
 
 

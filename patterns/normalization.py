@@ -1,0 +1,101 @@
+"""Native helpers for normalization.pdll."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from graphopt.pattern.native import RewriteDeclined, native_constraint, native_rewrite
+
+
+@native_constraint("OpsetAtLeast")
+def opset_at_least(ctx, version):
+    """The model imports the default ONNX domain at `version` or later (the standard op exists)."""
+    opset = ctx.opset("")
+    if opset is None or opset < int(version):
+        return f"the model's opset is {opset}; the op needs {int(version)}"
+    return True
+
+
+def _static_rank(ctx, x):
+    return ctx.rank(x)
+
+
+@native_constraint("ReducesLastAxis")
+def reduces_last_axis(ctx, x, axes_attr, axes_input):
+    """The ReduceMean reduces exactly the last axis of x (axes as attribute or as a constant input)."""
+    if axes_attr is not None:
+        axes = [int(a) for a in np.asarray(axes_attr).reshape(-1)]
+    elif axes_input is not None:
+        array = ctx.array(axes_input)
+        if array is None:
+            return "the axes are not constant"
+        axes = [int(a) for a in array.reshape(-1)]
+    else:
+        return "the ReduceMean has no axes (it reduces every axis)"
+    if axes == [-1]:
+        return True
+    rank = _static_rank(ctx, x)
+    if rank is not None and axes == [rank - 1]:
+        return True
+    return f"the ReduceMean reduces axes {axes}, not only the last one (rank {rank})"
+
+
+@native_constraint("IsSquare")
+def is_square(ctx, form, exponent):
+    """Mul(d, d) squares; Pow(d, e) only when e is the constant 2."""
+    if form == "mul":
+        return True
+    array = ctx.array(exponent)
+    if array is None or array.size != 1:
+        return "the exponent is not a one-element constant"
+    actual = float(array.reshape(-1)[0])
+    if actual != 2.0:
+        return f"the exponent is {actual}, not 2"
+    return True
+
+
+@native_constraint("IsPerFeature")
+def is_per_feature(ctx, x, p):
+    """p (optional) has shape [hidden] where hidden is x's static last dim, and x's dtype."""
+    if p is None:
+        return True
+    shape, pshape = ctx.shape(x), ctx.shape(p)
+    if shape is None or not shape or not isinstance(shape[-1], int):
+        return "the last dim of the input is not static"
+    if pshape is None or tuple(pshape) != (shape[-1],):
+        return f"the scale/bias has shape {None if pshape is None else list(pshape)}, expected [{shape[-1]}]"
+    if ctx.dtype(p) != ctx.dtype(x):
+        return f"the scale/bias is {ctx.dtype(p)}, the input {ctx.dtype(x)}"
+    return True
+
+
+@native_constraint("SameStaticShape")
+def same_static_shape(ctx, a, b):
+    """a and b have the same known shape (static dims equal, symbolic dims the same name)."""
+    sa, sb = ctx.shape(a), ctx.shape(b)
+    if sa is None or sb is None:
+        return "a shape is unknown"
+    if any(d is None for d in (*sa, *sb)):
+        return "a dim is unknown"
+    if tuple(sa) != tuple(sb):
+        return f"the shapes differ: {list(sa)} vs {list(sb)}"
+    if ctx.dtype(a) != ctx.dtype(b):
+        return f"the dtypes differ: {ctx.dtype(a)} vs {ctx.dtype(b)}"
+    return True
+
+
+@native_constraint("IsLastAxis")
+def is_last_axis(ctx, x, axis):
+    rank = ctx.rank(x)
+    axis = -1 if axis is None else int(axis)
+    if axis == -1 or (rank is not None and axis == rank - 1):
+        return True
+    return f"normalizes axis {axis}, not the last one (rank {rank})"
+
+
+@native_rewrite("ScalarOf")
+def scalar_of(ctx, c):
+    array = ctx.array(c)
+    if array is None or array.size != 1:
+        raise RewriteDeclined("not a one-element constant")
+    return {"value": float(array.reshape(-1)[0])}

@@ -1,0 +1,218 @@
+"""Golden tests for normalization.pdll: decomposed LayerNorm -> LayerNormalization, Add + LayerNormalization -> SkipLayerNorm."""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from rule_testing import TensorProto, assert_same_outputs, helper, init, make_model, op_types, optimize_with, rand, rewrites
+
+import graphopt
+from graphopt.verify import verify
+
+F = TensorProto.FLOAT
+H = 8
+
+
+def decomposed_layer_norm(
+    opset: int = 17,
+    square: str = "pow",
+    axes: int = -1,
+    eps_const: bool = True,
+    sub_escapes: bool = False,
+    axes_as_input: bool | None = None,
+) -> onnx.ModelProto:
+    """x [2, 4, H] -> mean / var over `axes` -> normalize -> * gamma + beta, as exporters write it."""
+    as_input = opset >= 18 if axes_as_input is None else axes_as_input
+    inits = [init("gamma", rand(H)), init("beta", rand(H))]
+    if eps_const:
+        inits.append(init("eps", np.array(1e-5, np.float32)))
+    if square == "pow":
+        inits.append(init("two", np.array(2.0, np.float32)))
+    if as_input:
+        inits.append(init("axes", np.array([axes], np.int64)))
+
+    def reduce_mean(inp: str, out: str) -> onnx.NodeProto:
+        if as_input:
+            return helper.make_node("ReduceMean", [inp, "axes"], [out], keepdims=1)
+        return helper.make_node("ReduceMean", [inp], [out], axes=[axes], keepdims=1)
+
+    nodes = [
+        reduce_mean("x", "mean"),
+        helper.make_node("Sub", ["x", "mean"], ["d"]),
+        helper.make_node("Pow", ["d", "two"], ["sq"]) if square == "pow" else helper.make_node("Mul", ["d", "d"], ["sq"]),
+        reduce_mean("sq", "var"),
+        helper.make_node("Add", ["var", "eps"], ["ve"]),
+        helper.make_node("Sqrt", ["ve"], ["std"]),
+        helper.make_node("Div", ["d", "std"], ["norm"]),
+        helper.make_node("Mul", ["norm", "gamma"], ["scaled"]),
+        helper.make_node("Add", ["scaled", "beta"], ["y"]),
+    ]
+    inputs = [helper.make_tensor_value_info("x", F, ["N", 4, H])]
+    if not eps_const:
+        inputs.append(helper.make_tensor_value_info("eps", F, []))
+    outputs = [helper.make_tensor_value_info("y", F, None)]
+    if sub_escapes:
+        outputs.append(helper.make_tensor_value_info("d", F, None))
+    return make_model(nodes, inputs, outputs, inits, opset=opset)
+
+
+@pytest.mark.parametrize("target", ["onnx", "ort-cpu"])
+@pytest.mark.parametrize("square", ["pow", "mul"])
+@pytest.mark.parametrize("opset", [17, 18])
+def test_decomposed_layer_norm_fuses(target: str, square: str, opset: int) -> None:
+    model = decomposed_layer_norm(opset=opset, square=square)
+    optimized, report = optimize_with(model, ["FuseLayerNorm"], target=target)
+    assert rewrites(report, "FuseLayerNorm") == 1
+    assert op_types(optimized) == ["LayerNormalization"]
+    attrs = {a.name: helper.get_attribute_value(a) for a in optimized.graph.node[0].attribute}
+    assert attrs["axis"] == -1
+    assert attrs["epsilon"] == pytest.approx(1e-5)
+    assert_same_outputs(model, optimized, rtol=1e-4, atol=1e-5)
+
+
+def test_decomposed_layer_norm_with_positive_last_axis_fuses() -> None:
+    model = decomposed_layer_norm(axes=2)
+    optimized, report = optimize_with(model, ["FuseLayerNorm"], target="onnx")
+    assert rewrites(report, "FuseLayerNorm") == 1
+    assert_same_outputs(model, optimized)
+
+
+def test_decomposed_layer_norm_on_ort_cuda_emits_layer_normalization() -> None:
+    optimized, report = optimize_with(decomposed_layer_norm(), ["FuseLayerNorm"], target="ort-cuda")
+    assert rewrites(report, "FuseLayerNorm") == 1
+    assert [(n.domain, n.op_type) for n in optimized.graph.node] == [("", "LayerNormalization")]
+
+
+@pytest.mark.parametrize("target", ["onnx", "ort-cpu"])
+def test_layer_norm_below_opset_17_does_not_fuse(target: str) -> None:
+    model = decomposed_layer_norm(opset=16)
+    optimized, report = optimize_with(model, ["FuseLayerNorm"], target=target)
+    assert rewrites(report, "FuseLayerNorm") == 0
+    assert len(optimized.graph.node) == 9
+    assert "opset is 16" in report.rules["FuseLayerNorm"].near_misses[0].reason
+
+
+def test_layer_norm_with_non_constant_eps_does_not_fuse() -> None:
+    model = decomposed_layer_norm(eps_const=False)
+    optimized, report = optimize_with(model, ["FuseLayerNorm"], target="ort-cpu")
+    assert rewrites(report, "FuseLayerNorm") == 0
+    assert len(optimized.graph.node) == 9
+
+
+def test_layer_norm_over_another_axis_does_not_fuse() -> None:
+    model = decomposed_layer_norm(axes=1)
+    optimized, report = optimize_with(model, ["FuseLayerNorm"], target="ort-cpu")
+    assert rewrites(report, "FuseLayerNorm") == 0
+    assert len(optimized.graph.node) == 9
+    assert "not only the last one" in report.rules["FuseLayerNorm"].near_misses[0].reason
+
+
+def test_layer_norm_whose_sub_has_another_user_does_not_fuse() -> None:
+    model = decomposed_layer_norm(sub_escapes=True)
+    optimized, report = optimize_with(model, ["FuseLayerNorm"], target="ort-cpu")
+    assert rewrites(report, "FuseLayerNorm") == 0
+    assert len(optimized.graph.node) == 9
+    assert "graph output" in report.rules["FuseLayerNorm"].near_misses[0].reason
+
+
+# --------------------------------------------------------------------------- SkipLayerNorm
+
+
+def add_layer_norm(add_escapes: bool = False, with_beta: bool = True, skip_shape: tuple | None = None) -> onnx.ModelProto:
+    ln_inputs = ["s", "gamma", "beta"] if with_beta else ["s", "gamma"]
+    outputs = [helper.make_tensor_value_info("y", F, None)]
+    if add_escapes:
+        outputs.append(helper.make_tensor_value_info("s", F, None))
+    return make_model(
+        [
+            helper.make_node("Add", ["a", "b"], ["s"]),
+            helper.make_node("LayerNormalization", ln_inputs, ["y"], axis=-1, epsilon=1e-6),
+        ],
+        [helper.make_tensor_value_info("a", F, ["N", 4, H]), helper.make_tensor_value_info("b", F, skip_shape or ["N", 4, H])],
+        outputs,
+        [init("gamma", rand(H)), init("beta", rand(H))],
+    )
+
+
+@pytest.mark.parametrize("with_beta", [True, False])
+def test_add_layer_norm_fuses_on_ort_cpu(with_beta: bool) -> None:
+    model = add_layer_norm(with_beta=with_beta)
+    optimized, report = optimize_with(model, ["FuseSkipLayerNorm"], target="ort-cpu")
+    assert rewrites(report, "FuseSkipLayerNorm") == 1
+    assert [(n.domain, n.op_type) for n in optimized.graph.node] == [("com.microsoft", "SkipLayerNormalization")]
+    attrs = {a.name: helper.get_attribute_value(a) for a in optimized.graph.node[0].attribute}
+    assert attrs["epsilon"] == pytest.approx(1e-6)
+    assert_same_outputs(model, optimized, rtol=1e-4, atol=1e-5)
+
+
+def test_add_layer_norm_on_ort_cuda_emits_skip_layer_normalization() -> None:
+    optimized, report = optimize_with(add_layer_norm(), ["FuseSkipLayerNorm"], target="ort-cuda")
+    assert rewrites(report, "FuseSkipLayerNorm") == 1
+    assert [(n.domain, n.op_type) for n in optimized.graph.node] == [("com.microsoft", "SkipLayerNormalization")]
+
+
+def test_add_layer_norm_is_not_fused_for_plain_onnx() -> None:
+    model = add_layer_norm()
+    optimized, report = optimize_with(model, ["FuseSkipLayerNorm"], target="onnx")
+    assert rewrites(report, "FuseSkipLayerNorm") == 0
+    assert op_types(optimized) == ["Add", "LayerNormalization"]
+    assert "no lowering" in report.rules["FuseSkipLayerNorm"].near_misses[0].reason
+
+
+def test_add_used_elsewhere_does_not_fuse() -> None:
+    model = add_layer_norm(add_escapes=True)
+    optimized, report = optimize_with(model, ["FuseSkipLayerNorm"], target="ort-cpu")
+    assert rewrites(report, "FuseSkipLayerNorm") == 0
+    assert op_types(optimized) == ["Add", "LayerNormalization"]
+
+
+def test_broadcast_skip_does_not_fuse() -> None:
+    model = add_layer_norm(skip_shape=(1, 4, H))
+    optimized, report = optimize_with(model, ["FuseSkipLayerNorm"], target="ort-cpu")
+    assert rewrites(report, "FuseSkipLayerNorm") == 0
+    assert "shapes differ" in report.rules["FuseSkipLayerNorm"].near_misses[0].reason
+
+
+# --------------------------------------------------------------------------- tiny BERT, both exporters
+
+sys.path.insert(0, str(Path(__file__).parent))
+import models  # noqa: E402
+
+_RULES = ["FuseLayerNorm", "FuseSkipLayerNorm", "FuseGeluErf", "FuseGeluErfContrib"]
+
+# Both exporters already emit LayerNormalization (5: embeddings + 2 per layer), so
+# FuseLayerNorm finds nothing. The residual Add before the 4 encoder LayerNorms
+# becomes SkipLayerNorm on onnxruntime; the embeddings' Add is not fused because
+# the position embeddings are [1, seq, H] (broadcast). Dynamo (opset 20) emits Gelu
+# itself; TorchScript (opset 17) writes the Erf form twice, which only onnxruntime
+# can fuse below opset 20.
+_EXPECTED = {
+    ("bert-tiny-dynamo", "onnx"): ({}, {("", "LayerNormalization"): 5, ("", "Gelu"): 2}),
+    ("bert-tiny-dynamo", "ort-cpu"): (
+        {"FuseSkipLayerNorm": 4},
+        {("", "LayerNormalization"): 1, ("com.microsoft", "SkipLayerNormalization"): 4, ("", "Gelu"): 2},
+    ),
+    ("bert-tiny-torchscript", "onnx"): ({}, {("", "LayerNormalization"): 5, ("", "Erf"): 2}),
+    ("bert-tiny-torchscript", "ort-cpu"): (
+        {"FuseSkipLayerNorm": 4, "FuseGeluErfContrib": 2},
+        {("", "LayerNormalization"): 1, ("com.microsoft", "SkipLayerNormalization"): 4, ("com.microsoft", "Gelu"): 2},
+    ),
+}
+
+
+@pytest.mark.parametrize("name, target", sorted(_EXPECTED))
+def test_tiny_bert_normalization_and_gelu_fusions(name: str, target: str) -> None:
+    source = models.TINY_MODELS[name]()
+    optimized, report = graphopt.optimize(onnx.load(source), target=target, enable=_RULES)
+    want_rewrites, want_ops = _EXPECTED[(name, target)]
+    assert {r: rewrites(report, r) for r in _RULES} == {r: want_rewrites.get(r, 0) for r in _RULES}
+    ops = Counter((n.domain, n.op_type) for n in optimized.graph.node)
+    watched = {("", "LayerNormalization"), ("com.microsoft", "SkipLayerNormalization"), ("", "Gelu"), ("com.microsoft", "Gelu"), ("", "Erf")}
+    assert {k: v for k, v in ops.items() if k in watched} == want_ops
+    result = verify(source, optimized)
+    assert result.passed, result.message
