@@ -53,3 +53,46 @@ def default_opset_below(ctx, version):
     if opset is not None and opset >= int(version):
         return f"the model's opset is {opset}; the standard op is used from {int(version)}"
     return True
+
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+@native_constraint("GeluTanhConstants")
+def gelu_tanh_constants(ctx, cube, three, k, s, one, half, place, place2):
+    """x^3 is Pow(x, 3) or x * x * x; the constants are 0.044715, sqrt(2/pi), 1 and 0.5,
+    and the 0.5 factor sits in one place (both alternatives of the root picked the same form)."""
+    if place != place2:
+        return f"the 0.5 factor forms do not agree ({place} / {place2})"
+    if cube == "pow" and not _near(_scalar(ctx, three), 3.0):
+        return f"the Pow exponent is {_scalar(ctx, three)}, expected 3"
+    if not _near(_scalar(ctx, k), 0.044715):
+        return f"the cube is scaled by {_scalar(ctx, k)}, expected 0.044715"
+    if not _near(_scalar(ctx, s), _SQRT_2_OVER_PI):
+        return f"the Tanh argument is scaled by {_scalar(ctx, s)}, expected {_SQRT_2_OVER_PI:.8g}"
+    if not _near(_scalar(ctx, one), 1.0):
+        return f"the Tanh term adds {_scalar(ctx, one)}, expected 1"
+    if not _near(_scalar(ctx, half), 0.5):
+        return f"the outer factor is {_scalar(ctx, half)}, expected 0.5"
+    return True
+
+
+@native_constraint("BiasFitsLastDim")
+def bias_fits_last_dim(ctx, x, bias):
+    """bias has shape [hidden] where hidden is x's static last dim, and x's dtype."""
+    shape, bshape = ctx.shape(x), ctx.shape(bias)
+    if shape is None or not shape or not isinstance(shape[-1], int):
+        return "the last dim of the input is not static"
+    if bshape is None or tuple(bshape) != (shape[-1],):
+        return f"the bias has shape {None if bshape is None else list(bshape)}, expected [{shape[-1]}]"
+    if ctx.dtype(bias) != ctx.dtype(x):
+        return f"the bias is {ctx.dtype(bias)}, the input {ctx.dtype(x)}"
+    return True
+
+
+@native_constraint("QuickGeluAlpha")
+def quick_gelu_alpha(ctx, alpha):
+    """The Sigmoid's argument is x scaled by 1.702."""
+    if not _near(_scalar(ctx, alpha), 1.702):
+        return f"the Sigmoid argument is scaled by {_scalar(ctx, alpha)}, expected 1.702"
+    return True

@@ -65,6 +65,9 @@ _ORT_LOWERINGS: dict[str, tuple[str, str]] = {
     "FusedConv": (MS_DOMAIN, "FusedConv"),
     "SkipLayerNorm": (MS_DOMAIN, "SkipLayerNormalization"),
     "Gelu": (MS_DOMAIN, "Gelu"),
+    "FastGelu": (MS_DOMAIN, "FastGelu"),
+    "BiasGelu": (MS_DOMAIN, "BiasGelu"),
+    "QuickGelu": (MS_DOMAIN, "QuickGelu"),
 }
 
 
