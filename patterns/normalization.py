@@ -99,3 +99,17 @@ def scalar_of(ctx, c):
     if array is None or array.size != 1:
         raise RewriteDeclined("not a one-element constant")
     return {"value": float(array.reshape(-1)[0])}
+
+
+@native_constraint("IsOne")
+def is_one(ctx, form, one):
+    """Div(1, sqrt) takes the reciprocal only when the dividend is the constant 1."""
+    if form != "div1":
+        return True
+    array = ctx.array(one)
+    if array is None or array.size != 1:
+        return "the dividend is not a one-element constant"
+    actual = float(array.reshape(-1)[0])
+    if actual != 1.0:
+        return f"the dividend is {actual}, not 1"
+    return True

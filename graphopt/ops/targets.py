@@ -68,6 +68,8 @@ _ORT_LOWERINGS: dict[str, tuple[str, str]] = {
     "FastGelu": (MS_DOMAIN, "FastGelu"),
     "BiasGelu": (MS_DOMAIN, "BiasGelu"),
     "QuickGelu": (MS_DOMAIN, "QuickGelu"),
+    "RMSNorm": ("", "SimplifiedLayerNormalization"),
+    "SkipRMSNorm": (MS_DOMAIN, "SkipSimplifiedLayerNormalization"),
 }
 
 
