@@ -39,22 +39,6 @@ def gelu_constants(ctx, scale, s, one, half, place, place2):
     return True
 
 
-@native_constraint("DefaultOpsetAtLeast")
-def default_opset_at_least(ctx, version):
-    opset = ctx.opset("")
-    if opset is None or opset < int(version):
-        return f"the model's opset is {opset}; the standard op needs {int(version)}"
-    return True
-
-
-@native_constraint("DefaultOpsetBelow")
-def default_opset_below(ctx, version):
-    opset = ctx.opset("")
-    if opset is not None and opset >= int(version):
-        return f"the model's opset is {opset}; the standard op is used from {int(version)}"
-    return True
-
-
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
 
@@ -74,19 +58,6 @@ def gelu_tanh_constants(ctx, cube, three, k, s, one, half, place, place2):
         return f"the Tanh term adds {_scalar(ctx, one)}, expected 1"
     if not _near(_scalar(ctx, half), 0.5):
         return f"the outer factor is {_scalar(ctx, half)}, expected 0.5"
-    return True
-
-
-@native_constraint("BiasFitsLastDim")
-def bias_fits_last_dim(ctx, x, bias):
-    """bias has shape [hidden] where hidden is x's static last dim, and x's dtype."""
-    shape, bshape = ctx.shape(x), ctx.shape(bias)
-    if shape is None or not shape or not isinstance(shape[-1], int):
-        return "the last dim of the input is not static"
-    if bshape is None or tuple(bshape) != (shape[-1],):
-        return f"the bias has shape {None if bshape is None else list(bshape)}, expected [{shape[-1]}]"
-    if ctx.dtype(bias) != ctx.dtype(x):
-        return f"the bias is {ctx.dtype(bias)}, the input {ctx.dtype(x)}"
     return True
 
 

@@ -7,15 +7,6 @@ import numpy as np
 from graphopt.pattern.native import RewriteDeclined, native_constraint, native_rewrite
 
 
-@native_constraint("OpsetAtLeast")
-def opset_at_least(ctx, version):
-    """The model imports the default ONNX domain at `version` or later (the standard op exists)."""
-    opset = ctx.opset("")
-    if opset is None or opset < int(version):
-        return f"the model's opset is {opset}; the op needs {int(version)}"
-    return True
-
-
 def _static_rank(ctx, x):
     return ctx.rank(x)
 
@@ -51,21 +42,6 @@ def is_square(ctx, form, exponent):
     actual = float(array.reshape(-1)[0])
     if actual != 2.0:
         return f"the exponent is {actual}, not 2"
-    return True
-
-
-@native_constraint("IsPerFeature")
-def is_per_feature(ctx, x, p):
-    """p (optional) has shape [hidden] where hidden is x's static last dim, and x's dtype."""
-    if p is None:
-        return True
-    shape, pshape = ctx.shape(x), ctx.shape(p)
-    if shape is None or not shape or not isinstance(shape[-1], int):
-        return "the last dim of the input is not static"
-    if pshape is None or tuple(pshape) != (shape[-1],):
-        return f"the scale/bias has shape {None if pshape is None else list(pshape)}, expected [{shape[-1]}]"
-    if ctx.dtype(p) != ctx.dtype(x):
-        return f"the scale/bias is {ctx.dtype(p)}, the input {ctx.dtype(x)}"
     return True
 
 
