@@ -72,8 +72,8 @@ def run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray
     return session.run(None, feeds)
 
 
-def assert_same_outputs(original: onnx.ModelProto, optimized: onnx.ModelProto, shapes=None, rtol=1e-4, atol=1e-5) -> None:
-    feeds = _feeds(original, shapes)
+def assert_same_outputs(original: onnx.ModelProto, optimized: onnx.ModelProto, shapes=None, rtol=1e-4, atol=1e-5, feeds=None) -> None:
+    feeds = _feeds(original, shapes) if feeds is None else feeds
     expected = run(original, feeds)
     actual = run(optimized, feeds)
     assert [o.name for o in original.graph.output] == [o.name for o in optimized.graph.output]

@@ -292,9 +292,15 @@ class OnnxView:
         pending, self._pending_constants = self._pending_constants, []
         to_insert = [*pending, *new_nodes]
         new_set = set(map(id, to_insert))
+        matched_set = set(map(id, matched))
         for old, new in replacements:
             producer = new.producer()
             is_new = producer is not None and id(producer) in new_set and not new.is_graph_output()
+            if old.is_graph_output() and not is_new and _only_used_by(new, matched_set) and producer is not None \
+                    and not new.is_graph_input() and not new.is_initializer():
+                # An existing value read only by the nodes this rewrite removes can take the
+                # output's name (no untouched node refers to it), instead of an Identity copy.
+                is_new = True
             if old.is_graph_output() and not is_new:
                 if id(new) in self._new_initializers and not new.uses() and new.name and new.const_value is not None:
                     # A constant made for this rewrite becomes a Constant node carrying the output's name.
@@ -369,3 +375,8 @@ def _inner_nodes(node: ir.Node) -> list[ir.Node]:
                 found.append(inner)
                 found.extend(_inner_nodes(inner))
     return found
+
+
+def _only_used_by(value: ir.Value, nodes: set[int]) -> bool:
+    uses = value.uses()
+    return bool(uses) and all(id(use.node) in nodes for use in uses)

@@ -184,7 +184,10 @@ def _leaf_producers(view: GraphView, match: Match) -> list[Any]:
 def _target_problem(view: GraphView, target: Target, new_nodes: list[Any]) -> str | None:
     for node in new_nodes:
         domain, op_type = view.op_key(node)
-        first = next((v for v in view.inputs(node) if v is not None), None)
+        inputs = list(view.inputs(node))
+        # The kernel tables key on the data type: Where's is its second input, not the condition.
+        typed = inputs[1:] if op_type == "Where" and not domain else inputs
+        first = next((v for v in typed if v is not None), None)
         dtype = view.dtype(first) if first is not None else None
         reason = target.why_not(domain, op_type, dtype, view.opset(""))
         if reason is not None:

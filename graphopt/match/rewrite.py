@@ -17,7 +17,7 @@ import numpy as np
 
 from graphopt.ir.view import GraphView
 from graphopt.match.matcher import Match, MatchContext, OpBinding
-from graphopt.pattern.ir import Build, Call, Let, Lit, Ref, Replace
+from graphopt.pattern.ir import Build, Call, Choose, Let, Lit, Ref, Replace
 from graphopt.pattern.native import RewriteDeclined, lookup
 
 __all__ = ["PlannedRewrite", "plan_rewrite"]
@@ -78,6 +78,12 @@ def plan_rewrite(view: GraphView, match: Match) -> PlannedRewrite:
                 raise KeyError(f"native {expr.name} is not registered")
             args = [_plain(evaluate(a)) for a in expr.args]
             return native.fn(ctx, *args)
+        if isinstance(expr, Choose):
+            label = _plain(evaluate(expr.tag))
+            for branch, branch_expr in expr.branches:
+                if branch == label:
+                    return evaluate(branch_expr, hint)
+            raise RewriteDeclined(f"no rewrite for '{label}' of {expr.tag.name}")
         if isinstance(expr, Build):
             operands = [None if o is None else as_value(evaluate(o, f"{expr.op_type}_in"), f"{expr.op_type}_in") for o in expr.operands]
             attrs: dict[str, Any] = {}

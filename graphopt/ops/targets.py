@@ -19,10 +19,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import onnx
 
-__all__ = ["Target", "TARGETS", "get_target", "GRAPHOPT_DOMAIN", "MS_DOMAIN"]
+__all__ = ["Lowering", "Target", "TARGETS", "get_target", "GRAPHOPT_DOMAIN", "MS_DOMAIN"]
 
 GRAPHOPT_DOMAIN = "graphopt"
 MS_DOMAIN = "com.microsoft"
@@ -60,8 +61,36 @@ _ORT_CUDA: dict[tuple[str, str], frozenset[str]] = {
     ("", "SimplifiedLayerNormalization"): _F({"f32", "f64", "f16", "bf16"}),
 }
 
-# graphopt op -> the op it lowers to on onnxruntime targets (same inputs and attributes).
-_ORT_LOWERINGS: dict[str, tuple[str, str]] = {
+@dataclass(frozen=True)
+class Lowering:
+    """How one graphopt op becomes a target's op.
+
+    ``inputs`` lists, for each input slot of the target op, the graphopt op's
+    input index or None for an omitted optional input (None: same inputs in the
+    same order). ``rename`` maps a graphopt attribute to the target's names for
+    it (an empty tuple drops it); other attributes keep their names.
+    """
+
+    domain: str
+    op_type: str
+    inputs: tuple[int | None, ...] | None = None
+    rename: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.domain, self.op_type)
+
+
+def _as_lowering(entry: Lowering | tuple[str, str]) -> Lowering:
+    return entry if isinstance(entry, Lowering) else Lowering(*entry)
+
+
+# graphopt op -> the op it lowers to on onnxruntime targets (a (domain, op) pair:
+# same inputs and attributes; or a Lowering that maps them).
+_ORT_LOWERINGS: dict[str, Any] = {
+    # q, k, v [batch, seq, hidden], attention_bias -> com.microsoft.MultiHeadAttention
+    # (query, key, value, bias, key_padding_mask, attention_bias).
+    "MultiHeadAttention": Lowering(MS_DOMAIN, "MultiHeadAttention", inputs=(0, 1, 2, None, None, 3)),
     "FusedConv": (MS_DOMAIN, "FusedConv"),
     "SkipLayerNorm": (MS_DOMAIN, "SkipLayerNormalization"),
     "Gelu": (MS_DOMAIN, "Gelu"),
@@ -73,27 +102,41 @@ _ORT_LOWERINGS: dict[str, tuple[str, str]] = {
 }
 
 
+# graphopt op -> standard ONNX op on `--target onnx` (allowed where the model's opset defines it).
+_ONNX_LOWERINGS: dict[str, Any] = {
+    # opset 23 Attention, 3-D form: the head counts are attributes.
+    "MultiHeadAttention": Lowering("", "Attention", rename={"num_heads": ("q_num_heads", "kv_num_heads")}),
+}
+
+
 @dataclass(frozen=True)
 class Target:
     name: str
     description: str
     kernels: Mapping[tuple[str, str], frozenset[str]] = field(default_factory=dict)
-    lowerings: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    lowerings: Mapping[str, Any] = field(default_factory=dict)
     #: True when `kernels` lists every op the target runs (standard ops too).
     complete: bool = False
+
+    def lowering(self, op_type: str) -> Lowering | None:
+        """How graphopt.<op_type> is lowered on this target, or None when it is not."""
+        entry = self.lowerings.get(op_type)
+        return None if entry is None else _as_lowering(entry)
 
     def lowered(self, domain: str, op_type: str) -> tuple[str, str]:
         """The op this target runs for (domain, op_type): graphopt ops map through the lowering table."""
         if domain == GRAPHOPT_DOMAIN:
-            return self.lowerings.get(op_type, (domain, op_type))
+            low = self.lowering(op_type)
+            return low.key if low is not None else (domain, op_type)
         return (domain, op_type)
 
     def why_not(self, domain: str, op_type: str, dtype: str | None, opset: int | None) -> str | None:
         """None if the target can run this op for this dtype; else the reason it cannot."""
         if domain == GRAPHOPT_DOMAIN:
-            if op_type not in self.lowerings:
+            low = self.lowering(op_type)
+            if low is None:
                 return f"target {self.name} has no lowering for graphopt.{op_type}"
-            domain, op_type = self.lowerings[op_type]
+            domain, op_type = low.key
         key = (domain, op_type)
         if key in self.kernels:
             if dtype is not None and dtype not in self.kernels[key]:
@@ -120,7 +163,7 @@ def _name(key: tuple[str, str]) -> str:
 
 
 TARGETS: dict[str, Target] = {
-    "onnx": Target("onnx", "standard ONNX ops only; runs in any runtime"),
+    "onnx": Target("onnx", "standard ONNX ops only; runs in any runtime", lowerings=_ONNX_LOWERINGS),
     "ort-cpu": Target("ort-cpu", "onnxruntime, CPU execution provider", _ORT_CPU, _ORT_LOWERINGS, complete=True),
     "ort-cuda": Target("ort-cuda", "onnxruntime, CUDA execution provider", _ORT_CUDA, _ORT_LOWERINGS),
 }

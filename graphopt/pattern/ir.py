@@ -25,6 +25,7 @@ __all__ = [
     "OpMatch",
     "AltMatch",
     "MatchNode",
+    "Choose",
     "Ref",
     "Lit",
     "Call",
@@ -203,7 +204,19 @@ class Build:
     num_outputs: int = 1
 
 
-Expr = Ref | Lit | Call | Build
+@dataclass(frozen=True)
+class Choose:
+    """`alt tag { a: expr, b: expr }`: the expression of the branch whose label is the tag's value.
+
+    The tag is an alternative's tag (which branch matched) or a native Rewrite's
+    result field; a value with no branch declines the rewrite.
+    """
+
+    tag: Ref
+    branches: tuple[tuple[str, Expr], ...]
+
+
+Expr = Ref | Lit | Call | Build | Choose
 
 
 @dataclass(frozen=True)

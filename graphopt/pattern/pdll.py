@@ -39,6 +39,7 @@ from graphopt.pattern.ir import (
     AltMatch,
     AttrMatch,
     Build,
+    Choose,
     Call,
     Expr,
     Let,
@@ -370,6 +371,7 @@ class _PatternBuilder:
         self.lets: list[tuple[_Name, Token | Tree]] = []  # let-bound ops and alts, for the reachability check
         self.var_constraints: dict[str, tuple[ValueConstraint, ...]] = {}
         self.used_natives: dict[tuple[str, str], NativeDecl] = {}
+        self.tag_labels: dict[str, list[str]] = {}  # alternative tag -> its branch labels
 
     def error(self, at: _Pos, message: str) -> PatternError:
         return self.f.error(at, message)
@@ -547,6 +549,7 @@ class _PatternBuilder:
             if any(label == existing for existing, _ in out):
                 raise self.error(label_tok, f"branch '{label}' appears twice in alternatives '{tag_tok}'")
             out.append((label, self.operand(value)))
+        self.tag_labels[str(tag_tok)] = [label for label, _ in out]
         return AltMatch(str(tag_tok), tuple(out))
 
     # -------------------------------------------------------------- rewrite half
@@ -592,7 +595,32 @@ class _PatternBuilder:
             raise self.error(t, "constraint arguments must be names or literals")
         if t.data == "call":
             return self.call(t, "Rewrite")
+        if t.data == "choose":
+            return self.choose(t)
         return self.build_op(t)
+
+    def choose(self, t: Tree) -> Choose:
+        _, tag_tree, *branch_trees = _present(t.children)
+        tag = self.ref(tag_tree, "Rewrite", operand=False)
+        assert tag is not None
+        known = self.names[tag.name]
+        if tag.field is None and known.kind != "tag":
+            raise self.error(tag_tree.children[0], f"'{tag.name}' is {known.describe()}; `alt` in a rewrite chooses by an alternative's tag or a native Rewrite's result field")
+        labels = self.tag_labels.get(tag.name) if tag.field is None else None
+        branches: list[tuple[str, Expr]] = []
+        for b in branch_trees:
+            label_tok, value = b.children
+            label = self.f.check_name(label_tok, "a branch label")
+            if any(label == existing for existing, _ in branches):
+                raise self.error(label_tok, f"branch '{label}' appears twice")
+            if labels is not None and label not in labels:
+                raise self.error(label_tok, f"alternatives '{tag.name}' have no branch '{label}' (branches: {', '.join(labels)})")
+            branches.append((label, self.value(value, "Rewrite")))
+        if labels is not None:
+            missing = [label for label in labels if label not in dict(branches)]
+            if missing:
+                raise self.error(tag_tree.children[0], f"no value for branch{'es' if len(missing) > 1 else ''} {', '.join(missing)} of alternatives '{tag.name}'")
+        return Choose(tag, tuple(branches))
 
     def ref(self, t: Tree, kind: str, operand: bool) -> Ref | None:
         name_tok, field_tok = t.children

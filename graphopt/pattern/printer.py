@@ -21,6 +21,7 @@ from graphopt.pattern.ir import (
     AltMatch,
     AttrMatch,
     Build,
+    Choose,
     Call,
     Expr,
     Let,
@@ -260,4 +261,7 @@ class _RulePrinter:
             if attrs:
                 text += " {" + ", ".join(attrs) + "}"
             return text
+        if isinstance(e, Choose):
+            branches = ", ".join(f"{_name(label)}: {self.expr(v)}" for label, v in e.branches)
+            return f"alt {self.expr(e.tag)} {{ {branches} }}"
         raise ValueError(f"not an expression: {e!r}")

@@ -1,0 +1,404 @@
+"""Symbolic shapes: what a value's dims are, as expressions over the graph's unknown dims.
+
+Exported transformer graphs compute reshape targets at run time
+(``Concat(Shape(x)[0:1], Shape(x)[1:2], [12, 64])``), so the static shape
+inference the model carries says little (``[unk__3, unk__7, 12, 64]`` or
+nothing). Rules that undo reshape/transpose chains need to know that a Reshape
+merely restores the dims its input already had, or that two reshapes only merge
+and split the same leading dims. This module answers that by evaluating the
+shape-computing subgraph symbolically:
+
+* ``value_dims(view, v)`` -- v's dims as a list of sympy expressions (integers,
+  named dims such as ``batch``, or a fresh symbol per unknown dim), or None when
+  even the rank is unknown;
+* ``shape_tensor(view, v)`` -- the *contents* of a 1-D int64 shape tensor (or a
+  scalar), element by element, as expressions, or None.
+
+Both walk producers (Reshape, Transpose, MatMul, broadcasting elementwise ops,
+Shape, Slice, Gather, Concat, Unsqueeze, arithmetic on shape tensors ...) and fall
+back to the view's inferred shape. Equal expressions mean equal dims at run
+time; different expressions mean "not known to be equal". sympy is already
+loaded (onnx-ir imports it), and its products and quotients are what resolving
+a Reshape's -1 needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import sympy
+
+from graphopt.ir.view import GraphView
+
+__all__ = ["Dim", "value_dims", "shape_tensor", "dims_equal", "static_int", "SymbolicShapes"]
+
+Dim = sympy.Expr
+
+_MAX_DEPTH = 64
+
+# Ops whose output has the broadcast shape of their inputs.
+_BROADCASTING = frozenset({
+    "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Where", "And", "Or", "Xor", "Equal", "Less",
+    "LessOrEqual", "Greater", "GreaterOrEqual", "Mod", "BitShift", "PRelu", "Sum", "Mean",
+})
+# Ops whose (first) output has the shape of their first input.
+_SAME_SHAPE = frozenset({
+    "Relu", "Cast", "CastLike", "Softmax", "LogSoftmax", "Sqrt", "Erf", "Tanh", "Sigmoid", "Neg", "Exp",
+    "Log", "Abs", "IsNaN", "IsInf", "Not", "Identity", "LayerNormalization", "Gelu", "Reciprocal", "Sin",
+    "Cos", "Dropout", "LeakyRelu", "Clip", "HardSigmoid", "Elu", "Selu", "Softplus", "Softsign", "Floor",
+    "Ceil", "Round", "Sign", "BatchNormalization", "InstanceNormalization", "RMSNormalization",
+    "SimplifiedLayerNormalization", "SkipLayerNormalization", "SkipSimplifiedLayerNormalization",
+    "BiasGelu", "FastGelu", "QuickGelu", "SkipLayerNorm", "SkipRMSNorm", "RMSNorm", "Trilu",
+    "MultiHeadAttention",  # graphopt's: [batch, seq, hidden] like its query
+})
+
+
+def static_int(d: Any) -> int | None:
+    """The dim as a Python int when it is a known integer."""
+    if isinstance(d, (int, np.integer)):
+        return int(d)
+    if isinstance(d, sympy.Integer):
+        return int(d)
+    return None
+
+
+def dims_equal(a: Sequence[Any] | None, b: Sequence[Any] | None) -> bool:
+    """Both known, same rank, every dim provably equal."""
+    if a is None or b is None or len(a) != len(b):
+        return False
+    return all(x == y or sympy.expand(x - y) == 0 for x, y in zip(a, b, strict=True))
+
+
+class SymbolicShapes:
+    """Evaluates dims and shape tensors of the values of one view (memoized on the view)."""
+
+    def __init__(self, view: GraphView) -> None:
+        self.view = view
+        # A value's dims never change while it exists (rewrites replace values by
+        # equivalent ones), so one cache serves every question asked of this view.
+        # Keys are ids; the values themselves are kept so that an id is not reused.
+        cache = getattr(view, "_symbolic_shapes_cache", None)
+        if cache is None:
+            cache = ({}, {}, [])
+            try:
+                view._symbolic_shapes_cache = cache  # type: ignore[attr-defined]
+            except AttributeError:
+                pass
+        self._dims, self._tensors, self._keep = cache
+
+    # ---------------------------------------------------------------- dims of a value
+    def dims(self, value: Any, depth: int = 0) -> list[Dim] | None:
+        if value is None:
+            return None
+        key = id(value)
+        if key not in self._dims:
+            self._keep.append(value)
+            self._dims[key] = None  # cycles (there are none in a valid graph) end here
+            self._dims[key] = self._merge(value, self._derive_dims(value, depth))
+        return self._dims[key]
+
+    def _inferred(self, value: Any) -> list[Dim] | None:
+        shape = self.view.shape(value)
+        if shape is None:
+            return None
+        return [self._dim_from_inference(value, i, d) for i, d in enumerate(shape)]
+
+    def _dim_from_inference(self, value: Any, i: int, d: Any) -> Dim:
+        if isinstance(d, int) and d >= 0:
+            return sympy.Integer(d)
+        if isinstance(d, str) and d:
+            return sympy.Symbol(d, positive=True, integer=True)
+        return self._fresh(value, i)
+
+    def _fresh(self, value: Any, i: int) -> Dim:
+        name = getattr(value, "name", None) or f"v{id(value)}"
+        return sympy.Symbol(f"{name}#{i}", positive=True, integer=True)
+
+    def _merge(self, value: Any, derived: list[Dim] | None) -> list[Dim] | None:
+        """Derived dims, with the view's static ints and names filling what derivation could not know."""
+        inferred = self._inferred(value)
+        if derived is None:
+            return inferred
+        if inferred is None or len(inferred) != len(derived):
+            return derived
+        merged = []
+        for d, s in zip(derived, inferred, strict=True):
+            if static_int(s) is not None:
+                merged.append(s)
+            elif _opaque(d) and not _opaque(s):
+                merged.append(s)  # a named dim beats an opaque one
+            else:
+                merged.append(d)
+        return merged
+
+    def _derive_dims(self, value: Any, depth: int) -> list[Dim] | None:
+        view = self.view
+        node = view.producer(value)
+        if node is None or depth > _MAX_DEPTH:
+            return None
+        domain, op = view.op_key(node)
+        ins = list(view.inputs(node))
+        d = depth + 1
+        if view.output_index(value) != 0 and op not in ("Split",):
+            return None
+        if op in _SAME_SHAPE:
+            return self.dims(ins[0], d) if ins else None
+        if op in _BROADCASTING:
+            return _broadcast([self.dims(x, d) for x in ins if x is not None])
+        if op == "Reshape":
+            return self._reshape(node, ins, d)
+        if op == "Transpose":
+            src = self.dims(ins[0], d)
+            if src is None:
+                return None
+            perm = view.attr(node, "perm")
+            perm = list(range(len(src)))[::-1] if not isinstance(perm, (list, tuple)) else list(perm)
+            return [src[p] for p in perm] if len(perm) == len(src) else None
+        if op == "MatMul":
+            a, b = self.dims(ins[0], d), self.dims(ins[1], d)
+            if a is None or b is None or len(a) < 2 or len(b) < 2:
+                return None
+            batch = _broadcast([a[:-2], b[:-2]])
+            return None if batch is None else [*batch, a[-2], b[-1]]
+        if op == "Unsqueeze":
+            src = self.dims(ins[0], d)
+            axes = _axes(view, node, ins, 1)
+            if src is None or axes is None:
+                return None
+            out: list[Dim | None] = [None] * (len(src) + len(axes))
+            for a in axes:
+                out[a % len(out)] = sympy.Integer(1)
+            it = iter(src)
+            return [x if x is not None else next(it) for x in out]
+        if op == "Squeeze":
+            src = self.dims(ins[0], d)
+            axes = _axes(view, node, ins, 1)
+            if src is None:
+                return None
+            if axes is None:
+                return [x for x in src if static_int(x) != 1]
+            drop = {a % len(src) for a in axes}
+            return [x for i, x in enumerate(src) if i not in drop]
+        if op == "Expand":
+            target = self.tensor(ins[1], d)
+            src = self.dims(ins[0], d)
+            return None if target is None or src is None else _broadcast([src, target])
+        if op == "Concat":
+            parts = [self.dims(x, d) for x in ins]
+            if any(p is None for p in parts) or not parts:
+                return None
+            rank = len(parts[0])  # type: ignore[arg-type]
+            axis = int(view.attr(node, "axis")) % rank
+            out2 = list(parts[0])  # type: ignore[arg-type]
+            out2[axis] = sympy.Add(*[p[axis] for p in parts])  # type: ignore[index]
+            return out2
+        if op == "Split":
+            src = self.dims(ins[0], d)
+            if src is None:
+                return None
+            axis = view.attr(node, "axis")
+            axis = (axis if isinstance(axis, int) else 0) % len(src)
+            n = len(view.outputs(node))
+            sizes = view.const_array(ins[1]) if len(ins) > 1 and ins[1] is not None else None
+            out3 = list(src)
+            if sizes is not None:
+                out3[axis] = sympy.Integer(int(sizes.reshape(-1)[view.output_index(value)]))
+            elif static_int(src[axis]) is not None and static_int(src[axis]) % n == 0:  # type: ignore[operator]
+                out3[axis] = sympy.Integer(static_int(src[axis]) // n)  # type: ignore[operator]
+            else:
+                return None
+            return out3
+        if op == "Shape":
+            t = self.tensor(value, d)
+            return None if t is None else [sympy.Integer(len(t))]
+        if op == "Gather":
+            data, idx = self.dims(ins[0], d), self.dims(ins[1], d)
+            if data is None or idx is None:
+                return None
+            axis = view.attr(node, "axis")
+            axis = (axis if isinstance(axis, int) else 0) % len(data)
+            return [*data[:axis], *idx, *data[axis + 1:]]
+        return None
+
+    def _reshape(self, node: Any, ins: list[Any], depth: int) -> list[Dim] | None:
+        src = self.dims(ins[0], depth)
+        target = self.tensor(ins[1], depth)
+        if target is None:
+            return None
+        allowzero = self.view.attr(node, "allowzero")
+        allowzero = 0 if not isinstance(allowzero, int) else allowzero
+        out: list[Dim | None] = []
+        for i, t in enumerate(target):
+            if static_int(t) == 0 and not allowzero:
+                if src is None or i >= len(src):
+                    return None
+                out.append(src[i])
+            elif static_int(t) == -1:
+                out.append(None)
+            else:
+                out.append(t)
+        if any(x is None for x in out):
+            if src is None or sum(x is None for x in out) != 1:
+                return None
+            known = sympy.Mul(*[x for x in out if x is not None])
+            total = sympy.Mul(*src)
+            out[out.index(None)] = total / known
+        return out  # type: ignore[return-value]
+
+    # ---------------------------------------------------------------- contents of a shape tensor
+    def tensor(self, value: Any, depth: int = 0) -> list[Dim] | None:
+        if value is None:
+            return None
+        key = id(value)
+        if key not in self._tensors:
+            self._keep.append(value)
+            self._tensors[key] = None
+            self._tensors[key] = self._derive_tensor(value, depth)
+        return self._tensors[key]
+
+    def _derive_tensor(self, value: Any, depth: int) -> list[Dim] | None:
+        view = self.view
+        const = view.const_array(value)
+        if const is not None:
+            if const.dtype.kind not in "iu" or const.ndim > 1 or const.size > 64:
+                return None
+            return [sympy.Integer(int(x)) for x in const.reshape(-1)]
+        node = view.producer(value)
+        if node is None or depth > _MAX_DEPTH:
+            return None
+        _, op = view.op_key(node)
+        ins = list(view.inputs(node))
+        d = depth + 1
+        if op == "Shape":
+            src = self.dims(ins[0], d)
+            if src is None:
+                return None
+            start, end = view.attr(node, "start"), view.attr(node, "end")
+            start = start if isinstance(start, int) else 0
+            end = end if isinstance(end, int) else len(src)
+            return list(src[slice(start, end)])
+        if op in ("Cast", "Identity", "Squeeze", "Unsqueeze"):
+            return self.tensor(ins[0], d)
+        if op == "Reshape":
+            target = self.tensor(ins[1], d)
+            inner = self.tensor(ins[0], d)
+            if inner is None or target is None or len(target) > 1:
+                return None
+            return inner
+        if op == "Concat":
+            parts = [self.tensor(x, d) for x in ins]
+            if any(p is None for p in parts):
+                return None
+            return [x for p in parts for x in p]  # type: ignore[union-attr]
+        if op == "Gather":
+            data = self.tensor(ins[0], d)
+            idx = view.const_array(ins[1])
+            if data is None or idx is None or idx.ndim > 1:
+                return None
+            try:
+                return [data[int(i)] for i in idx.reshape(-1)]
+            except IndexError:
+                return None
+        if op == "Slice":
+            data = self.tensor(ins[0], d)
+            args = [view.const_array(x) if x is not None else None for x in ins[1:5]]
+            args += [None] * (4 - len(args))
+            if data is None or args[0] is None or args[1] is None:
+                return None
+            if args[2] is not None and [int(a) for a in args[2].reshape(-1)] not in ([0], [-1]):
+                return None
+            step = int(args[3].reshape(-1)[0]) if args[3] is not None else 1
+            start, end = int(args[0].reshape(-1)[0]), int(args[1].reshape(-1)[0])
+            end = max(min(end, len(data)), -len(data) - 1)
+            return list(data[slice(start, end, step)])
+        if op == "ConstantOfShape":
+            n = self.tensor(ins[0], d)
+            fill = view.attr(node, "value")
+            fill_arr = np.asarray(getattr(fill, "numpy", lambda: fill)()) if fill is not None else np.zeros(1)
+            if n is None or len(n) != 1 or static_int(n[0]) is None or fill_arr.size != 1:
+                return None
+            if fill_arr.dtype.kind not in "iub":
+                return None
+            return [sympy.Integer(int(fill_arr.reshape(-1)[0]))] * static_int(n[0])  # type: ignore[operator]
+        if op == "Equal":
+            a, b = self.tensor(ins[0], d), self.tensor(ins[1], d)
+            if a is None or b is None or len(a) != len(b):
+                return None
+            eqs = [sympy.Eq(x, y) for x, y in zip(a, b, strict=True)]
+            if any(e not in (sympy.true, sympy.false) for e in eqs):
+                return None
+            return [sympy.Integer(1 if e == sympy.true else 0) for e in eqs]
+        if op == "Where":
+            c, a, b = (self.tensor(x, d) for x in ins)
+            if c is None or a is None or b is None:
+                return None
+            n = max(len(c), len(a), len(b))
+            c, a, b = ([*t] * n if len(t) == 1 else t for t in (c, a, b))
+            if not len(c) == len(a) == len(b) == n:
+                return None
+            return [x if static_int(k) == 1 else y for k, x, y in zip(c, a, b, strict=True)]
+        if op in ("Add", "Sub", "Mul", "Div"):
+            a, b = self.tensor(ins[0], d), self.tensor(ins[1], d)
+            if a is None or b is None:
+                return None
+            if len(a) == 1 and len(b) != 1:
+                a = a * len(b)
+            if len(b) == 1 and len(a) != 1:
+                b = b * len(a)
+            if len(a) != len(b):
+                return None
+            out = []
+            for x, y in zip(a, b, strict=True):
+                if op == "Add":
+                    out.append(x + y)
+                elif op == "Sub":
+                    out.append(x - y)
+                elif op == "Mul":
+                    out.append(x * y)
+                else:
+                    q = x / y
+                    if not (q.is_integer or static_int(q) is not None):
+                        return None
+                    out.append(q)
+            return out
+        return None
+
+
+def _opaque(d: Dim) -> bool:
+    """A dim known only by a made-up name: ours (``value#i``) or onnx shape inference's (``unk__N``)."""
+    return bool(d.free_symbols) and all("#" in str(x) or str(x).startswith("unk__") for x in d.free_symbols)
+
+
+def _axes(view: GraphView, node: Any, ins: list[Any], index: int) -> list[int] | None:
+    if len(ins) > index and ins[index] is not None:
+        arr = view.const_array(ins[index])
+        return None if arr is None else [int(a) for a in arr.reshape(-1)]
+    axes = view.attr(node, "axes")
+    return [int(a) for a in axes] if isinstance(axes, (list, tuple)) else None
+
+
+def _broadcast(shapes: Sequence[list[Dim] | None]) -> list[Dim] | None:
+    if any(s is None for s in shapes):
+        return None
+    rank = max((len(s) for s in shapes), default=0)  # type: ignore[arg-type]
+    out: list[Dim] = []
+    for i in range(rank):
+        dims = [s[len(s) - rank + i] for s in shapes if len(s) - rank + i >= 0]  # type: ignore[arg-type]
+        non_one = [x for x in dims if static_int(x) != 1]
+        if not non_one:
+            out.append(sympy.Integer(1))
+            continue
+        ints = [x for x in non_one if static_int(x) is not None]
+        named = [x for x in non_one if not _opaque(x)]
+        out.append(ints[0] if ints else named[0] if named else non_one[0])
+    return out
+
+
+def value_dims(view: GraphView, value: Any) -> list[Dim] | None:
+    return SymbolicShapes(view).dims(value)
+
+
+def shape_tensor(view: GraphView, value: Any) -> list[Dim] | None:
+    return SymbolicShapes(view).tensor(value)

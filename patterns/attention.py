@@ -1,0 +1,111 @@
+"""Native helpers for attention.pdll."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from graphopt.ir.dtypes import numpy_dtype
+from graphopt.ir.symbolic import SymbolicShapes, dims_equal, static_int
+from graphopt.pattern.native import native_constraint, native_rewrite
+
+# Ops through which a mask with finite values stays finite (they move or select
+# values, never add them: finfo.min + finfo.min would be -inf).
+_FINITE_PRESERVING = frozenset({
+    "Where", "Cast", "Expand", "Reshape", "Unsqueeze", "Squeeze", "Transpose", "Slice", "Gather",
+    "Concat", "Identity", "Tile",
+})
+
+
+def _scalar(ctx, value) -> float | None:
+    arr = ctx.array(value)
+    return None if arr is None or arr.size != 1 else float(arr.reshape(-1)[0])
+
+
+@native_constraint("IsZero")
+def is_zero(ctx, guard, zero):
+    if guard != "isnan":
+        return True
+    return True if _scalar(ctx, zero) == 0.0 else "the NaN guard does not write 0"
+
+
+@native_constraint("AttentionShapes")
+def attention_shapes(ctx, q, kt, v, masking, mask, keep, axis):
+    """q [B, N, S, H], k transposed [B, N, H, L], v [B, N, L, Hv] with static N, H, Hv; Softmax over
+    the last axis; a mask that onnxruntime's attention_bias accepts: [B|1, N|1, S, L]."""
+    sym = SymbolicShapes(ctx.view)
+    dq, dk, dv = sym.dims(q), sym.dims(kt), sym.dims(v)
+    if dq is None or dk is None or dv is None:
+        return "the dims of q, k or v are not known"
+    if not (len(dq) == len(dk) == len(dv) == 4):
+        return f"q, k, v have ranks {len(dq)}, {len(dk)}, {len(dv)}; expected 4 ([batch, heads, seq, head_size])"
+    heads, head_size, v_head_size = static_int(dq[1]), static_int(dq[3]), static_int(dv[3])
+    if heads is None or head_size is None or v_head_size is None:
+        return f"the number of heads or the head size is not static (q {list(dq)}, v {list(dv)})"
+    if not dims_equal([dk[1]], [dq[1]]) or not dims_equal([dv[1]], [dq[1]]):
+        return f"k and v have {dk[1]} and {dv[1]} heads, q has {heads} (grouped-query attention without repeated k/v)"
+    if not dims_equal([dk[2]], [dq[3]]):
+        return f"the key is not transposed like q k^T: k {list(dk)}, q {list(dq)}"
+    if not dims_equal([dk[3]], [dv[2]]):
+        return f"k and v have different sequence lengths ({dk[3]}, {dv[2]})"
+    if axis not in (-1, 3):
+        return f"the Softmax is over axis {axis}, not the last"
+    bias = mask if masking == "add" else keep if masking in ("keep", "drop") else None
+    if bias is not None:
+        db = sym.dims(bias)
+        if db is None or len(db) != 4:
+            return f"the mask has dims {db}; onnxruntime needs [batch or 1, heads or 1, {dq[2]}, {dk[3]}]"
+        ok = (static_int(db[0]) == 1 or dims_equal([db[0]], [dq[0]])) and (
+            static_int(db[1]) == 1 or dims_equal([db[1]], [dq[1]])) and dims_equal(db[2:], [dq[2], dk[3]])
+        if not ok:
+            return f"the mask has dims {list(db)}; onnxruntime needs [batch or 1, heads or 1, {dq[2]}, {dk[3]}]"
+        if masking == "add" and ctx.dtype(mask) != ctx.dtype(q):
+            return f"the mask is {ctx.dtype(mask)}, q is {ctx.dtype(q)}"
+        if masking != "add" and ctx.dtype(keep) != "bool":
+            return f"the Where condition is {ctx.dtype(keep)}, not bool"
+    return True
+
+
+def _is_finite(ctx, value, depth: int = 0) -> bool:
+    """The value provably holds no inf or NaN: finite constants, moved or selected by shape ops."""
+    if value is None:
+        return True
+    arr = ctx.array(value)
+    if arr is not None:
+        return arr.dtype.kind in "biu" or bool(np.all(np.isfinite(arr)))
+    if ctx.dtype(value) == "bool" or (ctx.dtype(value) or "").startswith(("i", "u")):
+        return True
+    view = ctx.view
+    node = view.producer(value)
+    if node is None or depth > 32:
+        return False
+    domain, op = view.op_key(node)
+    if domain or op not in _FINITE_PRESERVING:
+        return False
+    ins = list(view.inputs(node))
+    data = ins[1:] if op == "Where" else ins[:1]
+    return all(_is_finite(ctx, x, depth + 1) for x in data)
+
+
+@native_rewrite("AttentionParams")
+def attention_params(ctx, q, kt, v, qscale, sq, dq, kscale, sk, dk, sscale, ss, ds, guard, masking, mask, fill) -> dict[str, Any]:
+    scale = 1.0
+    for form, mul, div in ((qscale, sq, dq), (kscale, sk, dk), (sscale, ss, ds)):
+        if form == "mul":
+            scale *= _scalar(ctx, mul)  # type: ignore[operator]
+        elif form == "div":
+            scale /= _scalar(ctx, div)  # type: ignore[operator]
+    sym = SymbolicShapes(ctx.view)
+    q_dims, v_dims = sym.dims(q), sym.dims(v)
+    heads, v_head_size = static_int(q_dims[1]), static_int(v_dims[3])  # type: ignore[index]
+    mask_finite = masking == "none" or _is_finite(ctx, mask if masking == "add" else fill)
+    return {
+        "scale": float(scale),
+        "heads": int(heads),  # type: ignore[arg-type]
+        "to_bsd": np.array([0, 0, -1], dtype=np.int64),
+        "to_bnsh": np.array([0, 0, heads, v_head_size], dtype=np.int64),
+        "zero": np.zeros((), dtype=numpy_dtype(ctx.dtype(q))),
+        # The output keeps the NaN guard unless no row can be fully masked.
+        "guard": "keep" if guard == "isnan" and not mask_finite else "drop",
+    }
