@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import sympy
 
 from graphopt.ir.dtypes import numpy_dtype
 from graphopt.ir.symbolic import SymbolicShapes, dims_equal, static_int
@@ -109,3 +110,52 @@ def attention_params(ctx, q, kt, v, qscale, sq, dq, kscale, sk, dk, sscale, ss, 
         # The output keeps the NaN guard unless no row can be fully masked.
         "guard": "keep" if guard == "isnan" and not mask_finite else "drop",
     }
+
+
+@native_constraint("PackableProjections")
+def packable_projections(ctx, x, wq, bq, wk, bk, wv, bv):
+    """x [batch, seq, hidden]; each weight [hidden, hidden] and bias [hidden], one dtype."""
+    sym = SymbolicShapes(ctx.view)
+    dx = sym.dims(x)
+    if dx is None or len(dx) != 3 or static_int(dx[2]) is None:
+        return f"the input has dims {dx}; com.microsoft.Attention needs [batch, seq, hidden] with a static hidden size"
+    hidden = static_int(dx[2])
+    arrays = [ctx.array(w) for w in (wq, wk, wv)]
+    biases = [ctx.array(b) for b in (bq, bk, bv)]
+    if any(w is None or w.shape != (hidden, hidden) for w in arrays):
+        return f"the projection weights are {[None if w is None else list(w.shape) for w in arrays]}, not [{hidden}, {hidden}]"
+    if any(b is None or b.shape != (hidden,) for b in biases):
+        return f"the biases are {[None if b is None else list(b.shape) for b in biases]}, not [{hidden}]"
+    if len({a.dtype for a in (*arrays, *biases)}) != 1 or ctx.dtype(x) != ctx.dtype(wq):
+        return "the input, weights and biases do not share one dtype"
+    return True
+
+
+@native_rewrite("PackQKV")
+def pack_qkv(ctx, wq, bq, wk, bk, wv, bv):
+    return {
+        "w": np.concatenate([ctx.array(w) for w in (wq, wk, wv)], axis=1),
+        "b": np.concatenate([ctx.array(b) for b in (bq, bk, bv)]),
+    }
+
+
+@native_constraint("IsPackedProjection")
+def is_packed_projection(ctx, x, w, proj, sizes, axis):
+    """x [batch, seq, hidden] flattened, times w [hidden, 3 * hidden], reshaped back to
+    [batch, seq, 3 * hidden] and split in three equal parts along the last axis."""
+    sym = SymbolicShapes(ctx.view)
+    dx, dp = sym.dims(x), sym.dims(proj)
+    weights = ctx.array(w)
+    if dx is None or dp is None or len(dx) != 3 or len(dp) != 3 or static_int(dx[2]) is None:
+        return f"the projection's input and output dims are {dx} and {dp}, not [batch, seq, hidden]"
+    hidden = static_int(dx[2])
+    if weights is None or weights.shape != (hidden, 3 * hidden):
+        return f"the weights are {None if weights is None else list(weights.shape)}, not [{hidden}, {3 * hidden}]"
+    if not dims_equal(dp, [dx[0], dx[1], sympy.Integer(3 * hidden)]):
+        return f"the projection {list(dp)} does not restore the input's leading dims {list(dx)}"
+    if axis not in (-1, 2):
+        return f"the split is along axis {axis}, not the last"
+    split = ctx.array(sizes) if sizes is not None else None
+    if sizes is not None and (split is None or [int(s) for s in split.reshape(-1)] != [hidden] * 3):
+        return f"the split sizes are {None if split is None else split.tolist()}, not three of {hidden}"
+    return True

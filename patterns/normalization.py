@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from graphopt.ir.symbolic import SymbolicShapes, dims_equal
 from graphopt.pattern.native import RewriteDeclined, native_constraint, native_rewrite
 
 
@@ -48,13 +49,12 @@ def is_square(ctx, form, exponent):
 @native_constraint("SameStaticShape")
 def same_static_shape(ctx, a, b):
     """a and b have the same known shape (static dims equal, symbolic dims the same name)."""
-    sa, sb = ctx.shape(a), ctx.shape(b)
+    sym = SymbolicShapes(ctx.view)
+    sa, sb = sym.dims(a), sym.dims(b)
     if sa is None or sb is None:
         return "a shape is unknown"
-    if any(d is None for d in (*sa, *sb)):
-        return "a dim is unknown"
-    if tuple(sa) != tuple(sb):
-        return f"the shapes differ: {list(sa)} vs {list(sb)}"
+    if not dims_equal(sa, sb):
+        return f"the shapes are not known to be equal: {list(sa)} vs {list(sb)}"
     if ctx.dtype(a) != ctx.dtype(b):
         return f"the dtypes differ: {ctx.dtype(a)} vs {ctx.dtype(b)}"
     return True

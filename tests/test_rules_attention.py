@@ -217,6 +217,39 @@ def test_standard_attention_on_onnx_target_at_opset_23() -> None:
     _check_same(model, optimized)
 
 
+def test_packed_projections_become_com_microsoft_attention() -> None:
+    model = attention_model(mask="add")
+    optimized, report = optimize_with(model, [*ATTENTION_RULES, "PackAttentionProjections"], target="ort-cpu")
+    assert rewrites(report, "PackAttentionProjections") == 1
+    assert _ops(optimized) == [(MS, "Attention")]
+    weights = {i.name: i for i in optimized.graph.initializer}[optimized.graph.node[0].input[1]]
+    assert list(weights.dims) == [D, 3 * D]
+    _check_same(model, optimized)
+
+
+def test_cross_attention_is_not_packed() -> None:
+    model = attention_model(mask="none")
+    # k and v project another input: not self-attention, so the weights cannot be packed.
+    model.graph.input.append(helper.make_tensor_value_info("mem", TensorProto.FLOAT, [B, S, D]))
+    for node in model.graph.node:
+        if node.op_type == "MatMul" and node.input[1] in ("wk", "wv"):
+            node.input[0] = "mem"
+    optimized, report = optimize_with(model, [*ATTENTION_RULES, "PackAttentionProjections"], target="ort-cpu")
+    assert rewrites(report, "FuseAttention") == 1 and rewrites(report, "PackAttentionProjections") == 0
+    assert (MS, "MultiHeadAttention") in _ops(optimized)
+    from tests.rule_testing import run
+
+    rng = np.random.default_rng(3)
+    feeds = {"x": rng.standard_normal((B, S, D)).astype(np.float32), "mem": rng.standard_normal((B, S, D)).astype(np.float32)}
+    np.testing.assert_allclose(run(optimized, feeds)[0], run(model, feeds)[0], rtol=1e-4, atol=1e-5)
+
+
+def test_packed_projection_rules_do_not_apply_on_plain_onnx() -> None:
+    optimized, report = optimize_with(attention_model(opset=23), [*ATTENTION_RULES, "PackAttentionProjections"], target="onnx")
+    assert rewrites(report, "FuseAttention") == 1 and rewrites(report, "PackAttentionProjections") == 0
+    assert [n.op_type for n in optimized.graph.node].count("Attention") == 1
+
+
 # ----------------------------------------------------------------------------- must not fire
 
 
@@ -294,7 +327,10 @@ def test_exported_models_fuse_every_attention(family: str, exporter: str) -> Non
     model = onnx.load(str(path))
     optimized, report = graphopt.optimize(model, target="ort-cpu")
     ops = [n.op_type for n in optimized.graph.node]
-    assert rewrites(report, "FuseAttention") == 2 and ops.count("MultiHeadAttention") == 2
+    # q, k, v projections of one input are packed: com.microsoft.Attention, one GEMM per layer.
+    packing = "PackAttentionProjections" if family == "bert" else "PackedProjectionAttention"
+    assert rewrites(report, "FuseAttention") == 2 and rewrites(report, packing) == 2
+    assert ops.count("Attention") == 2 and "MultiHeadAttention" not in ops
     assert "Softmax" not in ops and "Transpose" not in ops
     feeds = example_inputs(path, batch=2)  # the second sample pads its last quarter
     ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)

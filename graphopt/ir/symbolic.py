@@ -51,7 +51,6 @@ _SAME_SHAPE = frozenset({
     "Ceil", "Round", "Sign", "BatchNormalization", "InstanceNormalization", "RMSNormalization",
     "SimplifiedLayerNormalization", "SkipLayerNormalization", "SkipSimplifiedLayerNormalization",
     "BiasGelu", "FastGelu", "QuickGelu", "SkipLayerNorm", "SkipRMSNorm", "RMSNorm", "Trilu",
-    "MultiHeadAttention",  # graphopt's: [batch, seq, hidden] like its query
 })
 
 
@@ -143,6 +142,16 @@ class SymbolicShapes:
         d = depth + 1
         if view.output_index(value) != 0 and op not in ("Split",):
             return None
+        if domain == "graphopt" and op in ("MultiHeadAttention", "Attention"):
+            # [batch, seq] of the query (or input), times the value's hidden size.
+            q = self.dims(ins[0], d)
+            if q is None or len(q) != 3:
+                return None
+            if op == "MultiHeadAttention":
+                v = self.dims(ins[2], d)
+                return None if v is None or len(v) != 3 else [q[0], q[1], v[2]]
+            w = view.const_array(ins[1])
+            return None if w is None or w.shape[-1] % 3 else [q[0], q[1], sympy.Integer(w.shape[-1] // 3)]
         if op in _SAME_SHAPE:
             return self.dims(ins[0], d) if ins else None
         if op in _BROADCASTING:

@@ -35,6 +35,11 @@ def lower_fused_ops(model: ir.Model, target: Target) -> int:
 
 def _apply(node: ir.Node, low: Lowering) -> None:
     node.domain, node.op_type = low.domain, low.op_type
+    # Optional outputs nobody reads are left unnamed ("" = not produced), so the
+    # kernel need not compute them (e.g. SkipLayerNormalization's mean/inv_std).
+    for output in node.outputs[1:]:
+        if not output.uses() and not output.is_graph_output():
+            output.name = ""
     if low.inputs is not None:
         old = list(node.inputs)
         new = [old[i] if i is not None and i < len(old) else None for i in low.inputs]

@@ -91,6 +91,9 @@ _ORT_LOWERINGS: dict[str, Any] = {
     # q, k, v [batch, seq, hidden], attention_bias -> com.microsoft.MultiHeadAttention
     # (query, key, value, bias, key_padding_mask, attention_bias).
     "MultiHeadAttention": Lowering(MS_DOMAIN, "MultiHeadAttention", inputs=(0, 1, 2, None, None, 3)),
+    # x [batch, seq, hidden], packed weights [hidden, 3 * hidden] and bias, attention_bias ->
+    # com.microsoft.Attention (input, weights, bias, mask_index, past, attention_bias).
+    "Attention": Lowering(MS_DOMAIN, "Attention", inputs=(0, 1, 2, None, None, 3)),
     "FusedConv": (MS_DOMAIN, "FusedConv"),
     "SkipLayerNorm": (MS_DOMAIN, "SkipLayerNormalization"),
     "Gelu": (MS_DOMAIN, "Gelu"),

@@ -632,7 +632,11 @@ class _PatternBuilder:
         known = self.names.get(name)
         if known is None:
             raise self.error(name_tok, f"unknown name '{name}'")
-        if field_tok is not None:
+        if field_tok is not None and isinstance(known.node, Build) and known.kind == "let":
+            index = int(str(field_tok)) if str(field_tok).isdigit() else None
+            if index is None or index >= known.node.num_outputs:
+                raise self.error(field_tok, f"'{name}' is an op with {known.node.num_outputs} output(s); select one by number, 0 to {known.node.num_outputs - 1}")
+        elif field_tok is not None:
             if known.kind != "let" or not isinstance(known.node, Call):
                 raise self.error(field_tok, f"'{name}' is {known.describe()} and has no fields; only a native Rewrite's result has")
             decl = self.f.decls.get(("Rewrite", known.node.name))

@@ -249,7 +249,8 @@ class _RulePrinter:
         if e is None:
             return "_"
         if isinstance(e, Ref):
-            return _name(e.name) + (f".{_name(e.field)}" if e.field is not None else "")
+            field = None if e.field is None else e.field if e.field.isdigit() else _name(e.field)
+            return _name(e.name) + (f".{field}" if field is not None else "")
         if isinstance(e, Lit):
             return format_literal(e.value)
         if isinstance(e, Call):
