@@ -728,3 +728,50 @@ Pattern P {
     assert not pf.rules[0].root.shared
     again = parse_pdll(print_pattern_file(pf), "again.pdll")
     assert again.rules[0].root.operands[0].shared
+
+
+# ----------------------------------------------------------------------------- `alt` in rewrites
+
+
+_CHOOSE = """
+Pattern NegOfActivation {
+  let m = alt form { relu: op<Relu>(x), sig: op<Sigmoid>(x) };
+  let out = op<Neg>(m);
+  replace out with alt form { relu: op<Abs>(x), sig: op<Exp>(x) };
+}
+"""
+
+
+def test_alt_in_a_rewrite_builds_the_matched_branch(tmp_path) -> None:
+    from onnx import TensorProto, helper
+
+    import graphopt
+    from tests.rule_testing import make_model
+
+    rules = tmp_path / "choose.pdll"
+    rules.write_text(_CHOOSE)
+    for act, expected in (("Relu", "Abs"), ("Sigmoid", "Exp")):
+        model = make_model(
+            [helper.make_node(act, ["x"], ["a"]), helper.make_node("Neg", ["a"], ["y"])],
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])],
+        )
+        optimized, report = graphopt.optimize(model, patterns=[str(rules)], builtin=False, target="onnx")
+        assert [n.op_type for n in optimized.graph.node] == [expected]  # a test of the language, not a valid fusion
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ("replace out with alt form { relu: x, other: x };", "have no branch 'other'"),
+        ("replace out with alt form { relu: x };", "no value for branch sig"),
+        ("replace out with alt x { a: x };", "chooses by an alternative's tag"),
+    ],
+)
+def test_alt_in_a_rewrite_is_checked(body: str, message: str) -> None:
+    from graphopt.errors import PatternError
+    from graphopt.pattern.pdll import parse_pdll
+
+    text = _CHOOSE.replace("replace out with alt form { relu: op<Abs>(x), sig: op<Exp>(x) };", body)
+    with pytest.raises(PatternError, match=message):
+        parse_pdll(text)

@@ -1,0 +1,78 @@
+"""graphopt.ir.symbolic: dims of values and contents of shape tensors, as exporters compute them."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+import sympy
+from onnx import TensorProto, helper
+
+from graphopt.ir.onnx_view import OnnxView
+from graphopt.ir.symbolic import SymbolicShapes, dims_equal
+from tests.rule_testing import init, make_model
+
+
+def _shapes(model):
+    ir_model = ir.serde.deserialize_model(model)
+    values = {v.name: v for node in ir_model.graph for v in node.outputs}
+    values.update({v.name: v for v in ir_model.graph.inputs})
+    return SymbolicShapes(OnnxView(ir_model)), values
+
+
+def _sym(name: str) -> sympy.Symbol:
+    return sympy.Symbol(name, positive=True, integer=True)
+
+
+def test_runtime_reshape_targets_resolve_to_the_input_dims() -> None:
+    # TorchScript style: Reshape(x, Concat(Shape(x)[0], Shape(x)[1], [-1, 8])), then back.
+    nodes = [
+        helper.make_node("Shape", ["x"], ["sh"]),
+        helper.make_node("Gather", ["sh", "i0"], ["b"], axis=0),
+        helper.make_node("Gather", ["sh", "i1"], ["s"], axis=0),
+        helper.make_node("Unsqueeze", ["b", "ax0"], ["b1"]),
+        helper.make_node("Unsqueeze", ["s", "ax0"], ["s1"]),
+        helper.make_node("Concat", ["b1", "s1", "heads"], ["to4"], axis=0),
+        helper.make_node("Reshape", ["x", "to4"], ["x4"]),
+        helper.make_node("Transpose", ["x4"], ["xt"], perm=[0, 2, 1, 3]),
+        helper.make_node("Reshape", ["xt", "flat"], ["xf"]),
+        helper.make_node("Transpose", ["xf"], ["xft"], perm=[0, 2, 1]),
+    ]
+    inits = [init("i0", np.array(0)), init("i1", np.array(1)), init("ax0", np.array([0])),
+             init("heads", np.array([-1, 8])), init("flat", np.array([-1, 7, 8]))]
+    model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 7, 32])],
+                       [helper.make_tensor_value_info("xft", TensorProto.FLOAT, None)], inits)
+    sym, v = _shapes(model)
+    batch = _sym("batch")
+    assert sym.tensor(v["to4"]) == [batch, 7, -1, 8]
+    assert sym.dims(v["x4"]) == [batch, 7, 4, 8]
+    assert sym.dims(v["xt"]) == [batch, 4, 7, 8]
+    assert dims_equal(sym.dims(v["xf"]), [4 * batch, 7, 8])
+    assert dims_equal(sym.dims(v["xft"]), [4 * batch, 8, 7])
+
+
+def test_torch_expand_shape_with_minus_one_is_evaluated() -> None:
+    # Where(Equal(shape, -1), ones, shape): torch's expand(-1) as the TorchScript exporter writes it.
+    nodes = [
+        helper.make_node("Shape", ["x"], ["sh"]),
+        helper.make_node("Concat", ["sh", "minus1"], ["target"], axis=0),
+        helper.make_node("Equal", ["target", "neg"], ["is_neg"]),
+        helper.make_node("Where", ["is_neg", "ones", "target"], ["fixed"]),
+        helper.make_node("Expand", ["m", "fixed"], ["mx"]),
+    ]
+    inits = [init("minus1", np.array([-1])), init("neg", np.array([-1, -1, -1])), init("ones", np.array([1, 1, 1]))]
+    model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq"]),
+                               helper.make_tensor_value_info("m", TensorProto.BOOL, ["batch", 1, 1])],
+                       [helper.make_tensor_value_info("mx", TensorProto.BOOL, None)], inits)
+    sym, v = _shapes(model)
+    assert sym.tensor(v["fixed"]) == [_sym("batch"), _sym("seq"), 1]
+    assert sym.dims(v["mx"]) == [_sym("batch"), _sym("seq"), 1]
+
+
+def test_unknown_dims_are_not_equal_to_anything_else() -> None:
+    nodes = [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Relu", ["z"], ["w"])]
+    model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 3]),
+                               helper.make_tensor_value_info("z", TensorProto.FLOAT, [None, 3])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, None), helper.make_tensor_value_info("w", TensorProto.FLOAT, None)])
+    sym, v = _shapes(model)
+    assert dims_equal(sym.dims(v["y"]), sym.dims(v["x"]))  # the same value's dims
+    assert not dims_equal(sym.dims(v["y"]), sym.dims(v["w"]))  # two unknown batch sizes
