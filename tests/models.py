@@ -36,9 +36,18 @@ Exporters (``exporter=``):
   constant bias must fold that first.
 
 Random weights: transformers initializes biases to 0 and LayerNorm to (1, 0);
-the BERT and GPT-2 builders add seeded noise to every 1-D parameter so that no
-exporter or optimizer can exploit the zeros. BatchNorm layers get non-trivial
-running statistics and affine parameters.
+the transformers builders (BERT, GPT-2, ViT, LLaMA, T5 encoder, Whisper encoder)
+add seeded noise to every 1-D parameter so that no exporter or optimizer can
+exploit the zeros. BatchNorm layers (ResNet, MobileNet, small CNN) get
+non-trivial running statistics and affine parameters.
+
+Families: ``bert``, ``gpt2``, ``vit``, ``llama``, ``t5_encoder``,
+``whisper_encoder`` (transformers, attention implementation per exporter in
+``ATTN_IMPLEMENTATION``), ``resnet50_like``, ``mobilenet_like``, ``small_cnn``
+(plain torch). Each has a ``*_tiny`` variant that builds in seconds; the
+defaults are the base sizes. ``ZOO`` lists the tiny variant of every family for
+both exporters (and "dynamo-noopt" for the CNNs), ``BENCH_MODELS`` the base-size
+models of the GPU benchmarks, ``TINY_MODELS`` the original quick set.
 
 ``example_inputs(path)`` gives deterministic numpy feeds for any cached model.
 """
@@ -66,18 +75,31 @@ __all__ = [
     "BUILDER_VERSION",
     "CACHE_DIR",
     "EXPORTERS",
+    "ATTN_IMPLEMENTATION",
     "ExportFailed",
+    "BENCH_MODELS",
     "bert",
     "bert_tiny",
     "example_inputs",
     "gpt2",
     "gpt2_tiny",
+    "llama",
+    "llama_tiny",
     "load_meta",
+    "mobilenet_like",
+    "mobilenet_tiny",
     "resnet50_like",
     "resnet_tiny",
     "single_file",
     "small_cnn",
+    "t5_encoder",
+    "t5_encoder_tiny",
     "TINY_MODELS",
+    "vit",
+    "vit_tiny",
+    "whisper_encoder",
+    "whisper_encoder_tiny",
+    "ZOO",
 ]
 
 BUILDER_VERSION = 2
@@ -255,6 +277,280 @@ def small_cnn(
     return _build(spec, exporter, opset, rebuild)
 
 
+#: transformers' attention implementation ("sdpa" or "eager") each exporter gets by default,
+#: per family (the builders' ``attn=None``). sdpa (transformers' default) wherever the
+#: exporter copes. It is recorded in meta.json's params and ends the cache key.
+#: T5 + dynamo: torch.onnx's decomposition of SDPA with T5's float bias yields strides
+#: that the following ``reshape`` (traced as ``view``) rejects ("Cannot view a tensor
+#: with shape [b, s, h, d] and strides ..."), with static shapes too -> eager.
+ATTN_IMPLEMENTATION: dict[str, dict[str, str]] = {
+    "vit": {"dynamo": "sdpa", "dynamo-noopt": "sdpa", "torchscript": "sdpa"},
+    "llama": {"dynamo": "sdpa", "dynamo-noopt": "sdpa", "torchscript": "sdpa"},
+    "t5_encoder": {"dynamo": "eager", "dynamo-noopt": "eager", "torchscript": "sdpa"},
+    "whisper_encoder": {"dynamo": "sdpa", "dynamo-noopt": "sdpa", "torchscript": "sdpa"},
+}
+
+
+def _attn(family: str, exporter: str, attn: str | None) -> str:
+    attn = attn or ATTN_IMPLEMENTATION[family].get(exporter, "sdpa")
+    if attn not in ("sdpa", "eager"):
+        raise ValueError(f"attn must be 'sdpa' or 'eager', not {attn!r}")
+    return attn
+
+
+def vit(
+    layers: int = 12,
+    exporter: str = "dynamo",
+    hidden: int = 768,
+    heads: int = 12,
+    image: int = 224,
+    patch: int = 16,
+    batch: int = 1,
+    *,
+    intermediate: int | None = None,
+    pooler: bool = True,
+    attn: str | None = None,
+    opset: int | None = None,
+    rebuild: bool = False,
+) -> Path:
+    """ViTModel (patch embedding + encoder + pooler) from ``transformers.ViTConfig``, random weights.
+
+    Input ``pixel_values`` float32 [batch, 3, image, image] (batch dynamic); outputs
+    ``last_hidden_state`` [batch, (image/patch)^2 + 1, hidden] and ``pooler_output``
+    [batch, hidden] (dropped with ``pooler=False``). No attention mask.
+    ``attn``: transformers' attention implementation, default from
+    ``ATTN_IMPLEMENTATION`` (sdpa for every exporter).
+    """
+    intermediate = intermediate or 4 * hidden
+    attn = _attn("vit", exporter, attn)
+    params = dict(layers=layers, hidden=hidden, heads=heads, intermediate=intermediate,
+                  image=image, patch=patch, pooler=pooler, batch=batch, attn=attn)
+    outputs = ["last_hidden_state", "pooler_output"] if pooler else ["last_hidden_state"]
+
+    def make_module() -> Any:
+        from transformers import ViTConfig, ViTModel
+
+        cfg = ViTConfig(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                        intermediate_size=intermediate, image_size=image, patch_size=patch,
+                        attn_implementation=attn)
+        inner = _perturb_1d_params(ViTModel(cfg, add_pooling_layer=pooler)).eval()
+        return _hf_wrapper(inner, len(outputs), inputs=("pixel_values",))
+
+    spec = _Spec(
+        family="vit",
+        params=params,
+        make_module=make_module,
+        inputs=[_Input("pixel_values", "float32", ["batch", 3, image, image], "normal")],
+        outputs=outputs,
+        output_axes={o: ["batch"] for o in outputs},
+        dims={"batch": batch},
+        check_dims={"batch": 2},
+    )
+    return _build(spec, exporter, opset, rebuild)
+
+
+def llama(
+    layers: int = 4,
+    exporter: str = "dynamo",
+    hidden: int = 1024,
+    heads: int = 16,
+    kv_heads: int = 4,
+    seq: int = 128,
+    batch: int = 1,
+    *,
+    intermediate: int = 2816,
+    vocab: int = 32000,
+    positions: int = 2048,
+    attn: str | None = None,
+    opset: int | None = None,
+    rebuild: bool = False,
+) -> Path:
+    """LlamaModel (no LM head) from ``transformers.LlamaConfig``, use_cache=False, random weights.
+
+    Grouped-query attention (``kv_heads`` < ``heads``: repeat_kv), rotary position
+    embeddings, RMSNorm, SwiGLU MLP, no biases. Inputs ``input_ids``,
+    ``attention_mask`` (int64, [batch, seq], both dynamic); output
+    ``last_hidden_state`` [batch, seq, hidden]. The mask is always passed
+    explicitly (without it transformers' mask helpers use ``aten::diff``, which
+    the TorchScript exporter cannot export).
+    ``attn``: transformers' attention implementation, default from
+    ``ATTN_IMPLEMENTATION`` (sdpa for every exporter: with the explicit mask,
+    the TorchScript exporter copes with sdpa too).
+    """
+    attn = _attn("llama", exporter, attn)
+    params = dict(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
+                  intermediate=intermediate, vocab=vocab, positions=positions, seq=seq,
+                  batch=batch, attn=attn)
+
+    def make_module() -> Any:
+        from transformers import LlamaConfig, LlamaModel
+
+        cfg = LlamaConfig(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                          num_key_value_heads=kv_heads, intermediate_size=intermediate,
+                          vocab_size=vocab, max_position_embeddings=positions, use_cache=False,
+                          attn_implementation=attn)
+        inner = _perturb_1d_params(LlamaModel(cfg)).eval()
+        return _hf_wrapper(inner, 1, inputs=("input_ids", "attention_mask"), use_cache=False)
+
+    spec = _Spec(
+        family="llama",
+        params=params,
+        make_module=make_module,
+        inputs=[
+            _Input("input_ids", "int64", ["batch", "seq"], "ids", vocab),
+            _Input("attention_mask", "int64", ["batch", "seq"], "mask"),
+        ],
+        outputs=["last_hidden_state"],
+        output_axes={"last_hidden_state": ["batch", "seq"]},
+        dims={"batch": batch, "seq": seq},
+        check_dims={"batch": 2, "seq": max(seq // 2 + 3, 5)},
+    )
+    return _build(spec, exporter, opset, rebuild)
+
+
+def t5_encoder(
+    layers: int = 6,
+    exporter: str = "dynamo",
+    hidden: int = 512,
+    heads: int = 8,
+    seq: int = 128,
+    batch: int = 1,
+    *,
+    d_ff: int = 2048,
+    d_kv: int | None = None,
+    vocab: int = 32128,
+    attn: str | None = None,
+    opset: int | None = None,
+    rebuild: bool = False,
+) -> Path:
+    """T5EncoderModel from ``transformers.T5Config`` (t5-small-like by default), random weights.
+
+    Relative position bias (computed from the sequence length, added to the
+    scores together with the mask), RMS-style T5LayerNorm, ReLU MLP, no biases,
+    and no 1/sqrt(d) scaling of the scores. Inputs ``input_ids``,
+    ``attention_mask`` (int64, [batch, seq], dynamic); output ``last_hidden_state``.
+    ``attn``: transformers' attention implementation, default from
+    ``ATTN_IMPLEMENTATION``: sdpa for "torchscript", eager for "dynamo" and
+    "dynamo-noopt" (torch.onnx's dynamo exporter fails on T5 with sdpa, see there).
+    """
+    d_kv = d_kv or hidden // heads
+    attn = _attn("t5_encoder", exporter, attn)
+    params = dict(layers=layers, hidden=hidden, heads=heads, d_kv=d_kv, d_ff=d_ff, vocab=vocab,
+                  seq=seq, batch=batch, attn=attn)
+
+    def make_module() -> Any:
+        from transformers import T5Config, T5EncoderModel
+
+        cfg = T5Config(num_layers=layers, d_model=hidden, num_heads=heads, d_kv=d_kv, d_ff=d_ff,
+                       vocab_size=vocab, use_cache=False, attn_implementation=attn)
+        inner = _perturb_1d_params(T5EncoderModel(cfg)).eval()
+        return _hf_wrapper(inner, 1, inputs=("input_ids", "attention_mask"))
+
+    spec = _Spec(
+        family="t5_encoder",
+        params=params,
+        make_module=make_module,
+        inputs=[
+            _Input("input_ids", "int64", ["batch", "seq"], "ids", vocab),
+            _Input("attention_mask", "int64", ["batch", "seq"], "mask"),
+        ],
+        outputs=["last_hidden_state"],
+        output_axes={"last_hidden_state": ["batch", "seq"]},
+        dims={"batch": batch, "seq": seq},
+        check_dims={"batch": 2, "seq": max(seq // 2 + 3, 5)},
+    )
+    return _build(spec, exporter, opset, rebuild)
+
+
+def whisper_encoder(
+    layers: int = 6,
+    exporter: str = "dynamo",
+    hidden: int = 512,
+    heads: int = 8,
+    batch: int = 1,
+    *,
+    ffn: int | None = None,
+    mels: int = 80,
+    positions: int = 1500,
+    attn: str | None = None,
+    opset: int | None = None,
+    rebuild: bool = False,
+) -> Path:
+    """WhisperModel's encoder (``WhisperEncoder``) from ``transformers.WhisperConfig`` (whisper-base-like).
+
+    Two Conv1d+GELU (the second with stride 2), sinusoidal positions, pre-LN
+    encoder layers (k_proj without bias), no attention mask. WhisperEncoder
+    requires exactly ``2 * positions`` input frames, so only the batch is
+    dynamic. Input ``input_features`` float32 [batch, mels, 2*positions];
+    output ``last_hidden_state`` [batch, positions, hidden].
+    ``attn``: transformers' attention implementation, default from
+    ``ATTN_IMPLEMENTATION`` (sdpa for every exporter).
+    """
+    ffn = ffn or 4 * hidden
+    frames = 2 * positions
+    attn = _attn("whisper_encoder", exporter, attn)
+    params = dict(layers=layers, hidden=hidden, heads=heads, ffn=ffn, mels=mels,
+                  positions=positions, batch=batch, attn=attn)
+
+    def make_module() -> Any:
+        from transformers import WhisperConfig
+        from transformers.models.whisper.modeling_whisper import WhisperEncoder
+
+        cfg = WhisperConfig(encoder_layers=layers, d_model=hidden, encoder_attention_heads=heads,
+                            encoder_ffn_dim=ffn, num_mel_bins=mels, max_source_positions=positions,
+                            use_cache=False, attn_implementation=attn)  # the decoder is never built
+        inner = _perturb_1d_params(WhisperEncoder(cfg)).eval()
+        return _hf_wrapper(inner, 1, inputs=("input_features",))
+
+    spec = _Spec(
+        family="whisper_encoder",
+        params=params,
+        make_module=make_module,
+        inputs=[_Input("input_features", "float32", ["batch", mels, frames], "normal")],
+        outputs=["last_hidden_state"],
+        output_axes={"last_hidden_state": ["batch"]},
+        dims={"batch": batch},
+        check_dims={"batch": 2},
+    )
+    return _build(spec, exporter, opset, rebuild)
+
+
+def mobilenet_like(
+    exporter: str = "dynamo",
+    batch: int = 1,
+    image: int = 224,
+    *,
+    width_mult: float = 1.0,
+    classes: int = 1000,
+    opset: int | None = None,
+    rebuild: bool = False,
+) -> Path:
+    """A MobileNetV2 (torchvision's topology) in plain torch, eval mode.
+
+    Stem Conv3x3/2+BN+ReLU6, 17 inverted residual blocks (1x1 expand
+    Conv+BN+ReLU6 -- absent in the first, expand-ratio-1 block --, depthwise
+    3x3 Conv+BN+ReLU6, 1x1 project Conv+BN, residual Add where stride 1 and
+    channels match), 1x1 Conv+BN+ReLU6 to 1280, global average pool, Linear.
+    Channels are ``width_mult`` times torchvision's, rounded to multiples of 8.
+    BatchNorm with non-trivial statistics (``_randomize_bn``). ReLU6 exports as Clip(0, 6).
+    Input ``pixel_values`` float32 [batch, 3, image, image] (batch dynamic);
+    output ``logits`` [batch, classes]. As for ``resnet50_like``, use
+    ``"dynamo-noopt"`` for a graph that still has BatchNormalization.
+    """
+    params = dict(width_mult=width_mult, classes=classes, image=image, batch=batch)
+    spec = _Spec(
+        family="mobilenetv2_like",
+        params=params,
+        make_module=lambda: _randomize_bn(_MobileNetV2(width_mult, classes)).eval(),
+        inputs=[_Input("pixel_values", "float32", ["batch", 3, image, image], "normal")],
+        outputs=["logits"],
+        output_axes={"logits": ["batch"]},
+        dims={"batch": batch},
+        check_dims={"batch": 2},
+    )
+    return _build(spec, exporter, opset, rebuild)
+
+
 def bert_tiny(exporter: str = "dynamo", **kw: Any) -> Path:
     """2-layer BERT, hidden 64, 2 heads, vocab 1000, seq 16 (a few seconds to build)."""
     kw = {"layers": 2, "hidden": 64, "heads": 2, "seq": 16, "vocab": 1000, **kw}
@@ -273,6 +569,37 @@ def resnet_tiny(exporter: str = "dynamo-noopt", **kw: Any) -> Path:
     return resnet50_like(exporter=exporter, **kw)
 
 
+def vit_tiny(exporter: str = "dynamo", **kw: Any) -> Path:
+    """2-layer ViT, hidden 64, 2 heads, 32x32 images, patch 8 (16 patches + CLS)."""
+    kw = {"layers": 2, "hidden": 64, "heads": 2, "image": 32, "patch": 8, **kw}
+    return vit(exporter=exporter, **kw)
+
+
+def llama_tiny(exporter: str = "dynamo", **kw: Any) -> Path:
+    """2-layer LLaMA, hidden 64, 4 heads, 2 kv heads, intermediate 128, vocab 1000, 128 positions, seq 16."""
+    kw = {"layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2, "intermediate": 128,
+          "vocab": 1000, "positions": 128, "seq": 16, **kw}
+    return llama(exporter=exporter, **kw)
+
+
+def t5_encoder_tiny(exporter: str = "dynamo", **kw: Any) -> Path:
+    """2-layer T5 encoder, d_model 64, 4 heads (d_kv 16), d_ff 128, vocab 1000, seq 16."""
+    kw = {"layers": 2, "hidden": 64, "heads": 4, "d_ff": 128, "vocab": 1000, "seq": 16, **kw}
+    return t5_encoder(exporter=exporter, **kw)
+
+
+def whisper_encoder_tiny(exporter: str = "dynamo", **kw: Any) -> Path:
+    """2-layer Whisper encoder, d_model 64, 2 heads, ffn 256, 80 mels, 32 positions (input [batch, 80, 64])."""
+    kw = {"layers": 2, "hidden": 64, "heads": 2, "mels": 80, "positions": 32, **kw}
+    return whisper_encoder(exporter=exporter, **kw)
+
+
+def mobilenet_tiny(exporter: str = "dynamo-noopt", **kw: Any) -> Path:
+    """MobileNetV2 topology at width 0.25, 32x32 images, 10 classes."""
+    kw = {"width_mult": 0.25, "image": 32, "classes": 10, **kw}
+    return mobilenet_like(exporter=exporter, **kw)
+
+
 #: name -> builder (keyword arguments such as rebuild=True pass through), for the tests and ``--quick`` benchmarks.
 TINY_MODELS: dict[str, Callable[..., Path]] = {
     "bert-tiny-dynamo": lambda **kw: bert_tiny("dynamo", **kw),
@@ -284,6 +611,42 @@ TINY_MODELS: dict[str, Callable[..., Path]] = {
     "small-cnn-torchscript": lambda **kw: small_cnn("torchscript", **kw),
     "resnet-tiny-dynamo-noopt": lambda **kw: resnet_tiny("dynamo-noopt", **kw),
 }
+
+
+def _zoo() -> dict[str, Callable[..., Path]]:
+    tiny = {"bert": bert_tiny, "gpt2": gpt2_tiny, "llama": llama_tiny, "vit": vit_tiny,
+            "t5-encoder": t5_encoder_tiny, "whisper-encoder": whisper_encoder_tiny,
+            "resnet": resnet_tiny, "mobilenet": mobilenet_tiny}
+    zoo: dict[str, Callable[..., Path]] = {}
+    for name, fn in tiny.items():
+        exporters = EXPORTERS if name in ("resnet", "mobilenet") else ("dynamo", "torchscript")
+        for exp in exporters:
+            zoo[f"{name}-tiny-{exp}"] = lambda fn=fn, exp=exp, **kw: fn(exp, **kw)
+    return zoo
+
+
+#: tiny version of every model family, for every exporter it supports (plus "dynamo-noopt"
+#: for the CNNs): name -> builder, like TINY_MODELS. Each builds in seconds on a CPU.
+ZOO: dict[str, Callable[..., Path]] = _zoo()
+
+
+def _bench() -> dict[str, Callable[..., Path]]:
+    base: dict[str, tuple[Callable[..., Path], dict[str, Any], tuple[str, ...]]] = {
+        "bert-base-b8-s128": (bert, dict(batch=8, seq=128), ("dynamo", "torchscript")),
+        "gpt2-b1-s512": (gpt2, dict(batch=1, seq=512), ("dynamo", "torchscript")),
+        "llama-L4-H1024-b8-s128": (llama, dict(batch=8, seq=128), ("dynamo", "torchscript")),
+        "vit-base-b8": (vit, dict(batch=8), ("dynamo", "torchscript")),
+        "resnet50-b32": (resnet50_like, dict(batch=32), EXPORTERS),
+    }
+    return {f"{name}-{exp}": (lambda fn=fn, p=p, exp=exp, **kw: fn(exporter=exp, **{**p, **kw}))
+            for name, (fn, p, exps) in base.items() for exp in exps}
+
+
+#: the base-size models of the GPU benchmarks: name -> builder (keywords pass through).
+#: BERT-base b8 s128, GPT-2 (124M, LM head) b1 s512, LLaMA (4 layers, hidden 1024, 16 heads,
+#: 4 kv heads) b8 s128, ViT-base/16 224x224 b8, ResNet-50 224x224 b32. Batch and sequence
+#: axes are dynamic; these sizes are the export sizes and ``example_inputs``' defaults.
+BENCH_MODELS: dict[str, Callable[..., Path]] = _bench()
 
 
 # --------------------------------------------------------------------------- helpers for users
@@ -362,6 +725,24 @@ class _Spec:
                 k += "-nohead"
         elif self.family == "resnet50_like":
             k = f"resnet50like-W{p['width']}-{''.join(map(str, p['blocks']))}-C{p['classes']}-R{p['image']}-B{p['batch']}"
+        elif self.family == "vit":
+            k = f"vit-L{p['layers']}-H{p['hidden']}-A{p['heads']}-P{p['patch']}-R{p['image']}-B{p['batch']}"
+            if p["intermediate"] != 4 * p["hidden"]:
+                k += f"-I{p['intermediate']}"
+            if not p["pooler"]:
+                k += "-nopool"
+            k += f"-{p['attn']}"
+        elif self.family == "llama":
+            k = (f"llama-L{p['layers']}-H{p['hidden']}-A{p['heads']}-KV{p['kv_heads']}-I{p['intermediate']}"
+                 f"-V{p['vocab']}-P{p['positions']}-S{p['seq']}-B{p['batch']}-{p['attn']}")
+        elif self.family == "t5_encoder":
+            k = (f"t5enc-L{p['layers']}-H{p['hidden']}-A{p['heads']}-D{p['d_kv']}-F{p['d_ff']}"
+                 f"-V{p['vocab']}-S{p['seq']}-B{p['batch']}-{p['attn']}")
+        elif self.family == "whisper_encoder":
+            k = (f"whisperenc-L{p['layers']}-H{p['hidden']}-A{p['heads']}-F{p['ffn']}-M{p['mels']}"
+                 f"-P{p['positions']}-B{p['batch']}-{p['attn']}")
+        elif self.family == "mobilenetv2_like":
+            k = f"mobilenetv2like-W{p['width_mult']:g}-C{p['classes']}-R{p['image']}-B{p['batch']}"
         else:
             k = f"{self.family}-R{p['image']}-B{p['batch']}"
         return f"{k}-{exporter}" + (f"-op{opset}" if opset else "")
@@ -388,18 +769,49 @@ def _make_feeds(inputs: list[dict[str, Any]], sizes: dict[str, int],
     return feeds
 
 
-def _hf_wrapper(inner: Any, n_out: int) -> Any:
+def _hf_wrapper(inner: Any, n_out: int, inputs: tuple[str, ...] | None = None, **call_kw: Any) -> Any:
     """Wrap a transformers model: explicit positional inputs, a tuple of tensors out.
 
     The forward signature names the inputs (torch.export's ``dynamic_shapes`` is
-    keyed by argument name); BERT takes three inputs, GPT-2 two.
+    keyed by argument name). Without ``inputs``: BERT (``n_out == 2``) takes
+    ``input_ids, attention_mask, token_type_ids``, GPT-2 ``input_ids,
+    attention_mask``. Otherwise ``inputs`` is one of ``("input_ids",
+    "attention_mask")``, ``("pixel_values",)``, ``("input_features",)``;
+    ``call_kw`` (e.g. ``use_cache=False``) is passed to the model on every call.
     """
     import torch
 
     def pick(out: Any) -> Any:
         return tuple(out[:n_out]) if n_out > 1 else out[0]
 
-    if n_out == 2:  # BertModel
+    if inputs == ("pixel_values",):
+
+        class PixelWrapper(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.inner = inner
+
+            def forward(self, pixel_values: Any) -> Any:
+                return pick(self.inner(pixel_values=pixel_values, return_dict=False, **call_kw))
+
+        return PixelWrapper().eval()
+
+    if inputs == ("input_features",):
+
+        class AudioWrapper(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.inner = inner
+
+            def forward(self, input_features: Any) -> Any:
+                return pick(self.inner(input_features=input_features, return_dict=False, **call_kw))
+
+        return AudioWrapper().eval()
+
+    if inputs is not None and inputs != ("input_ids", "attention_mask"):
+        raise ValueError(f"no wrapper for inputs {inputs}")
+
+    if inputs is None and n_out == 2:  # BertModel
 
         class BertWrapper(torch.nn.Module):
             def __init__(self) -> None:
@@ -419,7 +831,7 @@ def _hf_wrapper(inner: Any, n_out: int) -> Any:
 
         def forward(self, input_ids: Any, attention_mask: Any) -> Any:
             return pick(self.inner(input_ids=input_ids, attention_mask=attention_mask,
-                                   return_dict=False))
+                                   return_dict=False, **call_kw))
 
     return GPT2Wrapper().eval()
 
@@ -760,15 +1172,66 @@ def _SmallCNN(image: int) -> Any:
     return SmallCNN()
 
 
+def _make_divisible(v: float, divisor: int = 8) -> int:
+    """torchvision's channel rounding: nearest multiple of ``divisor``, never below 90% of ``v``."""
+    new_v = max(divisor, int(v + divisor / 2) // divisor * divisor)
+    return new_v + divisor if new_v < 0.9 * v else new_v
+
+
+def _MobileNetV2(width_mult: float, classes: int) -> Any:
+    import torch
+    import torch.nn as nn
+
+    def conv_bn_relu6(cin: int, cout: int, k: int, stride: int = 1, groups: int = 1) -> Any:
+        return nn.Sequential(*_conv_bn(cin, cout, k, stride, groups), nn.ReLU6())
+
+    class InvertedResidual(nn.Module):
+        def __init__(self, cin: int, cout: int, stride: int, expand: int) -> None:
+            super().__init__()
+            mid = cin * expand
+            layers = [conv_bn_relu6(cin, mid, 1)] if expand != 1 else []
+            layers += [conv_bn_relu6(mid, mid, 3, stride, groups=mid), _conv_bn(mid, cout, 1)]
+            self.block = nn.Sequential(*layers)
+            self.residual = stride == 1 and cin == cout
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + self.block(x) if self.residual else self.block(x)
+
+    class MobileNetV2(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            # expand ratio t, channels c, repeats n, first stride s
+            settings = [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2),
+                        (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1)]
+            cin = _make_divisible(32 * width_mult)
+            last = _make_divisible(1280 * max(1.0, width_mult))
+            layers = [conv_bn_relu6(3, cin, 3, 2)]
+            for t, c, n, s in settings:
+                cout = _make_divisible(c * width_mult)
+                for i in range(n):
+                    layers.append(InvertedResidual(cin, cout, s if i == 0 else 1, t))
+                    cin = cout
+            layers.append(conv_bn_relu6(cin, last, 1))
+            self.features = nn.Sequential(*layers)
+            self.classifier = nn.Linear(last, classes)
+
+        def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+            x = self.features(pixel_values)
+            return self.classifier(torch.flatten(torch.nn.functional.adaptive_avg_pool2d(x, 1), 1))
+
+    return MobileNetV2()
+
+
 if __name__ == "__main__":  # python tests/models.py [name ...]: build and print meta summaries
     import argparse
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("names", nargs="*", default=list(TINY_MODELS), help=f"from {list(TINY_MODELS)}")
+    ap.add_argument("names", nargs="*", default=list(TINY_MODELS),
+                    help=f"from TINY_MODELS, ZOO or BENCH_MODELS: {sorted({**TINY_MODELS, **ZOO, **BENCH_MODELS})}")
     ap.add_argument("--rebuild", action="store_true")
     a = ap.parse_args()
     for name in a.names:
-        p = TINY_MODELS[name](rebuild=a.rebuild)
+        p = {**TINY_MODELS, **ZOO, **BENCH_MODELS}[name](rebuild=a.rebuild)
         m = load_meta(p)
         print(f"{name}: {p} nodes={m['node_count']} export={m['export_seconds']}s "
               f"build={m['build_seconds']}s external_data={m['external_data']} "

@@ -36,9 +36,12 @@ def _session(path: Path):
     return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
 
 
-@pytest.mark.parametrize("name", sorted(models.TINY_MODELS))
+ALL_TINY = {**models.TINY_MODELS, **models.ZOO}
+
+
+@pytest.mark.parametrize("name", sorted(ALL_TINY))
 def test_tiny_model_builds_loads_and_runs(name: str) -> None:
-    path = models.TINY_MODELS[name]()
+    path = ALL_TINY[name]()
     assert path.is_file()
     meta = models.load_meta(path)
     assert meta["check"]["export_shape"]["ok"], meta["check"]
@@ -94,3 +97,63 @@ def test_example_inputs_are_deterministic_and_pad_the_last_row() -> None:
         np.testing.assert_array_equal(x[k], y[k])
     assert x["attention_mask"][0].all() and not x["attention_mask"][1].all()
     assert x["input_ids"].max() < 1000
+
+
+def test_zoo_has_every_family_for_both_exporters() -> None:
+    families = {"bert", "gpt2", "llama", "vit", "t5-encoder", "whisper-encoder", "resnet", "mobilenet"}
+    for fam in families:
+        for exp in ("dynamo", "torchscript"):
+            assert f"{fam}-tiny-{exp}" in models.ZOO
+    assert {"resnet-tiny-dynamo-noopt", "mobilenet-tiny-dynamo-noopt"} <= set(models.ZOO)
+    for name in set(models.ZOO) & set(models.TINY_MODELS):  # same name, same model
+        assert models.ZOO[name]() == models.TINY_MODELS[name]()
+
+
+def test_attention_implementation_is_recorded() -> None:
+    for name in ("llama-tiny-dynamo", "llama-tiny-torchscript", "t5-encoder-tiny-dynamo",
+                 "t5-encoder-tiny-torchscript", "vit-tiny-torchscript", "whisper-encoder-tiny-dynamo"):
+        path = models.ZOO[name]()
+        meta = models.load_meta(path)
+        family = meta["family"]
+        attn = models.ATTN_IMPLEMENTATION[family][meta["exporter"]]
+        assert meta["params"]["attn"] == attn
+        assert meta["key"].endswith(f"-{attn}-{meta['exporter']}")
+
+
+def test_llama_has_grouped_query_attention_and_rotary() -> None:
+    proto = onnx.load(str(models.llama_tiny("torchscript")), load_external_data=False)
+    ops = Counter(n.op_type for n in proto.graph.node)
+    assert ops["Sin"] >= 1 and ops["Cos"] >= 1 and ops["Neg"] >= 2, ops  # rotary
+    dims = [list(t.dims) for t in proto.graph.initializer]
+    # hidden 64, 4 heads of 16, 2 kv heads: k_proj and v_proj are 64x32 MatMul weights, 2 layers
+    assert dims.count([64, 32]) == 4 and dims.count([64, 64]) == 4, dims  # and q_proj, o_proj 64x64
+
+
+def test_whisper_encoder_needs_twice_max_source_positions_frames() -> None:
+    meta = models.load_meta(models.whisper_encoder_tiny("dynamo"))
+    assert meta["inputs"][0]["shape"] == ["batch", 80, 64]
+    assert meta["graph_outputs"][0]["shape"][1:] == [32, 64]
+
+
+def test_mobilenet_noopt_keeps_batchnorm_and_depthwise_convs() -> None:
+    proto = onnx.load(str(models.mobilenet_tiny("dynamo-noopt")), load_external_data=False)
+    ops = Counter(n.op_type for n in proto.graph.node)
+    assert ops["BatchNormalization"] == ops["Conv"] == 52, ops  # stem + 17 blocks (2 or 3 convs) + head
+    assert ops["Clip"] == 35 and ops["Add"] >= 10, ops  # ReLU6; 10 residual Adds
+    depthwise = [n for n in proto.graph.node if n.op_type == "Conv"
+                 and any(a.name == "group" and a.i > 1 for a in n.attribute)]
+    assert len(depthwise) == 17
+
+
+def test_bench_models_have_the_benchmark_sizes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checked without exporting: _build returns the cache key it would use."""
+    monkeypatch.setattr(models, "_build", lambda spec, exporter, opset, rebuild: spec.key(exporter, opset))
+    keys = {name: fn() for name, fn in models.BENCH_MODELS.items()}
+    assert keys["bert-base-b8-s128-dynamo"] == "bert-L12-H768-A12-V30522-S128-B8-dynamo"
+    assert keys["gpt2-b1-s512-torchscript"] == "gpt2-L12-H768-A12-V50257-S512-B1-torchscript"
+    assert keys["vit-base-b8-dynamo"] == "vit-L12-H768-A12-P16-R224-B8-sdpa-dynamo"
+    assert keys["resnet50-b32-dynamo-noopt"] == "resnet50like-W64-3463-C1000-R224-B32-dynamo-noopt"
+    assert keys["llama-L4-H1024-b8-s128-torchscript"] == \
+        "llama-L4-H1024-A16-KV4-I2816-V32000-P2048-S128-B8-sdpa-torchscript"
+    assert all(k.endswith(n.rsplit("-", 2)[-1] if n.endswith("noopt") else n.rsplit("-", 1)[-1])
+               for n, k in keys.items())
