@@ -8,7 +8,7 @@ import numpy as np
 import sympy
 
 from graphopt.ir.dtypes import numpy_dtype
-from graphopt.ir.symbolic import SymbolicShapes, dims_equal, static_int
+from graphopt.ir.symbolic import SymbolicShapes, broadcast_dims, dims_equal, static_int
 from graphopt.pattern.native import native_constraint, native_rewrite
 
 # Ops through which a mask with finite values stays finite (they move or select
@@ -32,7 +32,7 @@ def is_zero(ctx, guard, zero):
 
 
 @native_constraint("AttentionShapes")
-def attention_shapes(ctx, q, kt, v, masking, mask, keep, axis):
+def attention_shapes(ctx, q, kt, v, masking, mask, mask2, keep, axis):
     """q [B, N, S, H], k transposed [B, N, H, L], v [B, N, L, Hv] with static N, H, Hv; Softmax over
     the last axis; a mask that onnxruntime's attention_bias accepts: [B|1, N|1, S, L]."""
     sym = SymbolicShapes(ctx.view)
@@ -52,18 +52,21 @@ def attention_shapes(ctx, q, kt, v, masking, mask, keep, axis):
         return f"k and v have different sequence lengths ({dk[3]}, {dv[2]})"
     if axis not in (-1, 3):
         return f"the Softmax is over axis {axis}, not the last"
-    bias = mask if masking == "add" else keep if masking in ("keep", "drop") else None
+    bias = mask if masking in ("add", "add2") else keep if masking in ("keep", "drop") else None
     if bias is not None:
         db = sym.dims(bias)
+        if masking == "add2":
+            db = broadcast_dims([db, sym.dims(mask2)])
         if db is None or len(db) != 4:
             return f"the mask has dims {db}; onnxruntime needs [batch or 1, heads or 1, {dq[2]}, {dk[3]}]"
         ok = (static_int(db[0]) == 1 or dims_equal([db[0]], [dq[0]])) and (
             static_int(db[1]) == 1 or dims_equal([db[1]], [dq[1]])) and dims_equal(db[2:], [dq[2], dk[3]])
         if not ok:
             return f"the mask has dims {list(db)}; onnxruntime needs [batch or 1, heads or 1, {dq[2]}, {dk[3]}]"
-        if masking == "add" and ctx.dtype(mask) != ctx.dtype(q):
-            return f"the mask is {ctx.dtype(mask)}, q is {ctx.dtype(q)}"
-        if masking != "add" and ctx.dtype(keep) != "bool":
+        for m in (mask, mask2) if masking in ("add", "add2") else ():
+            if m is not None and ctx.dtype(m) != ctx.dtype(q):
+                return f"the mask is {ctx.dtype(m)}, q is {ctx.dtype(q)}"
+        if masking in ("keep", "drop") and ctx.dtype(keep) != "bool":
             return f"the Where condition is {ctx.dtype(keep)}, not bool"
     return True
 
@@ -100,7 +103,8 @@ def attention_params(ctx, q, kt, v, qscale, sq, dq, kscale, sk, dk, sscale, ss, 
     sym = SymbolicShapes(ctx.view)
     q_dims, v_dims = sym.dims(q), sym.dims(v)
     heads, v_head_size = static_int(q_dims[1]), static_int(v_dims[3])  # type: ignore[index]
-    mask_finite = masking == "none" or _is_finite(ctx, mask if masking == "add" else fill)
+    # Two added masks may overflow to -inf together (finfo.min + a negative bias).
+    mask_finite = masking == "none" or (masking != "add2" and _is_finite(ctx, mask if masking == "add" else fill))
     return {
         "scale": float(scale),
         "heads": int(heads),  # type: ignore[arg-type]

@@ -32,7 +32,7 @@ import sympy
 
 from graphopt.ir.view import GraphView
 
-__all__ = ["Dim", "value_dims", "shape_tensor", "dims_equal", "static_int", "SymbolicShapes"]
+__all__ = ["Dim", "value_dims", "shape_tensor", "dims_equal", "static_int", "broadcast_dims", "SymbolicShapes"]
 
 Dim = sympy.Expr
 
@@ -411,3 +411,8 @@ def value_dims(view: GraphView, value: Any) -> list[Dim] | None:
 
 def shape_tensor(view: GraphView, value: Any) -> list[Dim] | None:
     return SymbolicShapes(view).tensor(value)
+
+
+def broadcast_dims(shapes: Sequence[list[Dim] | None]) -> list[Dim] | None:
+    """Numpy-style broadcast of symbolic dims (None when any is unknown)."""
+    return _broadcast(shapes)
