@@ -1,6 +1,6 @@
 """`graphopt.optimize`: the whole ONNX pipeline as one call.
 
-    load -> shape inference -> [constant folding, rule sweep]* -> CSE, DCE -> lower -> save
+    load -> shape inference -> [constant folding, rule sweep]* -> [precision] -> CSE, DCE -> lower -> save
 
 The rule sweeps and constant folding alternate until neither changes anything
 or the sweep limit is reached (reported in the report, never fatal).
@@ -65,6 +65,16 @@ class OptimizeOptions:
     #: Keep every failed attempt (rule, node, failing check) in report.trace.
     trace: bool = False
     progress: Callable[[str], None] | None = None
+    #: "fp16" or "bf16": convert the model after the rules ran (inputs and outputs keep
+    #: their types); "fp32" or None: leave its precision alone. See docs/precision.md.
+    precision: str | None = None
+    #: With `precision`: more op types ("Gemm", "com.microsoft.Gelu") or node or output
+    #: names to keep in float32, on top of the default block list.
+    keep_fp32: Sequence[str] = ()
+    #: ort-cuda only: "nhwc" runs Conv as com.microsoft.NhwcConv with the NHWC layout
+    #: propagated (graphopt.passes.layout), "nchw" keeps NCHW (FusedConv), "auto" picks
+    #: NHWC for models with float32/float16 Convs; or a `graphopt.passes.layout.LayoutOptions`.
+    layout: Any = "auto"
 
 
 _BUILTIN_CACHE: list[Rule] | None = None
@@ -110,10 +120,13 @@ def optimize(model: ModelLike | str | os.PathLike[str], options: OptimizeOptions
     (a ModelProto comes back as a ModelProto). Keyword arguments set fields of
     `OptimizeOptions`.
     """
+    from graphopt.passes.precision import PrecisionPlan
+
     options = options or OptimizeOptions(**kwargs)
     target = get_target(options.target)
+    plan = PrecisionPlan.make(options.precision, options.keep_fp32)  # an unknown precision fails before any work
     rules = RuleSet(select_rules(options))
-    report = Report(target=target.name)
+    report = Report(target=target.name, precision=plan.precision if plan else None)
     started = time.perf_counter()
 
     as_proto = isinstance(model, onnx.ModelProto)
@@ -128,7 +141,7 @@ def optimize(model: ModelLike | str | os.PathLike[str], options: OptimizeOptions
     report.times_s["load"] = time.perf_counter() - started
     report.before = _summary(graph_model)
 
-    _run_pipeline(graph_model, rules, target, report, options)
+    _run_pipeline(graph_model, rules, target, report, options, plan)
 
     report.after = _summary(graph_model)
     report.times_s["optimize"] = time.perf_counter() - started - report.times_s["load"]
@@ -136,7 +149,7 @@ def optimize(model: ModelLike | str | os.PathLike[str], options: OptimizeOptions
     return (ir.serde.serialize_model(graph_model) if as_proto else graph_model), report
 
 
-def _run_pipeline(model: ir.Model, rules: RuleSet, target: Any, report: Report, options: OptimizeOptions) -> None:
+def _run_pipeline(model: ir.Model, rules: RuleSet, target: Any, report: Report, options: OptimizeOptions, plan: Any = None) -> None:
     from graphopt import passes
 
     say = options.progress or (lambda message: None)
@@ -154,7 +167,9 @@ def _run_pipeline(model: ir.Model, rules: RuleSet, target: Any, report: Report, 
         say("shape inference")
         timed("shape_inference", lambda: passes.infer_shapes(model))
     view = OnnxView(model)
-    driver_options = DriverOptions(max_rewrites=options.max_rewrites, allow=options.allow, blocked=set(options.blocked), trace_all=options.trace)
+    driver_options = DriverOptions(
+        max_rewrites=options.max_rewrites, allow=options.allow, blocked=set(options.blocked), trace_all=options.trace, precision=plan
+    )
     if options.trace:
         report.trace = []
     for sweep in range(1, options.max_sweeps + 1):
@@ -175,10 +190,41 @@ def _run_pipeline(model: ir.Model, rules: RuleSet, target: Any, report: Report, 
         report.warnings.append(f"stopped after {options.max_sweeps} sweeps without reaching a fixpoint")
     if report.limit_reached and not report.warnings:
         report.warnings.append("rewrite limit reached; the result is valid but may not be fully optimized")
+    if plan is not None:
+        say(f"precision: {plan.precision}")
+        _convert_precision(model, target, report, plan)
     say("cleanup")
     timed("cse", lambda: passes.eliminate_common_subexpressions(model))
     timed("dce", lambda: passes.eliminate_dead_code(model))
     timed("lowering", lambda: lower_fused_ops(model, target))
+    if target.name == "ort-cuda":
+        from graphopt.passes.layout import convert_layout
+
+        say(f"layout: {options.layout}")
+        report.layout = convert_layout(model, target, options.layout, stats=report.pass_stats("layout"))
+
+
+def _convert_precision(model: ir.Model, target: Any, report: Report, plan: Any) -> None:
+    """Fusion rules ran in float32; now convert, then collapse the Casts that are left."""
+    from graphopt.passes.precision import convert_precision, remove_cast_pairs
+
+    summary = convert_precision(model, target, plan, stats=report.pass_stats("precision"))
+    cast_rule_names = ("DropNoOpCast", "CollapseCastChain")
+    cast_rules = RuleSet([r for r in builtin_rules() if r.name in cast_rule_names])
+
+    def run_cast_rules(m: ir.Model) -> int:
+        # A scratch report: these rewrites belong to the pass, not to the rules verification bisects over.
+        return apply_rules(OnnxView(m), cast_rules, target, Report(target=target.name), DriverOptions(trace=False))
+
+    summary.casts_removed = remove_cast_pairs(model, summary._casts, run_cast_rules, stats=report.pass_stats("precision_cleanup"))
+    report.precision_conversion = summary
+    for entry in summary._unmatched_keep:
+        report.warnings.append(f"--keep-fp32 {entry}: no op type, node or output of that name in the model")
+    if summary.values_clamped or summary.values_flushed:
+        report.warnings.append(
+            f"{plan.precision}: {summary.values_clamped} constant values clamped to the largest finite {plan.low}, "
+            f"{summary.values_flushed} flushed to zero"
+        )
 
 
 def _fully_typed(model: ir.Model) -> bool:

@@ -1,8 +1,8 @@
 """The `graphopt` command line.
 
     graphopt optimize IN -o OUT [--target T] [--patterns DIR]... [--enable RULE]...
-                     [--disable RULE]... [--verify] [--input-shape NAME=D1,D2]...
-                     [--report FILE.json] [--quiet] [--force]
+                     [--disable RULE]... [--precision fp16|bf16] [--keep-fp32 OP_OR_NODE]...
+                     [--verify] [--input-shape NAME=D1,D2]... [--report FILE.json] [--quiet] [--force]
     graphopt patterns [--patterns DIR]...
     graphopt version
 
@@ -164,6 +164,18 @@ def optimize(
     ] = None,
     enable: Annotated[list[str] | None, typer.Option("--enable", metavar="RULE", help="Apply only these rules (repeatable).")] = None,
     disable: Annotated[list[str] | None, typer.Option("--disable", metavar="RULE", help="Leave these rules out (repeatable).")] = None,
+    precision: Annotated[
+        str,
+        typer.Option(
+            metavar="fp16|bf16", help="Convert the model to this precision after the rewrites (inputs and outputs keep their types)."
+        ),
+    ] = "fp32",
+    keep_fp32: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--keep-fp32", metavar="OP_OR_NODE", help="With --precision: also keep this op type, node or output name in float32 (repeatable)."
+        ),
+    ] = None,
     verify: Annotated[
         bool, typer.Option("--verify", help="Compare original and optimized outputs in onnxruntime; leave out rewrites that change them.")
     ] = False,
@@ -191,6 +203,11 @@ def optimize(
     errors = Console(stderr=True)
     with _user_errors():
         get_target(target)  # an unknown target is an error before any work
+        from graphopt.passes.precision import parse_precision
+
+        precision_name = parse_precision(precision)  # so is an unknown precision
+        if keep_fp32 and precision_name is None:
+            raise GraphoptError("--keep-fp32 only applies with --precision fp16 or bf16")
         shapes = _parse_shapes(input_shape or [])
         if shapes and not verify:
             raise GraphoptError("--input-shape only applies with --verify")
@@ -207,6 +224,8 @@ def optimize(
                 disable=list(disable or []),
                 trace=trace,
                 progress=say,
+                precision=precision_name,
+                keep_fp32=list(keep_fp32 or []),
             )
             say("loading")
             t0 = time.perf_counter()

@@ -38,6 +38,7 @@ __all__ = [
     "VerificationError",
     "Tolerance",
     "TOLERANCES",
+    "PRECISION_TOLERANCES",
     "DEFAULT_DIM",
     "BATCH_DIM",
     "verify",
@@ -85,6 +86,18 @@ TOLERANCES: dict[str, Tolerance] = {
     "bfloat16": Tolerance(5e-2, 1e-2),
 }
 _EXACT = Tolerance(0.0, 0.0)
+
+#: With `--precision`, the least tolerance for float outputs (which keep their float32
+#: type but were computed in 16 bits): about ten units in the last place of the low type,
+#: relative to the output's largest magnitude (docs/precision.md has the measurements).
+PRECISION_TOLERANCES: dict[str, Tolerance] = {
+    "fp16": Tolerance(1e-2, 1e-2),
+    "bf16": Tolerance(5e-2, 5e-2),
+}
+
+
+def _loosest(a: Tolerance, b: Tolerance | None) -> Tolerance:
+    return a if b is None else Tolerance(max(a.rtol, b.rtol), max(a.atol, b.atol))
 
 
 # ------------------------------------------------------------------ inputs
@@ -306,8 +319,12 @@ def _tolerance(dtype: np.dtype) -> Tolerance:
     return TOLERANCES.get(np.dtype(dtype).name, _EXACT)
 
 
-def compare_outputs(want: Mapping[str, np.ndarray], got: Mapping[str, np.ndarray]) -> tuple[dict[str, float], list[str]]:
-    """Max abs difference per output, and one line per output that is out of tolerance."""
+def compare_outputs(
+    want: Mapping[str, np.ndarray], got: Mapping[str, np.ndarray], floor: Tolerance | None = None
+) -> tuple[dict[str, float], list[str]]:
+    """Max abs difference per output, and one line per output that is out of tolerance.
+
+    `floor` (a precision's tolerance) loosens the tolerance of every float output."""
     diffs: dict[str, float] = {}
     problems: list[str] = []
     for name, expected in want.items():
@@ -324,6 +341,8 @@ def compare_outputs(want: Mapping[str, np.ndarray], got: Mapping[str, np.ndarray
             problems.append(f"output '{name}' has type {actual.dtype}, expected {expected.dtype}")
             continue
         tol = _tolerance(expected.dtype)
+        if tol is not _EXACT:
+            tol = _loosest(tol, floor)
         if tol is _EXACT or expected.size == 0:
             equal = np.array_equal(actual, expected)
             if expected.dtype.kind in "biu":
@@ -369,6 +388,8 @@ class _Reference:
     providers: Providers
     #: A missing kernel is "cannot verify here", not a failure (a GPU target checked on a CPU).
     cpu_only: bool = False
+    #: The precision's tolerance for float outputs (see PRECISION_TOLERANCES), if any.
+    floor: Tolerance | None = None
 
 
 def _as_model(model: ir.Model | onnx.ModelProto | str | os.PathLike[str]) -> ir.Model:
@@ -381,7 +402,9 @@ def _as_model(model: ir.Model | onnx.ModelProto | str | os.PathLike[str]) -> ir.
     return load_model(model)
 
 
-def _reference(original: ir.Model, input_shapes: Mapping[str, list[int]] | None, seed: int, runs: int, providers: Providers) -> _Reference:
+def _reference(
+    original: ir.Model, input_shapes: Mapping[str, list[int]] | None, seed: int, runs: int, providers: Providers, precision: str | None = None
+) -> _Reference:
     shapes = _resolve_shapes(original.graph, input_shapes or {})
     feeds = [make_inputs(original, shapes, seed + i) for i in range(max(1, runs))]
     try:
@@ -395,11 +418,12 @@ def _reference(original: ir.Model, input_shapes: Mapping[str, list[int]] | None,
         raise VerificationError(
             f"cannot verify: the original model fails in onnxruntime on random inputs ({shown}): {_first_line(error)}; pin input shapes with --input-shape NAME=D1,D2,..."
         ) from None
+    floor = PRECISION_TOLERANCES.get((precision or "").lower())
     loosest = _EXACT
     for array in outputs[0].values():
         tol = _tolerance(np.asarray(array).dtype)
-        loosest = Tolerance(max(loosest.rtol, tol.rtol), max(loosest.atol, tol.atol))
-    return _Reference(feeds, outputs, shapes, loosest, providers)
+        loosest = _loosest(loosest, tol if tol is _EXACT else _loosest(tol, floor))
+    return _Reference(feeds, outputs, shapes, loosest, providers, floor=floor)
 
 
 def _check(reference: _Reference, candidate: ir.Model) -> Verification:
@@ -414,14 +438,14 @@ def _check(reference: _Reference, candidate: ir.Model) -> Verification:
         if reference.cpu_only and _MISSING_KERNEL.search(str(error)):
             # Built for a GPU target and checked on a CPU: a CUDA-only kernel is no fault of the rewrite.
             raise VerificationError(
-                f"cannot verify here: {error}; the model uses a kernel this onnxruntime's CPU provider lacks (verify on a machine with CUDA)"
+                f"cannot verify here: {error}; the model uses a kernel this onnxruntime's CPU provider lacks (verify where the target runs)"
             ) from None
         return result(False, {}, f"the optimized model does not load in onnxruntime: {error}")
     except Exception as error:  # noqa: BLE001
         return result(False, {}, f"the optimized model does not run in onnxruntime: {_first_line(error)}")
     diffs: dict[str, float] = {}
     for want, got in zip(reference.outputs, outputs, strict=True):
-        run_diffs, problems = compare_outputs(want, got)
+        run_diffs, problems = compare_outputs(want, got, reference.floor)
         for name, diff in run_diffs.items():
             diffs[name] = max(diffs.get(name, 0.0), diff)
         if problems:
@@ -451,14 +475,16 @@ def verify(
     seed: int = 0,
     runs: int = 2,
     providers: Providers | None = None,
+    precision: str | None = None,
 ) -> Verification:
-    """Run both models on the same random inputs and compare every output.
+    """Run both models on the same random inputs and compare every output (with
+    `precision` "fp16" or "bf16", float outputs get that precision's tolerance).
 
     Raises VerificationError when the comparison cannot be made (the original does
     not run, an input shape cannot be resolved); a difference, or an optimized model
     that does not load, is a failed Verification, not an exception.
     """
-    reference = _reference(_as_model(original), input_shapes, seed, runs, _providers(providers))
+    reference = _reference(_as_model(original), input_shapes, seed, runs, _providers(providers), precision)
     return _check(reference, _as_model(optimized))
 
 
@@ -496,9 +522,12 @@ def verify_and_repair(
     say = getattr(options, "progress", None) or (lambda message: None)
     say("verify: running the original model")
     target = getattr(options, "target", "onnx")
+    precision = getattr(options, "precision", None)
     chosen = list(providers) if providers else providers_for(target)
-    reference = _reference(load_original(), input_shapes, seed, runs, chosen)
-    reference.cpu_only = target == "ort-cuda" and chosen == ["CPUExecutionProvider"]
+    reference = _reference(load_original(), input_shapes, seed, runs, chosen, precision)
+    on_cpu = chosen == ["CPUExecutionProvider"]
+    # onnxruntime's CPU provider has few bfloat16 kernels: only ort-cpu models are built for it.
+    reference.cpu_only = on_cpu and (target == "ort-cuda" or (str(precision).lower() == "bf16" and target != "ort-cpu"))
     say("verify: running the optimized model")
     verification = _check(reference, optimized)
     dropped: list[str] = []

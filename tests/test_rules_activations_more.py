@@ -261,11 +261,24 @@ def test_quick_gelu_on_ort_cuda_emits_the_op() -> None:
     assert _ops(optimized) == [(MS, "QuickGelu")]
 
 
-def test_quick_gelu_is_not_fused_for_plain_onnx() -> None:
+def test_quick_gelu_is_not_fused_for_plain_onnx_below_opset_24() -> None:
     optimized, report = optimize_with(quick_gelu(), ["FuseQuickGelu"], target="onnx")
     assert rewrites(report, "FuseQuickGelu") == 0
     assert len(optimized.graph.node) == 3
-    assert "no lowering" in report.rules["FuseQuickGelu"].near_misses[0].reason
+    reason = report.rules["FuseQuickGelu"].near_misses[0].reason
+    assert reason == "target onnx cannot run Swish: the model's opset 17 does not define it"
+
+
+def test_quick_gelu_becomes_swish_at_opset_24_for_plain_onnx() -> None:
+    model = quick_gelu()
+    model.opset_import[0].version = 24
+    model.ir_version = 11
+    optimized, report = optimize_with(model, ["FuseQuickGelu"], target="onnx")
+    assert rewrites(report, "FuseQuickGelu") == 1
+    assert _ops(optimized) == [("", "Swish")]
+    assert optimized.graph.node[0].attribute[0].name == "alpha"
+    assert helper.get_attribute_value(optimized.graph.node[0].attribute[0]) == pytest.approx(1.702)
+    assert_same_outputs(model, optimized, rtol=1e-4, atol=1e-5)
 
 
 def test_quick_gelu_with_a_wrong_constant_does_not_fuse() -> None:

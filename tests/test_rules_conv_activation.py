@@ -1,29 +1,64 @@
-"""Golden tests for conv_activation.pdll, and the capability table that gates it per target."""
+"""Golden tests for conv_activation.pdll, and the capability table (dtypes and kernel
+contracts) that gates it per target."""
 
 from __future__ import annotations
 
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
 import pytest
 from rule_testing import TensorProto, assert_same_outputs, helper, init, make_model, op_types, optimize_with, rand, rewrites
 
+CONV_RULES = [
+    "FuseConvRelu", "FuseConvTanh", "FuseConvSigmoid", "FuseConvLeakyRelu", "FuseConvHardSigmoid", "FuseConvClip",
+    "FuseConvAddRelu", "FuseConvAdd", "FoldPadIntoFusedConv",
+]
 
-def conv_relu(dtype=TensorProto.FLOAT):
-    import numpy as np
 
+def _conv(inp: str = "x", out: str = "c", **attrs):
+    return helper.make_node("Conv", [inp, "w", "b"], [out], pads=[1, 1, 1, 1], **attrs)
+
+
+def _weights(dtype=np.float32, cin: int = 3, cout: int = 4):
+    return [init("w", rand(cout, cin, 3, 3).astype(dtype)), init("b", rand(cout).astype(dtype))]
+
+
+def conv_act(act_nodes, dtype=TensorProto.FLOAT, opset: int = 17, extra_inits=()) -> onnx.ModelProto:
     np_dtype = np.float32 if dtype == TensorProto.FLOAT else np.float16
     return make_model(
-        [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["y"])],
+        [_conv(), *act_nodes],
         [helper.make_tensor_value_info("x", dtype, [1, 3, 6, 6])],
         [helper.make_tensor_value_info("y", dtype, None)],
-        [init("w", rand(4, 3, 3, 3).astype(np_dtype)), init("b", rand(4).astype(np_dtype))],
+        [*_weights(np_dtype), *extra_inits],
+        opset=opset,
     )
+
+
+def conv_relu(dtype=TensorProto.FLOAT) -> onnx.ModelProto:
+    return conv_act([helper.make_node("Relu", ["c"], ["y"])], dtype)
+
+
+def fused(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    return [n for n in model.graph.node if n.op_type == "FusedConv"]
+
+
+def attrs(node: onnx.NodeProto) -> dict:
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+# ------------------------------------------------------------------ Conv + Relu
 
 
 @pytest.mark.parametrize("target", ["ort-cpu", "ort-cuda"])
 def test_conv_relu_fuses_on_onnxruntime_targets(target: str) -> None:
     model = conv_relu()
-    optimized, report = optimize_with(model, ["FuseConvRelu"], target=target)
+    optimized, report = optimize_with(model, ["FuseConvRelu"], target=target, layout="nchw")
     assert rewrites(report, "FuseConvRelu") == 1
     assert [(n.domain, n.op_type) for n in optimized.graph.node] == [("com.microsoft", "FusedConv")]
+    assert attrs(fused(optimized)[0])["activation"] == b"Relu"
     if target == "ort-cpu":
         assert_same_outputs(model, optimized)
 
@@ -36,8 +71,192 @@ def test_conv_relu_is_not_fused_for_plain_onnx() -> None:
     assert "no lowering" in report.rules["FuseConvRelu"].near_misses[0].reason
 
 
-def test_conv_relu_in_f16_is_not_fused_where_the_kernel_is_f32_only() -> None:
+@pytest.mark.parametrize("target", ["ort-cpu", "ort-cuda"])
+def test_conv_relu_in_f16_is_not_fused_where_the_kernel_is_f32_only(target: str) -> None:
     model = conv_relu(TensorProto.FLOAT16)
-    optimized, report = optimize_with(model, ["FuseConvRelu"], target="ort-cpu")
+    optimized, report = optimize_with(model, ["FuseConvRelu"], target=target, layout="nchw")
     assert rewrites(report, "FuseConvRelu") == 0
     assert op_types(optimized) == ["Conv", "Relu"]
+    assert "FusedConv kernel for f16" in report.rules["FuseConvRelu"].near_misses[0].reason
+
+
+def test_conv_with_a_second_user_is_not_fused() -> None:
+    model = conv_act([helper.make_node("Relu", ["c"], ["y"]), helper.make_node("Sigmoid", ["c"], ["y2"])])
+    model.graph.output.append(helper.make_tensor_value_info("y2", TensorProto.FLOAT, None))
+    optimized, report = optimize_with(model, CONV_RULES, target="ort-cpu")
+    assert report.total_rewrites == 0
+    assert sorted(op_types(optimized)) == ["Conv", "Relu", "Sigmoid"]
+
+
+# ------------------------------------------------------------------ other activations
+
+
+def _clip13(lo: float | None, hi: float | None):
+    inputs = ["c", "lo" if lo is not None else "", "hi" if hi is not None else ""]
+    while inputs[-1] == "":
+        inputs.pop()
+    inits = [init(n, np.array(v, np.float32)) for n, v in (("lo", lo), ("hi", hi)) if v is not None]
+    return [helper.make_node("Clip", inputs, ["y"])], inits
+
+
+ACTIVATIONS = {
+    # name: (activation nodes, extra initializers, opset, rule, expected activation, expected params)
+    "tanh": ([helper.make_node("Tanh", ["c"], ["y"])], [], 17, "FuseConvTanh", "Tanh", None),
+    "sigmoid": ([helper.make_node("Sigmoid", ["c"], ["y"])], [], 17, "FuseConvSigmoid", "Sigmoid", None),
+    "leaky_relu": ([helper.make_node("LeakyRelu", ["c"], ["y"], alpha=0.2)], [], 17, "FuseConvLeakyRelu", "LeakyRelu", [0.2]),
+    "leaky_relu_default": ([helper.make_node("LeakyRelu", ["c"], ["y"])], [], 17, "FuseConvLeakyRelu", "LeakyRelu", [0.01]),
+    "hard_sigmoid": ([helper.make_node("HardSigmoid", ["c"], ["y"], alpha=0.3, beta=0.4)], [], 17, "FuseConvHardSigmoid", "HardSigmoid", [0.3, 0.4]),
+    # ReLU6 as both exporters write it: Clip with constant min/max inputs (opset >= 11) ...
+    "relu6": (*_clip13(0.0, 6.0), 17, "FuseConvClip", "Clip", [0.0, 6.0]),
+    "clip_min_only": (*_clip13(-1.0, None), 17, "FuseConvClip", "Clip", [-1.0, float(np.finfo(np.float32).max)]),
+    # ... and before opset 11, with attributes.
+    "relu6_opset6": ([helper.make_node("Clip", ["c"], ["y"], min=0.0, max=6.0)], [], 10, "FuseConvClip", "Clip", [0.0, 6.0]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ACTIVATIONS))
+def test_conv_activation_fuses_on_ort_cpu(name: str) -> None:
+    nodes, inits, opset, rule, activation, params = ACTIVATIONS[name]
+    model = conv_act(nodes, opset=opset, extra_inits=inits)
+    optimized, report = optimize_with(model, CONV_RULES, target="ort-cpu")
+    assert rewrites(report, rule) == 1 and report.total_rewrites == 1
+    [node] = fused(optimized)
+    a = attrs(node)
+    assert a["activation"] == activation.encode()
+    if params is None:
+        assert "activation_params" not in a
+    else:
+        np.testing.assert_allclose(a["activation_params"], params, rtol=1e-6)
+    assert op_types(optimized) == ["FusedConv"]
+    assert_same_outputs(model, optimized)
+
+
+@pytest.mark.parametrize("name", ["tanh", "sigmoid", "leaky_relu", "hard_sigmoid", "relu6"])
+def test_activations_the_cuda_kernel_lacks_are_not_fused_there(name: str) -> None:
+    nodes, inits, opset, rule, _, _ = ACTIVATIONS[name]
+    optimized, report = optimize_with(conv_act(nodes, opset=opset, extra_inits=inits), CONV_RULES, target="ort-cuda", layout="nchw")
+    assert report.total_rewrites == 0
+    assert "Conv" in op_types(optimized) and not fused(optimized)
+    assert "activations are Relu" in report.rules[rule].near_misses[0].reason
+
+
+def test_clip_with_computed_bounds_is_not_fused() -> None:
+    model = conv_act([helper.make_node("Clip", ["c", "lo"], ["y"])])
+    model.graph.input.append(helper.make_tensor_value_info("lo", TensorProto.FLOAT, []))
+    optimized, report = optimize_with(model, CONV_RULES, target="ort-cpu")
+    assert rewrites(report, "FuseConvClip") == 0
+    assert op_types(optimized) == ["Conv", "Clip"]
+
+
+# ------------------------------------------------------------------ residual Add (Z input)
+
+
+def conv_add(relu: bool, z_shape=(1, 4, 6, 6), z_const: bool = False) -> onnx.ModelProto:
+    nodes = [_conv(), helper.make_node("Add", ["c", "z"] if not z_const else ["zc", "c"], ["s" if relu else "y"])]
+    if relu:
+        nodes.append(helper.make_node("Relu", ["s"], ["y"]))
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 6, 6])]
+    inits = _weights()
+    if z_const:
+        inits.append(init("zc", rand(*z_shape)))
+    else:
+        inputs.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, list(z_shape)))
+    return make_model(nodes, inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+
+
+@pytest.mark.parametrize("target", ["ort-cpu", "ort-cuda"])
+def test_conv_add_relu_fuses_with_z(target: str) -> None:
+    model = conv_add(relu=True)
+    optimized, report = optimize_with(model, CONV_RULES, target=target, layout="nchw")
+    assert rewrites(report, "FuseConvAddRelu") == 1
+    [node] = fused(optimized)
+    assert list(node.input) == ["x", "w", "b", "z"] and attrs(node)["activation"] == b"Relu"
+    assert op_types(optimized) == ["FusedConv"]
+    if target == "ort-cpu":
+        assert_same_outputs(model, optimized)
+
+
+def test_conv_add_then_relu_fuses_in_two_steps() -> None:
+    # When Conv + Add fused first (no activation), the activation rule takes the FusedConv.
+    model = conv_add(relu=True)
+    optimized, report = optimize_with(model, ["FuseConvAdd", "FuseConvRelu"], target="ort-cpu")
+    assert rewrites(report, "FuseConvAdd") == 1 and rewrites(report, "FuseConvRelu") == 1
+    [node] = fused(optimized)
+    assert list(node.input) == ["x", "w", "b", "z"] and attrs(node)["activation"] == b"Relu"
+    assert_same_outputs(model, optimized)
+
+
+def test_a_fused_conv_takes_one_activation_only() -> None:
+    model = conv_act([helper.make_node("Relu", ["c"], ["r"]), helper.make_node("Sigmoid", ["r"], ["y"])])
+    optimized, report = optimize_with(model, CONV_RULES, target="ort-cpu")
+    assert rewrites(report, "FuseConvRelu") == 1 and rewrites(report, "FuseConvSigmoid") == 0
+    assert op_types(optimized) == ["FusedConv", "Sigmoid"]
+    assert "already applies Relu" in report.rules["FuseConvSigmoid"].near_misses[0].reason
+
+
+def test_conv_add_without_activation_fuses_on_cpu_only() -> None:
+    model = conv_add(relu=False)
+    optimized, report = optimize_with(model, CONV_RULES, target="ort-cpu")
+    assert rewrites(report, "FuseConvAdd") == 1
+    [node] = fused(optimized)
+    assert len(node.input) == 4 and "activation" not in attrs(node)
+    assert_same_outputs(model, optimized)
+    optimized, report = optimize_with(model, CONV_RULES, target="ort-cuda", layout="nchw")
+    assert report.total_rewrites == 0 and op_types(optimized) == ["Conv", "Add"]
+    assert "activations are Relu, not None" in report.rules["FuseConvAdd"].near_misses[0].reason
+
+
+@pytest.mark.parametrize("z_const", [False, True])
+def test_broadcast_add_is_not_a_residual(z_const: bool) -> None:
+    model = conv_add(relu=True, z_shape=(1, 4, 1, 1), z_const=z_const)
+    optimized, report = optimize_with(model, ["FuseConvAddRelu", "FuseConvAdd"], target="ort-cpu")
+    assert report.total_rewrites == 0
+    assert op_types(optimized) == ["Conv", "Add", "Relu"]
+
+
+# ------------------------------------------------------------------ Pad + Conv + activation
+
+
+def test_pad_conv_relu_becomes_one_fused_conv_with_pads() -> None:
+    pads = init("pads", np.array([0, 0, 1, 2, 0, 0, 1, 2], np.int64))
+    model = make_model(
+        [helper.make_node("Pad", ["x", "pads"], ["p"]), helper.make_node("Conv", ["p", "w", "b"], ["c"]), helper.make_node("Relu", ["c"], ["y"])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 6, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [*_weights(), pads],
+    )
+    optimized, report = optimize_with(model, CONV_RULES, target="ort-cpu")
+    assert rewrites(report, "FuseConvRelu") == 1 and rewrites(report, "FoldPadIntoFusedConv") == 1
+    [node] = fused(optimized)
+    assert attrs(node)["pads"] == [1, 2, 1, 2]
+    assert op_types(optimized) == ["FusedConv"]
+    assert_same_outputs(model, optimized)
+
+
+# ------------------------------------------------------------------ exported CNNs
+
+sys.path.insert(0, str(Path(__file__).parent))
+import models  # noqa: E402
+
+EXPORTED = [
+    # (builder, exporter, target, expected rewrites per rule, FusedConv nodes after)
+    ("resnet_tiny", "dynamo-noopt", "ort-cpu", {"FuseConvRelu": 49, "FuseConvAdd": 16}, 49),
+    ("resnet_tiny", "dynamo-noopt", "ort-cuda", {"FuseConvRelu": 33, "FuseConvAddRelu": 16}, 49),
+    ("mobilenet_tiny", "dynamo-noopt", "ort-cpu", {"FuseConvClip": 35, "FuseConvAdd": 11}, 46),
+    ("mobilenet_tiny", "torchscript", "ort-cpu", {"FuseConvClip": 35, "FuseConvAdd": 11}, 46),
+    ("small_cnn", "dynamo-noopt", "ort-cpu", {"FuseConvRelu": 3, "FoldPadIntoFusedConv": 1}, 3),
+]
+
+
+@pytest.mark.parametrize("builder,exporter,target,expected,count", EXPORTED, ids=[f"{b}-{e}-{t}" for b, e, t, _, _ in EXPORTED])
+def test_exported_cnn_conv_fusions(builder: str, exporter: str, target: str, expected: dict[str, int], count: int) -> None:
+    pytest.importorskip("torch")
+    path = getattr(models, builder)(exporter)
+    optimized, report = optimize_with(onnx.load(path), None, target=target, layout="nchw")
+    assert {rule: rewrites(report, rule) for rule in CONV_RULES if rewrites(report, rule)} == expected
+    assert Counter((n.domain, n.op_type) for n in optimized.graph.node)[("com.microsoft", "FusedConv")] == count
+    if target == "ort-cpu":
+        from graphopt.verify import verify
+
+        result = verify(onnx.load(path), optimized)
+        assert result.passed, result.message

@@ -316,6 +316,11 @@ class OnnxView:
             self.redirect(old, new, take_name=is_new)
         if to_insert:
             graph.insert_before(root, to_insert)
+        root_outputs = set(map(id, root.outputs))
+        if any(id(old) not in root_outputs for old, _ in replacements):
+            # A rewrite that also replaced an interior value (e.g. the Add whose sum a
+            # SkipLayerNormalization now returns) may have users before the new node.
+            graph.sort()
         touched: list[ir.Node] = []
         for _, new in replacements:
             touched.extend(use.node for use in new.uses())

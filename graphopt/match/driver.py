@@ -55,6 +55,9 @@ class DriverOptions:
     trace: bool = True
     #: Also keep every failed attempt in `report.trace` (for `graphopt optimize --trace`).
     trace_all: bool = False
+    #: The precision conversion that follows the rules (a `graphopt.passes.precision.PrecisionPlan`):
+    #: new nodes are checked against the target in the type they will run in after it.
+    precision: Any = None
 
 
 def rewrite_key(view: GraphView, rule: Rule, root: Any) -> tuple[str, str]:
@@ -108,7 +111,7 @@ def apply_rules(view: GraphView, rules: RuleSet, target: Target, report: Report,
                     except RewriteDeclined as declined:
                         _near_miss(view, stats, rule, node, scope_label, Failure(len(outcome.nodes) + 2, node, str(declined)), trace_into)
                         continue
-                    problem = _target_problem(view, target, planned.new_nodes)
+                    problem = _target_problem(view, target, planned.new_nodes, options.precision, outcome.nodes)
                     if problem is not None:
                         view.discard_pending()
                         _near_miss(view, stats, rule, node, scope_label, Failure(len(outcome.nodes) + 2, node, problem), trace_into)
@@ -181,15 +184,29 @@ def _leaf_producers(view: GraphView, match: Match) -> list[Any]:
     return result
 
 
-def _target_problem(view: GraphView, target: Target, new_nodes: list[Any]) -> str | None:
+def _first_dtype(view: GraphView, node: Any) -> str | None:
+    inputs = list(view.inputs(node))
+    # The kernel tables key on the data type: Where's is its second input, not the condition.
+    domain, op_type = view.op_key(node)
+    typed = inputs[1:] if op_type == "Where" and not domain else inputs
+    first = next((v for v in typed if v is not None), None)
+    return view.dtype(first) if first is not None else None
+
+
+def _target_problem(view: GraphView, target: Target, new_nodes: list[Any], precision: Any = None, matched: Iterable[Any] = ()) -> str | None:
+    replaced: list[tuple[str, str, str | None]] | None = None
     for node in new_nodes:
         domain, op_type = view.op_key(node)
-        inputs = list(view.inputs(node))
-        # The kernel tables key on the data type: Where's is its second input, not the condition.
-        typed = inputs[1:] if op_type == "Where" and not domain else inputs
-        first = next((v for v in typed if v is not None), None)
-        dtype = view.dtype(first) if first is not None else None
-        reason = target.why_not(domain, op_type, dtype, view.opset(""))
+        dtype = _first_dtype(view, node)
+        if precision is None:
+            reason = target.why_not(domain, op_type, dtype, view.opset(""))
+        else:  # checked in the type it will run in after the precision conversion
+            if replaced is None:
+                replaced = [(*view.op_key(m), _first_dtype(view, m)) for m in matched]
+            reason = precision.fusion_problem(target, domain, op_type, dtype, view.opset(""), replaced)
+        if reason is None:  # the kernel's own limits (activations, shapes), where the target lists them
+            shapes = [view.shape(v) if v is not None else None for v in view.inputs(node)]
+            reason = target.contract_problem(domain, op_type, view.attrs(node), shapes)
         if reason is not None:
             return reason
     return None

@@ -15,7 +15,7 @@ table lists the CUDA provider's contrib kernels; it is checked on the GPU machin
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -43,6 +43,7 @@ _ORT_CPU = _load_kernel_table("ort_cpu_kernels.json")
 # Contrib kernels of the CUDA provider (cuda_contrib_kernels.cc). Standard ops
 # need no table here: the CUDA provider hands any op it lacks to the CPU provider.
 _ORT_CUDA: dict[tuple[str, str], frozenset[str]] = {
+    # contrib_ops/cuda/fused_conv.cc: float only; activation Relu only (see _ORT_CUDA_CONTRACTS).
     (MS_DOMAIN, "FusedConv"): _F({"f32"}),
     (MS_DOMAIN, "FusedMatMul"): _F({"f32", "f64", "f16", "bf16"}),
     (MS_DOMAIN, "Attention"): _F({"f32", "f16"}),
@@ -56,8 +57,20 @@ _ORT_CUDA: dict[tuple[str, str], frozenset[str]] = {
     (MS_DOMAIN, "QuickGelu"): _F({"f32", "f64", "f16", "bf16"}),
     (MS_DOMAIN, "Gelu"): _F({"f32", "f64", "f16", "bf16"}),
     (MS_DOMAIN, "BiasSplitGelu"): _F({"f32", "f16"}),
+    # contrib_ops/cuda/diffusion/group_norm.cc: X float/float16 in NHWC (channels_last = 1 only),
+    # gamma/beta float32 whatever X is; shape limits in _ORT_CUDA_CONTRACTS.
     (MS_DOMAIN, "GroupNorm"): _F({"f32", "f16"}),
+    # contrib_ops/cuda/diffusion/nhwc_conv.cc: cuda::Conv<T, NHWC=true> for float and float16;
+    # X and Y are NHWC, W stays [M, C/group, kH, kW] (prepacked to NHWC when constant). Emitted
+    # by the layout pass (graphopt/passes/layout.py), not by rules.
     (MS_DOMAIN, "NhwcConv"): _F({"f32", "f16"}),
+    # core/providers/cuda/cuda_nhwc_kernels.cc (built with onnxruntime_USE_CUDA_NHWC_OPS): the
+    # NHWC pools of the internal layout domain. Used by the layout pass only when asked
+    # (LayoutOptions.internal_nhwc_pools): the domain is onnxruntime-internal.
+    ("com.ms.internal.nhwc", "MaxPool"): _F({"f32", "f16"}),
+    ("com.ms.internal.nhwc", "AveragePool"): _F({"f32", "f16"}),
+    ("com.ms.internal.nhwc", "GlobalAveragePool"): _F({"f32", "f16"}),
+    ("com.ms.internal.nhwc", "GlobalMaxPool"): _F({"f32", "f16"}),
     ("", "SimplifiedLayerNormalization"): _F({"f32", "f64", "f16", "bf16"}),
 }
 
@@ -100,8 +113,21 @@ _ORT_LOWERINGS: dict[str, Any] = {
     "FastGelu": (MS_DOMAIN, "FastGelu"),
     "BiasGelu": (MS_DOMAIN, "BiasGelu"),
     "QuickGelu": (MS_DOMAIN, "QuickGelu"),
+    # x [batch, heads, seq, head] or [batch, seq, hidden], position_ids, cos/sin caches
+    # [max_pos, rotary_dim / 2]: the same inputs and attributes (contrib RotaryEmbedding).
+    "RotaryEmbedding": (MS_DOMAIN, "RotaryEmbedding"),
     "RMSNorm": ("", "SimplifiedLayerNormalization"),
     "SkipRMSNorm": (MS_DOMAIN, "SkipSimplifiedLayerNormalization"),
+}
+
+
+# Lowerings only the CUDA provider has a kernel for.
+_ORT_CUDA_LOWERINGS: dict[str, Any] = {
+    # x [N, C, H, W] with channels_last = 0 (graphopt's form); the layout pass
+    # (graphopt/passes/layout.py) makes it NHWC, the only layout the CUDA kernel runs.
+    "GroupNorm": (MS_DOMAIN, "GroupNorm"),
+    # (x + bias) halved on the last axis, a * Gelu_erf(g): BiasSplitGelu(X [N, S, D], bias [D]).
+    "GeGLU": (MS_DOMAIN, "BiasSplitGelu"),
 }
 
 
@@ -109,6 +135,72 @@ _ORT_LOWERINGS: dict[str, Any] = {
 _ONNX_LOWERINGS: dict[str, Any] = {
     # opset 23 Attention, 3-D form: the head counts are attributes.
     "MultiHeadAttention": Lowering("", "Attention", rename={"num_heads": ("q_num_heads", "kv_num_heads")}),
+    # opset 24 Swish(x) = x * Sigmoid(alpha * x): QuickGelu's formula (SiLU at alpha = 1).
+    "QuickGelu": ("", "Swish"),
+}
+
+
+# What a kernel accepts beyond its dtypes, where it is pickier than its schema:
+# lowered (domain, op) -> check(attributes, input shapes) -> None, or why not.
+Contract = Callable[[Mapping[str, Any], Sequence[Any]], "str | None"]
+
+
+def _activation_in(*allowed: str | None) -> Contract:
+    """FusedConv's `activation` must be one the provider's kernel maps (None: attribute absent)."""
+
+    def check(attrs: Mapping[str, Any], shapes: Sequence[Any]) -> str | None:
+        activation = attrs.get("activation")
+        if isinstance(activation, bytes):
+            activation = activation.decode()
+        if activation not in allowed:
+            names = ", ".join(a for a in allowed if a)
+            return f"the kernel's activations are {names}, not {activation}"
+        return None
+
+    return check
+
+
+def _cuda_group_norm(attrs: Mapping[str, Any], shapes: Sequence[Any]) -> str | None:
+    """group_norm.cc / group_norm_impl.cu: 4-D input, C divisible by groups, and the
+    channels per group even (2 per thread) and at most 512 (one block), else NOT_IMPLEMENTED."""
+    x_shape = shapes[0] if shapes else None
+    if x_shape is not None and len(x_shape) != 4:
+        return f"the CUDA GroupNorm kernel takes 4-D input, not rank {len(x_shape)}"
+    gamma = shapes[1] if len(shapes) > 1 else None
+    groups = attrs.get("groups")
+    if gamma is None or len(gamma) != 1 or not isinstance(gamma[0], int) or not groups:
+        return "the channel count or the group count is unknown"
+    channels, groups = gamma[0], int(groups)
+    if channels % groups:
+        return f"{channels} channels do not split into {groups} groups"
+    per_group = channels // groups
+    if per_group % 2 or per_group > 512:
+        return f"the CUDA GroupNorm kernel needs an even number of channels per group, at most 512 (got {per_group})"
+    return None
+
+
+def _cuda_bias_split_gelu(attrs: Mapping[str, Any], shapes: Sequence[Any]) -> str | None:
+    """contrib_ops/cuda/diffusion/bias_split_gelu.cc: X is 3-D with a last dim of 2560,
+    5120 or 10240 (the kernel is instantiated for those half widths only), bias is [D]."""
+    x_shape = shapes[0] if shapes else None
+    if x_shape is None or len(x_shape) != 3:
+        return f"the CUDA BiasSplitGelu kernel takes 3-D input, not {'unknown rank' if x_shape is None else f'rank {len(x_shape)}'}"
+    if x_shape[-1] not in (2560, 5120, 10240):
+        return f"the CUDA BiasSplitGelu kernel runs hidden sizes 2560, 5120 and 10240 only, not {x_shape[-1]}"
+    return None
+
+
+_ORT_CPU_CONTRACTS: dict[tuple[str, str], Contract] = {
+    # contrib_ops/cpu/fused_activation.cc (onnxruntime 1.31: Silu is refused by the NCHWc kernel).
+    (MS_DOMAIN, "FusedConv"): _activation_in(None, "Relu", "Tanh", "Sigmoid", "LeakyRelu", "Clip", "HardSigmoid"),
+}
+
+_ORT_CUDA_CONTRACTS: dict[tuple[str, str], Contract] = {
+    # contrib_ops/cuda/fused_conv.cc MapMode: Relu only (newer cuDNN-frontend builds add Tanh),
+    # and the activation attribute is required.
+    (MS_DOMAIN, "FusedConv"): _activation_in("Relu"),
+    (MS_DOMAIN, "GroupNorm"): _cuda_group_norm,
+    (MS_DOMAIN, "BiasSplitGelu"): _cuda_bias_split_gelu,
 }
 
 
@@ -120,6 +212,13 @@ class Target:
     lowerings: Mapping[str, Any] = field(default_factory=dict)
     #: True when `kernels` lists every op the target runs (standard ops too).
     complete: bool = False
+    #: Per-kernel checks of attributes and input shapes (see `Contract`).
+    contracts: Mapping[tuple[str, str], Contract] = field(default_factory=dict)
+
+    def contract_problem(self, domain: str, op_type: str, attrs: Mapping[str, Any], shapes: Sequence[Any]) -> str | None:
+        """None if the kernel this op runs on accepts these attributes and input shapes."""
+        check = self.contracts.get(self.lowered(domain, op_type))
+        return None if check is None else check(attrs, shapes)
 
     def lowering(self, op_type: str) -> Lowering | None:
         """How graphopt.<op_type> is lowered on this target, or None when it is not."""
@@ -147,8 +246,11 @@ class Target:
             return None
         if self.complete:
             return f"target {self.name} has no kernel for {_name(key)}"
-        if domain in ("", "ai.onnx") and _is_standard(op_type, opset or onnx.defs.onnx_opset_version()):
-            return None
+        if domain in ("", "ai.onnx"):
+            version = opset or onnx.defs.onnx_opset_version()
+            if _is_standard(op_type, version):
+                return None
+            return f"target {self.name} cannot run {_name(key)}: the model's opset {version} does not define it"
         return f"target {self.name} cannot run {_name(key)}"
 
 
@@ -167,8 +269,8 @@ def _name(key: tuple[str, str]) -> str:
 
 TARGETS: dict[str, Target] = {
     "onnx": Target("onnx", "standard ONNX ops only; runs in any runtime", lowerings=_ONNX_LOWERINGS),
-    "ort-cpu": Target("ort-cpu", "onnxruntime, CPU execution provider", _ORT_CPU, _ORT_LOWERINGS, complete=True),
-    "ort-cuda": Target("ort-cuda", "onnxruntime, CUDA execution provider", _ORT_CUDA, _ORT_LOWERINGS),
+    "ort-cpu": Target("ort-cpu", "onnxruntime, CPU execution provider", _ORT_CPU, _ORT_LOWERINGS, complete=True, contracts=_ORT_CPU_CONTRACTS),
+    "ort-cuda": Target("ort-cuda", "onnxruntime, CUDA execution provider", _ORT_CUDA, {**_ORT_LOWERINGS, **_ORT_CUDA_LOWERINGS}, contracts=_ORT_CUDA_CONTRACTS),
 }
 
 

@@ -23,6 +23,8 @@ __all__ = [
     "PassStats",
     "GraphSummary",
     "Verification",
+    "LayoutSummary",
+    "PrecisionSummary",
     "Report",
     "MAX_NEAR_MISSES",
 ]
@@ -127,6 +129,42 @@ class Verification:
 
 
 @dataclass
+class PrecisionSummary:
+    """What `--precision` did (graphopt.passes.precision): nodes converted and kept, casts, constants."""
+
+    precision: str  # "fp16" or "bf16"
+    nodes_converted: int = 0  # float32 nodes now computing in the low type
+    nodes_kept: int = 0  # float32 nodes left in float32
+    kept: dict[str, int] = field(default_factory=dict)  # why, by reason: block_list, no_kernel, shape, ...
+    kept_ops: dict[str, int] = field(default_factory=dict)  # kept nodes by op type
+    casts_inserted: int = 0  # Casts added at the boundaries of the converted region
+    casts_retargeted: int = 0  # Cast(to=float) nodes now casting to the low type
+    casts_removed: int = 0  # Casts the cleanup removed (no-ops, pairs)
+    constants_converted: int = 0  # float32 constants converted in place
+    constants_copied: int = 0  # constants also read in float32: a converted copy was added
+    values_clamped: int = 0  # constant elements beyond the low type's range, set to its largest finite value
+    values_flushed: int = 0  # non-zero constant elements that became zero (underflow)
+    _casts: set[int] = field(default_factory=set, repr=False)
+    _typed: int = 0  # untyped outputs given their type before converting
+    _unmatched_keep: list[str] = field(default_factory=list, repr=False)
+
+
+@dataclass
+class LayoutSummary:
+    """What the NHWC layout pass did (graphopt.passes.layout, ort-cuda): the mode it ran in,
+    the nodes it moved to NHWC by op, and the Transposes: inserted at the layout
+    boundaries, cancelled where two met, turned into Reshapes, left in the graph."""
+
+    mode: str  # "nhwc" or "nchw"
+    converted: dict[str, int] = field(default_factory=dict)
+    fused_convs_split: int = 0  # com.microsoft.FusedConv -> NhwcConv + Add(Z) + activation
+    transposes_inserted: int = 0
+    transposes_cancelled: int = 0
+    transposes_as_reshape: int = 0
+    transposes: int = 0  # Transpose nodes in the main graph afterwards
+
+
+@dataclass
 class Report:
     target: str
     input_path: str | None = None
@@ -142,6 +180,11 @@ class Report:
     warnings: list[str] = field(default_factory=list)
     #: Every failed attempt, in order, when tracing was asked for (None otherwise).
     trace: list[NearMiss] | None = None
+    #: The precision asked for ("fp16", "bf16"); None when the model kept its own.
+    precision: str | None = None
+    precision_conversion: PrecisionSummary | None = None
+    #: The NHWC layout pass's summary (ort-cuda only; None when it did not run).
+    layout: LayoutSummary | None = None
     _applied: int = 0
 
     # ----------------------------------------------------------- recording

@@ -138,6 +138,16 @@ def print_summary(report: Report, console: Console) -> None:
             table.caption = f"{len(misses) - MAX_NEAR_MISS_ROWS} more in the JSON report"
         console.print(table)
 
+    conversion = report.precision_conversion
+    if conversion is not None:
+        kept = ", ".join(f"{reason} {count}" for reason, count in conversion.kept.items()) or "none"
+        console.print(
+            f"precision {escape(conversion.precision)}: {conversion.nodes_converted} nodes converted, {conversion.nodes_kept} kept in fp32"
+            f" ({escape(kept)}), {conversion.casts_inserted} casts inserted, {conversion.casts_removed} removed,"
+            f" {conversion.constants_converted + conversion.constants_copied} constants converted",
+            highlight=False,
+        )
+
     for warning in report.warnings:
         console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
 

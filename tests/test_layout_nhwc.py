@@ -1,0 +1,259 @@
+"""The NHWC layout pass (graphopt/passes/layout.py) for --target ort-cuda.
+
+onnxruntime's CPU provider has neither NhwcConv nor GroupNorm, so the pass is checked
+(a) on the graph it makes (which ops, how many Transposes are left) and (b) on its
+numbers, after `emulate_nhwc_ops` writes the NHWC-only ops back as Transpose + NCHW
+op + Transpose: every constant it permuted, axis it remapped and Transpose it
+cancelled is then exercised on the CPU."""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+from rule_testing import TensorProto, assert_same_outputs, helper, init, make_model, optimize_with, rand
+
+from graphopt.ops.targets import get_target
+from graphopt.passes.layout import LayoutOptions, convert_layout, emulate_nhwc_ops
+
+sys.path.insert(0, str(Path(__file__).parent))
+import models  # noqa: E402
+
+
+def emulated(model: onnx.ModelProto) -> onnx.ModelProto:
+    m = ir.serde.deserialize_model(model)
+    emulate_nhwc_ops(m)
+    return ir.serde.serialize_model(m)
+
+
+def ops(model: onnx.ModelProto) -> Counter:
+    return Counter(n.op_type for n in model.graph.node)
+
+
+def _conv(i: str, o: str, w: str, cin: int, cout: int, inits: list, **kw) -> onnx.NodeProto:
+    inits += [init(w, rand(cout, cin, 3, 3) * 0.3), init(w + "_b", rand(cout))]
+    return helper.make_node("Conv", [i, w, w + "_b"], [o], pads=[1, 1, 1, 1], **kw)
+
+
+def cnn_block(opset: int = 17) -> onnx.ModelProto:
+    """Conv -> Mul [C,1,1] -> Add [1,C,1,1] -> Clip -> Conv -> Add residual -> Sigmoid ->
+    ReduceMean(H, W, keepdims) -> Concat with a Conv -> GlobalAveragePool -> Flatten: the layout
+    has to go through broadcasting constants, a residual, a reduction, a Concat and a pool."""
+    inits: list = []
+    c = 4
+    nodes = [
+        _conv("x", "c1", "w1", 3, c, inits),
+        helper.make_node("Mul", ["c1", "scale"], ["m"]),
+        helper.make_node("Add", ["m", "shift"], ["a"]),
+        helper.make_node("Clip", ["a", "lo", "hi"], ["r"]),
+        _conv("r", "c2", "w2", c, c, inits),
+        helper.make_node("Add", ["c2", "r"], ["res"]),
+        helper.make_node("Sigmoid", ["res"], ["s"]),
+        helper.make_node("ReduceMean", ["s", "axes"] if opset >= 18 else ["s"], ["mean"], keepdims=1, **({} if opset >= 18 else {"axes": [2, 3]})),
+        helper.make_node("Mul", ["s", "mean"], ["att"]),
+        _conv("att", "c3", "w3", c, c, inits),
+        helper.make_node("Concat", ["att", "c3"], ["cat"], axis=1),
+        helper.make_node("GlobalAveragePool", ["cat"], ["pool"]),
+        helper.make_node("Flatten", ["pool"], ["y"]),
+    ]
+    inits += [
+        init("scale", rand(c, 1, 1)),
+        init("shift", rand(1, c, 1, 1)),
+        init("lo", np.array(0.0, np.float32)),
+        init("hi", np.array(6.0, np.float32)),
+    ]
+    if opset >= 18:
+        inits.append(init("axes", np.array([2, 3], np.int64)))
+    return make_model(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        inits,
+        opset=opset,
+    )
+
+
+@pytest.mark.parametrize("opset", [17, 18])
+def test_layout_propagates_through_elementwise_reduce_concat_and_pool(opset: int) -> None:
+    model = cnn_block(opset)
+    optimized, report = optimize_with(model, [], target="ort-cuda", layout="nhwc")
+    after = ops(optimized)
+    assert after["NhwcConv"] == 3 and after["Conv"] == 0
+    # One Transpose into NHWC at the input; the pooled [N, 1, 1, C] goes back with a Reshape.
+    assert after["Transpose"] == 1
+    assert report.layout.transposes == 1 and report.layout.transposes_as_reshape == 1
+    assert after["GlobalAveragePool"] == 0 and after["ReduceMean"] == 2
+    assert_same_outputs(model, emulated(optimized))
+
+
+def test_nchw_mode_changes_nothing_without_group_norm() -> None:
+    model = cnn_block()
+    optimized, report = optimize_with(model, [], target="ort-cuda", layout="nchw")
+    assert report.layout.mode == "nchw" and report.layout.converted == {} and report.layout.transposes == 0
+    assert [n.op_type for n in optimized.graph.node] == [n.op_type for n in model.graph.node]
+
+
+@pytest.mark.parametrize("target", ["onnx", "ort-cpu"])
+def test_other_targets_do_not_run_the_pass(target: str) -> None:
+    optimized, report = optimize_with(cnn_block(), [], target=target, layout="nhwc")
+    assert report.layout is None and ops(optimized)["Conv"] == 3
+
+
+def test_auto_picks_nhwc_for_float_convs_only() -> None:
+    _, report = optimize_with(cnn_block(), [], target="ort-cuda")
+    assert report.layout.mode == "nhwc"
+    gemm = make_model(
+        [helper.make_node("Gemm", ["x", "w"], ["y"])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [init("w", rand(4, 4))],
+    )
+    _, report = optimize_with(gemm, [], target="ort-cuda")
+    assert report.layout.mode == "nchw"
+
+
+def test_auto_dtypes_flip_float32_models_to_nchw() -> None:
+    model = ir.serde.deserialize_model(cnn_block())
+    summary = convert_layout(model, get_target("ort-cuda"), LayoutOptions(auto_dtypes=frozenset({"f16"})))
+    assert summary.mode == "nchw" and not summary.converted
+
+
+def test_fused_conv_is_split_in_nhwc_or_kept_between_transposes() -> None:
+    inits: list = []
+    nodes = [
+        _conv("x", "c1", "w1", 3, 4, inits),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        _conv("r1", "c2", "w2", 4, 4, inits),
+        helper.make_node("Add", ["c2", "r1"], ["s"]),
+        helper.make_node("Relu", ["s"], ["y"]),
+    ]
+    model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    optimized, report = optimize_with(model, None, target="ort-cuda", layout="nhwc")
+    # FuseConvRelu and FuseConvAddRelu made two FusedConvs; NHWC splits them again.
+    assert report.layout.fused_convs_split == 2
+    assert ops(optimized) == Counter({"NhwcConv": 2, "Relu": 2, "Add": 1, "Transpose": 2})
+    assert_same_outputs(model, emulated(optimized))
+    kept, report = optimize_with(model, None, target="ort-cuda", layout=LayoutOptions(mode="nhwc", fused_conv="keep"))
+    assert ops(kept)["FusedConv"] == 2 and report.layout.converted == {}
+
+
+def test_graph_output_in_nhwc_region_keeps_its_name() -> None:
+    inits: list = []
+    model = make_model(
+        [_conv("x", "c1", "w1", 3, 4, inits), helper.make_node("Relu", ["c1"], ["y"]), _conv("y", "z", "w2", 4, 4, inits)],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None), helper.make_tensor_value_info("z", TensorProto.FLOAT, None)],
+        inits,
+    )
+    optimized, report = optimize_with(model, [], target="ort-cuda", layout="nhwc")
+    assert [o.name for o in optimized.graph.output] == ["y", "z"]
+    assert report.layout.transposes == 3  # in, and back for each of the two outputs
+    assert_same_outputs(model, emulated(optimized))
+
+
+def test_internal_nhwc_pools_are_opt_in() -> None:
+    inits: list = []
+    model = make_model(
+        [_conv("x", "c1", "w1", 3, 4, inits), helper.make_node("MaxPool", ["c1"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+         _conv("p", "y", "w2", 4, 4, inits)],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        inits,
+    )
+    default, report = optimize_with(model, [], target="ort-cuda", layout="nhwc")
+    assert ops(default)["MaxPool"] == 1 and report.layout.transposes == 4  # in, around MaxPool, out
+    internal, report = optimize_with(model, [], target="ort-cuda", layout=LayoutOptions(mode="nhwc", internal_nhwc_pools=True))
+    [pool] = [n for n in internal.graph.node if n.op_type == "MaxPool"]
+    assert pool.domain == "com.ms.internal.nhwc" and report.layout.transposes == 2
+    for m in (default, internal):
+        assert_same_outputs(model, emulated(m))
+
+
+# ------------------------------------------------------------------ exported CNNs
+
+EXPORTED = [
+    # builder, mode "auto" picks, NhwcConv, Transposes left: ResNet keeps one at the input and
+    # a pair around its MaxPool; MobileNetV2 (no MaxPool) only the input's; the small CNN one
+    # at the input, a pair around its ConvTranspose and one before the NCHW flatten (4
+    # Transposes for 4 Convs: "auto" leaves it NCHW).
+    ("resnet_tiny", "nhwc", 53, 3),
+    ("mobilenet_tiny", "nhwc", 52, 1),
+    ("small_cnn", "nchw", 4, 4),
+]
+
+
+@pytest.mark.parametrize("builder,auto,convs,transposes", EXPORTED)
+def test_exported_cnns_in_nhwc(builder: str, auto: str, convs: int, transposes: int) -> None:
+    pytest.importorskip("torch")
+    path = getattr(models, builder)("dynamo-noopt")
+    original = onnx.load(path)
+    _, report = optimize_with(original, None, target="ort-cuda")
+    assert report.layout.mode == auto
+    optimized, report = optimize_with(original, None, target="ort-cuda", layout="nhwc")
+    after = ops(optimized)
+    assert after["NhwcConv"] == convs and after["Conv"] == after["FusedConv"] == 0
+    assert after["Transpose"] == report.layout.transposes == transposes
+    assert_same_outputs(original, emulated(optimized), rtol=1e-3, atol=1e-4)
+
+
+def test_transposes_already_in_the_model_cancel_with_the_pass_own() -> None:
+    # A TF-style model: NHWC input and output around an NCHW Conv. In NHWC nothing is left to transpose.
+    inits: list = []
+    model = make_model(
+        [helper.make_node("Transpose", ["x"], ["xc"], perm=[0, 3, 1, 2]), _conv("xc", "c", "w1", 3, 4, inits),
+         helper.make_node("Relu", ["c"], ["r"]), helper.make_node("Transpose", ["r"], ["y"], perm=[0, 2, 3, 1])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 8, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        inits,
+    )
+    optimized, report = optimize_with(model, [], target="ort-cuda", layout="nhwc")
+    assert ops(optimized) == Counter({"NhwcConv": 1, "Relu": 1})
+    assert report.layout.transposes == 0 and report.layout.transposes_cancelled == 4
+    assert optimized.graph.node[0].input[0] == "x" and optimized.graph.output[0].name == "y"
+    assert_same_outputs(model, emulated(optimized))
+
+
+def test_float16_convs_become_nhwc_convs() -> None:
+    # No FusedConv for float16 on CUDA: Conv + Relu stay two nodes, in NHWC.
+    inits = [init("w", rand(4, 3, 3, 3).astype(np.float16)), init("b", rand(4).astype(np.float16))]
+    model = make_model(
+        [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["y"])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, None)],
+        inits,
+    )
+    optimized, report = optimize_with(model, None, target="ort-cuda", layout="nhwc")
+    assert [n.op_type for n in optimized.graph.node] == ["Transpose", "NhwcConv", "Relu", "Transpose"]
+    # One Conv is not worth two Transposes: "auto" leaves it alone.
+    _, report = optimize_with(model, None, target="ort-cuda")
+    assert report.layout.mode == "nchw"
+
+
+@pytest.mark.parametrize("axes,converted", [([2, 3], True), ([-1], False)])
+def test_reduce_without_keepdims_leaves_nhwc_only_when_the_kept_axes_keep_their_order(axes: list[int], converted: bool) -> None:
+    inits: list = []
+    model = make_model(
+        [_conv("x", "c", "w1", 3, 4, inits), helper.make_node("ReduceMean", ["c"], ["y"], axes=axes, keepdims=0)],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        inits,
+    )
+    optimized, report = optimize_with(model, [], target="ort-cuda", layout="nhwc")
+    assert ("ReduceMean" in report.layout.converted) == converted
+    # [N, C] comes out of the NHWC reduction as it is: only the input's Transpose is left.
+    assert report.layout.transposes == (1 if converted else 2)
+    assert_same_outputs(model, emulated(optimized))
+
+
+def test_a_vit_patch_embedding_alone_stays_nchw() -> None:
+    pytest.importorskip("transformers")
+    path = models.vit_tiny("dynamo")
+    optimized, report = optimize_with(onnx.load(path), None, target="ort-cuda")
+    assert report.layout.mode == "nchw" and report.layout.converted == {} and report.layout.transposes_inserted == 0
+    assert ops(optimized)["NhwcConv"] == 0
