@@ -88,10 +88,36 @@ class SymbolicShapes:
         self._dims, self._tensors, self._keep = cache
 
     # ---------------------------------------------------------------- dims of a value
+    def _warm(self, value: Any) -> None:
+        """Evaluate every uncached ancestor of `value` first, producers before users, so
+        that the recursive evaluation below stays shallow however deep the model is."""
+        view = self.view
+        order: list[Any] = []
+        seen: set[int] = set()
+        stack: list[tuple[Any, bool]] = [(value, False)]
+        while stack:
+            v, ready = stack.pop()
+            if ready:
+                order.append(v)
+                continue
+            if id(v) in seen or id(v) in self._dims:
+                continue
+            seen.add(id(v))
+            stack.append((v, True))
+            node = view.producer(v)
+            if node is not None:
+                stack.extend((x, False) for x in view.inputs(node) if x is not None and id(x) not in seen)
+        for v in order[:-1]:
+            self.dims(v, depth=1)
+            if (view.dtype(v) or "").startswith(("i", "u")):
+                self.tensor(v, depth=1)
+
     def dims(self, value: Any, depth: int = 0) -> list[Dim] | None:
         if value is None:
             return None
         key = id(value)
+        if depth == 0 and key not in self._dims:
+            self._warm(value)
         if key not in self._dims:
             self._keep.append(value)
             self._dims[key] = None  # cycles (there are none in a valid graph) end here
@@ -261,6 +287,8 @@ class SymbolicShapes:
         if value is None:
             return None
         key = id(value)
+        if depth == 0 and key not in self._tensors and key not in self._dims:
+            self._warm(value)
         if key not in self._tensors:
             self._keep.append(value)
             self._tensors[key] = None

@@ -500,7 +500,8 @@ class _Layout:
         """Conv -> NhwcConv; FusedConv -> NhwcConv, then Add(Z), then its activation."""
         x = self.to_nhwc(_x(node), before)
         conv_attrs = {k: a for k, a in node.attributes.items() if k not in ("activation", "activation_params")}
-        conv = self.b.node(MS_DOMAIN, "NhwcConv", [x, *node.inputs[1:3]], conv_attrs, hint=node.name or "NhwcConv")
+        conv = self.b.node(MS_DOMAIN, "NhwcConv", [x, self.ohwi_weights(node.inputs[1], before), *node.inputs[2:3]],
+                           conv_attrs, hint=node.name or "NhwcConv")
         out_type, out_shape = node.outputs[0].type, _permute_shape(node.outputs[0].shape, TO_NHWC)
         conv.outputs[0].type, conv.outputs[0].shape = out_type, out_shape
         made = [*before, conv]
@@ -519,6 +520,18 @@ class _Layout:
                 y = act.outputs[0]
             y.type, y.shape = out_type, out_shape
         return made, [y]
+
+    def ohwi_weights(self, w: ir.Value | None, before: list[ir.Node]) -> ir.Value | None:
+        """NhwcConv's CUDA kernel reads its weights as [M, kH, kW, C/group] (measured on
+        onnxruntime-gpu 1.31.1: OIHW weights fail with "kernel channels" = kW)."""
+        if w is None:
+            return None
+        const = w.const_value
+        if const is not None:
+            return self.b.constant(np.transpose(const.numpy(), (0, 2, 3, 1)), f"{w.name or 'w'}_ohwi")
+        t = self.b.node("", "Transpose", [w], {"perm": [0, 2, 3, 1]}, hint=f"{w.name or 'w'}_ohwi")
+        before.append(t)
+        return t.outputs[0]
 
     def activation_node(self, name: str, params: list[float], x: ir.Value, hint: str, made: list[ir.Node]) -> ir.Node:
         if name == "LeakyRelu":
@@ -741,8 +754,10 @@ def emulate_nhwc_ops(model: ir.Model) -> int:
             t_in = b.node("", "Transpose", [x], {"perm": list(TO_NCHW)}, hint="emu_to_nchw")
             made.append(t_in)
             x = t_in.outputs[0]
-        if is_conv:
-            core = b.node("", "Conv", [x, *node.inputs[1:]], dict(node.attributes), hint="emu_conv")
+        if is_conv:  # NhwcConv's weights are [M, kH, kW, C/group]: back to Conv's [M, C/group, kH, kW]
+            w_t = b.node("", "Transpose", [node.inputs[1]], {"perm": [0, 3, 1, 2]}, hint="emu_w")
+            made.append(w_t)
+            core = b.node("", "Conv", [x, w_t.outputs[0], *node.inputs[2:]], dict(node.attributes), hint="emu_conv")
             made.append(core)
             y = core.outputs[0]
         elif is_gn:
