@@ -28,18 +28,14 @@ pair unless `LayoutOptions.internal_nhwc_pools` puts them in onnxruntime's inter
 registered by the CUDA provider when built with NHWC ops). That domain is not a
 public contract, so it is off by default until checked on the GPU machine.
 
-**NhwcConv or FusedConv (float32)?** Not measured yet; the reasoning behind the
-default. onnxruntime's CUDA FusedConv (Conv + bias + Z + Relu in one
-cudnnConvolutionBiasActivationForward) exists only in NCHW and float32, and its
-NHWC counterpart NhwcConv takes no activation and no Z. With TF32 (allowed by the
-CUDA provider's `use_tf32` option, on by default) and with float16, cuDNN's
-tensor-core kernels work in NHWC; given NCHW, cuDNN typically converts the layout
-inside the convolution, which costs about what the separate Relu or residual Add
-costs (one read and one write of the activation), once per Conv. So NHWC should win when nearly every Conv moves
-(ResNet-50: 53 NhwcConv, 3 Transposes left), and float16 has no FusedConv at all.
-The choice is one switch: `layout="nchw"` (or `LayoutOptions(auto_dtypes={"f16"})`
-for float32 models only) keeps the FusedConv graph; `fused_conv="keep"` keeps
-FusedConv inside an NHWC graph, between Transposes.
+**NhwcConv or FusedConv?** Measured on an H200 with onnxruntime-gpu 1.31.1
+(benchmarks/RESULTS.md, ResNet-50 b32): in float32 the NCHW graph with FusedConv
+(Conv + bias + Z + Relu in one cuDNN call) ran in 4.28 ms against 4.52 ms for the
+NHWC graph with 53 NhwcConv and separate Relu/Add; in float16, where onnxruntime
+has no FusedConv, NhwcConv ran in 3.23 ms against 3.93 ms for plain NCHW Conv. So
+"auto" converts float16/bfloat16 models only (`auto_dtypes`); `layout="nhwc"`
+forces it, `fused_conv="keep"` keeps FusedConv inside an NHWC graph, between
+Transposes.
 
 `emulate_nhwc_ops` rewrites the NHWC-only ops into standard ops (Transpose +
 NCHW op + Transpose) so the result can be checked on onnxruntime's CPU provider,
@@ -83,7 +79,7 @@ class LayoutOptions:
     #: NCHW keeps com.microsoft.FusedConv (Conv + bias + Relu + residual in one cuDNN
     #: call); NHWC gives cuDNN its native tensor-core layout but runs the activation
     #: and the residual Add as separate kernels. Set to {"f16"} to keep float32 models NCHW.
-    auto_dtypes: frozenset[str] = frozenset({"f32", "f16"})
+    auto_dtypes: frozenset[str] = frozenset({"f16", "bf16"})
     #: What NHWC does with a com.microsoft.FusedConv (NCHW-only kernel): "unfuse" into
     #: NhwcConv + Add(Z) + activation, or "keep" it NCHW between Transposes.
     fused_conv: str = "unfuse"
