@@ -89,3 +89,9 @@ def is_one(ctx, form, one):
     if actual != 1.0:
         return f"the dividend is {actual}, not 1"
     return True
+
+
+@native_constraint("IsAbsent")
+def is_absent(ctx, x):
+    """The optional input is not there (the op has no bias yet)."""
+    return True if x is None else "the op already has this input"

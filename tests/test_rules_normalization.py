@@ -237,3 +237,44 @@ def test_tiny_bert_normalization_and_gelu_fusions(name: str, target: str) -> Non
     assert {k: v for k, v in ops.items() if k in watched} == want_ops
     result = verify(source, optimized)
     assert result.passed, result.message
+
+
+@pytest.mark.parametrize("bias_on_skip_side", [False, True])
+def test_projection_bias_folds_into_skip_layer_norm(bias_on_skip_side: bool) -> None:
+    # dense = x @ W + b; LayerNorm(dense + residual): the bias becomes SkipLayerNormalization's 5th input.
+    add_inputs = ["r", "dense"] if bias_on_skip_side else ["dense", "r"]
+    model = make_model(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["mm"]),
+            helper.make_node("Add", ["mm", "b"], ["dense"]),
+            helper.make_node("Add", add_inputs, ["s"]),
+            helper.make_node("LayerNormalization", ["s", "gamma", "beta"], ["y"], axis=-1, epsilon=1e-6),
+        ],
+        [helper.make_tensor_value_info("x", F, ["N", 4, H]), helper.make_tensor_value_info("r", F, ["N", 4, H])],
+        [helper.make_tensor_value_info("y", F, None)],
+        [init("w", rand(H, H)), init("b", rand(H)), init("gamma", rand(H)), init("beta", rand(H))],
+    )
+    rules = ["FuseSkipLayerNorm", "FoldBiasIntoSkipLayerNorm", "FoldBiasIntoSkipLayerNormSecond"]
+    optimized, report = optimize_with(model, rules, target="ort-cpu")
+    assert rewrites(report, "FoldBiasIntoSkipLayerNorm") + rewrites(report, "FoldBiasIntoSkipLayerNormSecond") == 1
+    assert op_types(optimized) == ["MatMul", "SkipLayerNormalization"]
+    skip = optimized.graph.node[1]
+    assert list(skip.input) == ["mm", "r", "gamma", "beta", "b"]
+    assert_same_outputs(model, optimized, rtol=1e-4, atol=1e-5)
+
+
+def test_bias_that_is_not_per_feature_stays_an_add() -> None:
+    model = make_model(
+        [
+            helper.make_node("Add", ["x", "b"], ["dense"]),
+            helper.make_node("Add", ["dense", "r"], ["s"]),
+            helper.make_node("LayerNormalization", ["s", "gamma", "beta"], ["y"], axis=-1, epsilon=1e-6),
+        ],
+        [helper.make_tensor_value_info("x", F, ["N", 4, H]), helper.make_tensor_value_info("r", F, ["N", 4, H])],
+        [helper.make_tensor_value_info("y", F, None)],
+        [init("b", rand(4, H)), init("gamma", rand(H)), init("beta", rand(H))],
+    )
+    optimized, report = optimize_with(model, ["FuseSkipLayerNorm", "FoldBiasIntoSkipLayerNorm", "FoldBiasIntoSkipLayerNormSecond"], target="ort-cpu")
+    assert rewrites(report, "FoldBiasIntoSkipLayerNorm") == 0
+    assert op_types(optimized) == ["Add", "SkipLayerNormalization"]
+    assert_same_outputs(model, optimized, rtol=1e-4, atol=1e-5)
