@@ -25,7 +25,7 @@ a Reshape's -1 needs.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 import sympy
@@ -34,7 +34,8 @@ from graphopt.ir.view import GraphView
 
 __all__ = ["Dim", "value_dims", "shape_tensor", "dims_equal", "static_int", "broadcast_dims", "SymbolicShapes"]
 
-Dim = sympy.Expr
+# A dim: a sympy expression (sympy ships no type hints, so Any for mypy).
+Dim: TypeAlias = Any
 
 _MAX_DEPTH = 64
 
@@ -78,6 +79,7 @@ class SymbolicShapes:
         # A value's dims never change while it exists (rewrites replace values by
         # equivalent ones), so one cache serves every question asked of this view.
         # Keys are ids; the values themselves are kept so that an id is not reused.
+        cache: tuple[dict[int, list[Dim] | None], dict[int, list[Dim] | None], list[Any]] | None
         cache = getattr(view, "_symbolic_shapes_cache", None)
         if cache is None:
             cache = ({}, {}, [])
@@ -85,7 +87,9 @@ class SymbolicShapes:
                 view._symbolic_shapes_cache = cache  # type: ignore[attr-defined]
             except AttributeError:
                 pass
-        self._dims, self._tensors, self._keep = cache
+        self._dims: dict[int, list[Dim] | None] = cache[0]
+        self._tensors: dict[int, list[Dim] | None] = cache[1]
+        self._keep: list[Any] = cache[2]
 
     # ---------------------------------------------------------------- dims of a value
     def _warm(self, value: Any) -> None:
@@ -203,8 +207,8 @@ class SymbolicShapes:
             if src is None or axes is None:
                 return None
             out: list[Dim | None] = [None] * (len(src) + len(axes))
-            for a in axes:
-                out[a % len(out)] = sympy.Integer(1)
+            for axis in axes:
+                out[axis % len(out)] = sympy.Integer(1)
             it = iter(src)
             return [x if x is not None else next(it) for x in out]
         if op == "Squeeze":
@@ -368,14 +372,14 @@ class SymbolicShapes:
                 return None
             return [sympy.Integer(1 if e == sympy.true else 0) for e in eqs]
         if op == "Where":
-            c, a, b = (self.tensor(x, d) for x in ins)
-            if c is None or a is None or b is None:
+            parts = [self.tensor(x, d) for x in ins]
+            if len(parts) != 3 or any(t is None for t in parts):
                 return None
-            n = max(len(c), len(a), len(b))
-            c, a, b = ([*t] * n if len(t) == 1 else t for t in (c, a, b))
-            if not len(c) == len(a) == len(b) == n:
+            size = max(len(t) for t in parts)  # type: ignore[arg-type]
+            cond, yes, no = ([*t] * size if len(t) == 1 else t for t in parts)  # type: ignore[arg-type,misc,operator]
+            if not len(cond) == len(yes) == len(no) == size:  # type: ignore[arg-type]
                 return None
-            return [x if static_int(k) == 1 else y for k, x, y in zip(c, a, b, strict=True)]
+            return [x if static_int(k) == 1 else y for k, x, y in zip(cond, yes, no, strict=True)]  # type: ignore[arg-type]
         if op in ("Add", "Sub", "Mul", "Div"):
             a, b = self.tensor(ins[0], d), self.tensor(ins[1], d)
             if a is None or b is None:
@@ -422,7 +426,7 @@ def _broadcast(shapes: Sequence[list[Dim] | None]) -> list[Dim] | None:
     rank = max((len(s) for s in shapes), default=0)  # type: ignore[arg-type]
     out: list[Dim] = []
     for i in range(rank):
-        dims = [s[len(s) - rank + i] for s in shapes if len(s) - rank + i >= 0]  # type: ignore[arg-type]
+        dims = [s[len(s) - rank + i] for s in shapes if len(s) - rank + i >= 0]  # type: ignore[arg-type,index]
         non_one = [x for x in dims if static_int(x) != 1]
         if not non_one:
             out.append(sympy.Integer(1))
