@@ -2,6 +2,7 @@
 
     graphopt optimize IN -o OUT [--target T] [--patterns DIR]... [--enable RULE]...
                      [--disable RULE]... [--precision fp16|bf16] [--keep-fp32 OP_OR_NODE]...
+                     [--layout auto|nchw|nhwc]
                      [--verify] [--input-shape NAME=D1,D2]... [--report FILE.json] [--quiet] [--force]
     graphopt patterns [--patterns DIR]...
     graphopt version
@@ -176,6 +177,13 @@ def optimize(
             "--keep-fp32", metavar="OP_OR_NODE", help="With --precision: also keep this op type, node or output name in float32 (repeatable)."
         ),
     ] = None,
+    layout: Annotated[
+        str,
+        typer.Option(
+            metavar="auto|nchw|nhwc",
+            help="ort-cuda only: run Convs in NHWC (com.microsoft.NhwcConv, layout propagated) or keep NCHW; auto: NHWC for float16 CNNs.",
+        ),
+    ] = "auto",
     verify: Annotated[
         bool, typer.Option("--verify", help="Compare original and optimized outputs in onnxruntime; leave out rewrites that change them.")
     ] = False,
@@ -208,6 +216,10 @@ def optimize(
         precision_name = parse_precision(precision)  # so is an unknown precision
         if keep_fp32 and precision_name is None:
             raise GraphoptError("--keep-fp32 only applies with --precision fp16 or bf16")
+        if layout not in ("auto", "nchw", "nhwc"):
+            raise GraphoptError(f"unknown layout '{layout}' (known: auto, nchw, nhwc)")
+        if layout != "auto" and target != "ort-cuda":
+            raise GraphoptError("--layout only applies with --target ort-cuda")
         shapes = _parse_shapes(input_shape or [])
         if shapes and not verify:
             raise GraphoptError("--input-shape only applies with --verify")
@@ -226,6 +238,7 @@ def optimize(
                 progress=say,
                 precision=precision_name,
                 keep_fp32=list(keep_fp32 or []),
+                layout=layout,
             )
             say("loading")
             t0 = time.perf_counter()

@@ -209,3 +209,26 @@ def test_no_arguments_shows_help(cli) -> None:
 @pytest.mark.parametrize("args", [["optimize"], ["optimize", "m.onnx"], ["optimize", "m.onnx", "-o", "x", "--bogus"]])
 def test_usage_errors_keep_typer_exit_code(cli, args: list[str]) -> None:
     assert cli(*args).returncode == 2
+
+
+def test_layout_option_is_checked(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    import onnx
+
+    from tests.rule_testing import TensorProto, helper, make_model
+
+    model = make_model([helper.make_node("Relu", ["x"], ["y"])], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    for args, message in ((["--layout", "sideways", "--target", "ort-cuda"], "unknown layout"),
+                          (["--layout", "nhwc"], "only applies with --target ort-cuda")):
+        done = subprocess.run([sys.executable, "-m", "graphopt", "optimize", str(path), "-o", str(tmp_path / "o.onnx"), *args],
+                              capture_output=True, text=True)
+        assert done.returncode == 2 and message in done.stderr
+        assert not (tmp_path / "o.onnx").exists()
+    done = subprocess.run([sys.executable, "-m", "graphopt", "optimize", str(path), "-o", str(tmp_path / "o.onnx"),
+                           "--target", "ort-cuda", "--layout", "nchw", "-q"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
