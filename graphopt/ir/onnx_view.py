@@ -90,6 +90,8 @@ class OnnxView:
         self._names: set[str] = set()
         # Constant nodes made for a rewrite in a subgraph or function, inserted on commit.
         self._pending_constants: list[ir.Node] = []
+        self._pending_nodes: list[ir.Node] = []  # built for the rewrite being planned
+        self._pending_initializers: list[ir.Value] = []
         self._new_initializers: dict[int, ir.Value] = {}  # initializers this view created, by id
         self._scope_labels: dict[int, str] = {}
         self._scopes: list[ir.Graph] = []
@@ -259,6 +261,7 @@ class OnnxView:
         node = ir.Node(domain, op_type, list(inputs), attributes, num_outputs=num_outputs, name=node_name)
         for i, out in enumerate(node.outputs):
             out.name = self.fresh_name(f"{node_name}_out{i}" if num_outputs > 1 else node_name)
+        self._pending_nodes.append(node)
         return node
 
     def new_constant(self, scope: Any, array: np.ndarray, name_hint: str) -> ir.Value:
@@ -268,6 +271,7 @@ class OnnxView:
             value = ir.Value(name=name, const_value=tensor, shape=ir.Shape(array.shape), type=ir.TensorType(tensor.dtype))
             scope.register_initializer(value)
             self._new_initializers[id(value)] = value
+            self._pending_initializers.append(value)
             return value
         # Subgraphs and functions: a Constant node keeps the value local to its scope.
         node = ir.Node("", "Constant", [], [ir.AttrTensor("value", tensor)], name=name)
@@ -278,7 +282,18 @@ class OnnxView:
         return node.outputs[0]
 
     def discard_pending(self) -> None:
+        """Forget a planned rewrite: its nodes stop being users of their inputs, and the
+        initializers made for it go (a refused rewrite leaves no trace in the model)."""
+        for node in self._pending_nodes:
+            for i in range(len(node.inputs)):
+                node.replace_input_with(i, None)
+        for value in self._pending_initializers:
+            if not value.uses() and not value.is_graph_output() and value.name in self.model.graph.initializers:
+                self.model.graph.initializers.pop(value.name)
+                self._new_initializers.pop(id(value), None)
         self._pending_constants = []
+        self._pending_nodes = []
+        self._pending_initializers = []
 
     def commit(
         self,
@@ -290,6 +305,7 @@ class OnnxView:
         graph = root.graph
         assert graph is not None, "the root of a rewrite is in the graph"
         pending, self._pending_constants = self._pending_constants, []
+        self._pending_nodes, self._pending_initializers = [], []
         to_insert = [*pending, *new_nodes]
         new_set = set(map(id, to_insert))
         matched_set = set(map(id, matched))

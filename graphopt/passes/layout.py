@@ -656,6 +656,8 @@ def _resolve_mode(model: ir.Model, target: Target, options: LayoutOptions) -> st
         raise ValueError(f"layout must be 'auto', 'nchw' or 'nhwc', not {options.mode!r}")
     kernels = target.kernels.get((MS_DOMAIN, "NhwcConv"), frozenset())
     for node in model.graph:
+        if node.op_type == "GroupNorm" and node.domain == MS_DOMAIN:
+            return "nhwc"  # its CUDA kernel is NHWC only: NCHW would wrap each in Transposes
         if node.op_type in ("Conv", "FusedConv") and _rank(node.inputs[0]) == 4:
             dtype = _dtype(node.inputs[0])
             if dtype in kernels and dtype in options.auto_dtypes:
