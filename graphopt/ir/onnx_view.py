@@ -288,7 +288,7 @@ class OnnxView:
             for i in range(len(node.inputs)):
                 node.replace_input_with(i, None)
         for value in self._pending_initializers:
-            if not value.uses() and not value.is_graph_output() and value.name in self.model.graph.initializers:
+            if value.name and not value.uses() and not value.is_graph_output() and value.name in self.model.graph.initializers:
                 self.model.graph.initializers.pop(value.name)
                 self._new_initializers.pop(id(value), None)
         self._pending_constants = []
