@@ -92,8 +92,49 @@ def _is_finite(ctx, value, depth: int = 0) -> bool:
     return all(_is_finite(ctx, x, depth + 1) for x in data)
 
 
+_MOVES_VALUES = frozenset({"Expand", "Reshape", "Unsqueeze", "Squeeze", "Cast", "Identity", "Transpose", "Tile"})
+
+
+def _all_true(ctx, value, depth: int = 0) -> bool:
+    """A boolean tensor provably all true: a constant, moved or broadcast (never a run-time input)."""
+    arr = ctx.array(value)
+    if arr is not None:
+        return arr.dtype == np.bool_ and bool(arr.all())
+    node = ctx.view.producer(value)
+    if node is None or depth > 16:
+        return False
+    domain, op = ctx.view.op_key(node)
+    ins = list(ctx.view.inputs(node))
+    if domain or not ins:
+        return False
+    if op in _MOVES_VALUES:
+        return _all_true(ctx, ins[0], depth + 1)
+    if op == "And":
+        return all(_all_true(ctx, x, depth + 1) for x in ins)
+    return False
+
+
+def _masks_nothing(ctx, masking, mask, keep) -> bool:
+    """The mask leaves every score as it is: Where(all-true, 0, _) added, or a Where keeping all."""
+    if masking in ("keep",):
+        return _all_true(ctx, keep)
+    if masking != "add" or mask is None:
+        return False
+    const = ctx.array(mask)
+    if const is not None:
+        return not const.any()
+    node = ctx.view.producer(mask)
+    while node is not None and ctx.view.op_key(node)[1] in _MOVES_VALUES and not ctx.view.op_key(node)[0]:
+        node = ctx.view.producer(ctx.view.inputs(node)[0])
+    if node is None or ctx.view.op_key(node) != ("", "Where"):
+        return False
+    cond, yes, _ = ctx.view.inputs(node)
+    zero = ctx.array(yes)
+    return zero is not None and not zero.any() and _all_true(ctx, cond)
+
+
 @native_rewrite("AttentionParams")
-def attention_params(ctx, q, kt, v, qscale, sq, dq, kscale, sk, dk, sscale, ss, ds, guard, masking, mask, fill) -> dict[str, Any]:
+def attention_params(ctx, q, kt, v, qscale, sq, dq, kscale, sk, dk, sscale, ss, ds, guard, masking, mask, keep, fill) -> dict[str, Any]:
     scale = 1.0
     for form, mul, div in ((qscale, sq, dq), (kscale, sk, dk), (sscale, ss, ds)):
         if form == "mul":
@@ -113,6 +154,7 @@ def attention_params(ctx, q, kt, v, qscale, sq, dq, kscale, sk, dk, sscale, ss, 
         "zero": np.zeros((), dtype=numpy_dtype(ctx.dtype(q))),
         # The output keeps the NaN guard unless no row can be fully masked.
         "guard": "keep" if guard == "isnan" and not mask_finite else "drop",
+        "mask": "nothing" if _masks_nothing(ctx, masking, mask, keep) else "used",
     }
 
 

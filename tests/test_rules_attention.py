@@ -337,3 +337,28 @@ def test_exported_models_fuse_every_attention(family: str, exporter: str) -> Non
     got = ort.InferenceSession(optimized.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
     for a, b in zip(ref, got, strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-3, atol=1e-4)
+
+
+def test_a_mask_that_masks_nothing_is_left_out() -> None:
+    # dynamo's ViT export: Where(Expand(all-true constant), 0, min) added to the scores.
+    model = attention_model(mask="none")
+    graph = model.graph
+    graph.initializer.extend([init("all_true", np.ones((1, 1, S, 1), dtype=bool)), _c("mask_shape", [B, 1, S, S]),
+                              init("z", np.asarray(0.0, np.float32)), init("lowest", np.asarray(np.finfo(np.float32).min, np.float32))])
+    softmax = next(n for n in graph.node if n.op_type == "Softmax")
+    scores = softmax.input[0]
+    extra = [
+        helper.make_node("Expand", ["all_true", "mask_shape"], ["keep_all"]),
+        helper.make_node("Where", ["keep_all", "z", "lowest"], ["noop_mask"]),
+        helper.make_node("Add", [scores, "noop_mask"], ["masked_noop"]),
+    ]
+    index = list(graph.node).index(softmax)
+    for offset, node in enumerate(extra):
+        graph.node.insert(index + offset, node)
+    softmax.input[0] = "masked_noop"
+    optimized, report = _fused(model)
+    assert rewrites(report, "FuseAttention") == 1
+    mha = next(n for n in optimized.graph.node if n.op_type == "MultiHeadAttention")
+    assert len(mha.input) == 3  # no attention_bias
+    assert not [n for n in optimized.graph.node if n.op_type in ("Where", "Expand")]
+    _check_same(model, optimized)

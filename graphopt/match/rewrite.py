@@ -82,7 +82,7 @@ def plan_rewrite(view: GraphView, match: Match) -> PlannedRewrite:
             label = _plain(evaluate(expr.tag))
             for branch, branch_expr in expr.branches:
                 if branch == label:
-                    return evaluate(branch_expr, hint)
+                    return None if branch_expr is None else evaluate(branch_expr, hint)
             raise RewriteDeclined(f"no rewrite for '{label}' of {expr.tag.name}")
         if isinstance(expr, Build):
             operands = [None if o is None else as_value(evaluate(o, f"{expr.op_type}_in"), f"{expr.op_type}_in") for o in expr.operands]

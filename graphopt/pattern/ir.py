@@ -213,7 +213,7 @@ class Choose:
     """
 
     tag: Ref
-    branches: tuple[tuple[str, Expr], ...]
+    branches: tuple[tuple[str, Expr | None], ...]  # None: `_`, an omitted input
 
 
 Expr = Ref | Lit | Call | Build | Choose

@@ -615,7 +615,7 @@ class _PatternBuilder:
                 raise self.error(label_tok, f"branch '{label}' appears twice")
             if labels is not None and label not in labels:
                 raise self.error(label_tok, f"alternatives '{tag.name}' have no branch '{label}' (branches: {', '.join(labels)})")
-            branches.append((label, self.value(value, "Rewrite")))
+            branches.append((label, self.expr(value, "Rewrite", operand=True)))  # `_`: nothing (an omitted input)
         if labels is not None:
             missing = [label for label in labels if label not in dict(branches)]
             if missing:
