@@ -95,13 +95,13 @@ GOLDEN: dict[str, dict[str, dict[str, int]]] = {
         "onnx": {"IsNaN": 2, "LayerNormalization": 5, "Softmax": 2, "Transpose": 8},
     },
     "llama-tiny-dynamo": {
-        "ort-cpu": {"SimplifiedLayerNormalization": 4, "Transpose": 12, "com.microsoft.MultiHeadAttention": 2, "com.microsoft.QuickGelu": 2, "com.microsoft.RotaryEmbedding": 4, "com.microsoft.SkipSimplifiedLayerNormalization": 1},
-        "ort-cuda": {"SimplifiedLayerNormalization": 4, "Transpose": 12, "com.microsoft.MultiHeadAttention": 2, "com.microsoft.QuickGelu": 2, "com.microsoft.RotaryEmbedding": 4, "com.microsoft.SkipSimplifiedLayerNormalization": 1},
+        "ort-cpu": {"SimplifiedLayerNormalization": 1, "Transpose": 12, "com.microsoft.MultiHeadAttention": 2, "com.microsoft.QuickGelu": 2, "com.microsoft.RotaryEmbedding": 4, "com.microsoft.SkipSimplifiedLayerNormalization": 4},
+        "ort-cuda": {"SimplifiedLayerNormalization": 1, "Transpose": 12, "com.microsoft.MultiHeadAttention": 2, "com.microsoft.QuickGelu": 2, "com.microsoft.RotaryEmbedding": 4, "com.microsoft.SkipSimplifiedLayerNormalization": 4},
         "onnx": {"IsNaN": 2, "Softmax": 2, "Transpose": 10},
     },
     "llama-tiny-torchscript": {
-        "ort-cpu": {"IsNaN": 2, "SimplifiedLayerNormalization": 4, "Transpose": 12, "com.microsoft.MultiHeadAttention": 2, "com.microsoft.QuickGelu": 2, "com.microsoft.RotaryEmbedding": 4, "com.microsoft.SkipSimplifiedLayerNormalization": 1},
-        "ort-cuda": {"IsNaN": 2, "SimplifiedLayerNormalization": 4, "Transpose": 12, "com.microsoft.MultiHeadAttention": 2, "com.microsoft.QuickGelu": 2, "com.microsoft.RotaryEmbedding": 4, "com.microsoft.SkipSimplifiedLayerNormalization": 1},
+        "ort-cpu": {"IsNaN": 2, "SimplifiedLayerNormalization": 1, "Transpose": 12, "com.microsoft.MultiHeadAttention": 2, "com.microsoft.QuickGelu": 2, "com.microsoft.RotaryEmbedding": 4, "com.microsoft.SkipSimplifiedLayerNormalization": 4},
+        "ort-cuda": {"IsNaN": 2, "SimplifiedLayerNormalization": 1, "Transpose": 12, "com.microsoft.MultiHeadAttention": 2, "com.microsoft.QuickGelu": 2, "com.microsoft.RotaryEmbedding": 4, "com.microsoft.SkipSimplifiedLayerNormalization": 4},
         "onnx": {"IsNaN": 2, "Softmax": 2, "Transpose": 10},
     },
     "vit-tiny-dynamo": {
@@ -115,13 +115,13 @@ GOLDEN: dict[str, dict[str, dict[str, int]]] = {
         "onnx": {"LayerNormalization": 5, "Softmax": 2, "Transpose": 9},
     },
     "t5-encoder-tiny-dynamo": {
-        "ort-cpu": {"SimplifiedLayerNormalization": 4, "Transpose": 1, "com.microsoft.MultiHeadAttention": 2, "com.microsoft.SkipSimplifiedLayerNormalization": 1},
-        "ort-cuda": {"SimplifiedLayerNormalization": 4, "Transpose": 1, "com.microsoft.MultiHeadAttention": 2, "com.microsoft.SkipSimplifiedLayerNormalization": 1},
+        "ort-cpu": {"SimplifiedLayerNormalization": 1, "Transpose": 1, "com.microsoft.MultiHeadAttention": 2, "com.microsoft.SkipSimplifiedLayerNormalization": 4},
+        "ort-cuda": {"SimplifiedLayerNormalization": 1, "Transpose": 1, "com.microsoft.MultiHeadAttention": 2, "com.microsoft.SkipSimplifiedLayerNormalization": 4},
         "onnx": {"Softmax": 2, "Transpose": 9},
     },
     "t5-encoder-tiny-torchscript": {
-        "ort-cpu": {"SimplifiedLayerNormalization": 4, "Transpose": 2, "com.microsoft.MultiHeadAttention": 2, "com.microsoft.SkipSimplifiedLayerNormalization": 1},
-        "ort-cuda": {"SimplifiedLayerNormalization": 4, "Transpose": 2, "com.microsoft.MultiHeadAttention": 2, "com.microsoft.SkipSimplifiedLayerNormalization": 1},
+        "ort-cpu": {"SimplifiedLayerNormalization": 1, "Transpose": 2, "com.microsoft.MultiHeadAttention": 2, "com.microsoft.SkipSimplifiedLayerNormalization": 4},
+        "ort-cuda": {"SimplifiedLayerNormalization": 1, "Transpose": 2, "com.microsoft.MultiHeadAttention": 2, "com.microsoft.SkipSimplifiedLayerNormalization": 4},
         "onnx": {"Softmax": 2, "Transpose": 10},
     },
     "whisper-encoder-tiny-dynamo": {
@@ -260,16 +260,17 @@ def test_attention_near_miss_names_the_opset_on_the_onnx_target(name: str, opset
 
 
 @pytest.mark.parametrize("name", ["llama-tiny-dynamo", "llama-tiny-torchscript", "t5-encoder-tiny-dynamo", "t5-encoder-tiny-torchscript"])
-def test_skip_rmsnorm_near_miss_explains_the_plain_rmsnorms(name: str) -> None:
+def test_pre_norm_residuals_become_skip_rmsnorms_keeping_the_sum(name: str) -> None:
     # Pre-norm residual streams: each residual Add feeds the next RMSNorm and the next residual
-    # Add. FuseSkipRMSNorm has no variant that keeps the sum as an output (FuseSkipLayerNormKeepSum
-    # does that for LayerNorm), so only the final norm fuses and the report says why the others don't.
+    # Add. FuseSkipRMSNorm (single-use Add) explains why it stops; FuseSkipRMSNormKeepSum fuses
+    # those with SkipSimplifiedLayerNormalization's 4th output carrying the sum on.
     _, report = optimized(name, "ort-cpu")
     assert report.rules["FuseAttention"].applications == 2  # attention itself fuses on ort-cpu
-    stats = report.rules["FuseSkipRMSNorm"]
-    assert stats.applications == GOLDEN[name]["ort-cpu"]["com.microsoft.SkipSimplifiedLayerNormalization"] == 1
-    other_user = [m for m in stats.near_misses if "has another user" in m.reason]
-    assert len(other_user) == 3, stats.near_misses
+    plain, keep_sum = report.rules["FuseSkipRMSNorm"], report.rules["FuseSkipRMSNormKeepSum"]
+    assert plain.applications + keep_sum.applications == GOLDEN[name]["ort-cpu"]["com.microsoft.SkipSimplifiedLayerNormalization"] == 4
+    assert keep_sum.applications == 3
+    other_user = [m for m in plain.near_misses if "has another user" in m.reason]
+    assert len(other_user) == 3, plain.near_misses
     for miss in other_user:  # the residual Add before the norm, which the next residual Add also reads
         assert miss.op == "RMSNorm" and f"interior node {miss.failed_at} has another user" in miss.reason, miss
 

@@ -232,15 +232,16 @@ def test_tiny_llama_rms_norm_fusions(tmp_path, target: str) -> None:
     _export_tiny_llama(source)
     # every rule: the exporter's no-op Casts to float32 go first, then RMSNorm fuses
     optimized, report = graphopt.optimize(onnx.load(source), target=target)
-    rules = ["FuseRMSNorm", "FuseRMSNormStandard", "FuseSkipRMSNorm"]
+    rules = ["FuseRMSNorm", "FuseRMSNormStandard", "FuseSkipRMSNorm", "FuseSkipRMSNormKeepSum"]
     ops = {(n.domain, n.op_type) for n in optimized.graph.node}
     # 5 RMSNorms (2 per layer + final). Only the last residual Add feeds nothing but
-    # its norm; the others are also the next residual. Opset 17: nothing for plain ONNX.
+    # its norm; the other three are also the next residual, so their sum stays an output.
+    # The first norm reads the embeddings (no residual Add). Opset 17: nothing for plain ONNX.
     if target == "ort-cpu":
-        assert {r: rewrites(report, r) for r in rules} == {"FuseRMSNorm": 5, "FuseRMSNormStandard": 0, "FuseSkipRMSNorm": 1}
+        assert {r: rewrites(report, r) for r in rules} == {"FuseRMSNorm": 5, "FuseRMSNormStandard": 0, "FuseSkipRMSNorm": 1, "FuseSkipRMSNormKeepSum": 3}
         counts = [(n.domain, n.op_type) for n in optimized.graph.node]
-        assert counts.count(("", "SimplifiedLayerNormalization")) == 4
-        assert counts.count((MS, "SkipSimplifiedLayerNormalization")) == 1
+        assert counts.count(("", "SimplifiedLayerNormalization")) == 1
+        assert counts.count((MS, "SkipSimplifiedLayerNormalization")) == 4
         assert ("", "Pow") not in ops and ("", "Sqrt") not in ops
     else:
         assert {r: rewrites(report, r) for r in rules} == {r: 0 for r in rules}
