@@ -16,6 +16,7 @@ onnxruntime (ORT_ENABLE_ALL) on the same inputs and timed:
   graphopt+nhwc        CNNs on CUDA: graphopt's output with prefer_nhwc=1
   graphopt-nchw(+nhwc) CNNs on CUDA, when OptimizeOptions has `layout`: graphopt with layout="nchw"
   graphopt-pools       CNNs on CUDA: layout NHWC with the pools in onnxruntime's internal NHWC domain
+  graphopt-mha         transformers: q/k/v projections not packed (MultiHeadAttention instead of Attention)
 
 The first four are the anchors; the goal (issue 3) is graphopt <= 0.9x the best anchor in
 fp16 and <= 1.0x in fp32 on CUDA, and <= 1.0x on the CPU provider.
@@ -72,7 +73,7 @@ DEFAULT_WORK = Path("/tmp/gpu_fusions")
 SCRIPT_VERSION = 1  # part of every cache fingerprint
 
 ANCHOR_VARIANTS = ("original", "original+nhwc", "ort-transformers", "onnxscript")
-GRAPHOPT_VARIANTS = ("graphopt", "graphopt+nhwc", "graphopt-nchw", "graphopt-nchw+nhwc", "graphopt-pools")
+GRAPHOPT_VARIANTS = ("graphopt", "graphopt+nhwc", "graphopt-nchw", "graphopt-nchw+nhwc", "graphopt-pools", "graphopt-mha")
 ALL_VARIANTS = ANCHOR_VARIANTS + GRAPHOPT_VARIANTS
 #: goal: graphopt's best median / the best anchor's median at most this (issue 3)
 GOAL = {("cuda", "fp16"): 0.9, ("cuda", "fp32"): 1.0, ("cpu", "fp32"): 1.0, ("cpu", "fp16"): 1.0}
@@ -320,6 +321,8 @@ def _graphopt(job: dict[str, Any], dst: str, precision: str | None) -> dict[str,
         kwargs["precision"] = precision
     if job["tool"] == "graphopt-nchw":
         kwargs["layout"] = "nchw"
+    if job["tool"] == "graphopt-mha":
+        kwargs["disable"] = ["PackAttentionProjections", "PackedProjectionAttention"]
     if job["tool"] == "graphopt-pools":
         from graphopt.passes.layout import LayoutOptions
 
@@ -401,6 +404,7 @@ def _tools_for(cfg: argparse.Namespace, model: str) -> list[str]:
     tools = ["original", "onnxscript", "graphopt"]
     if not cnn:
         tools.insert(1, "ort-transformers")
+        tools.append("graphopt-mha")
     if cnn and cfg.provider == "cuda" and cfg.graphopt_layout:
         tools += ["graphopt-nchw", "graphopt-pools"]
     wanted = {v.split("+")[0] for v in cfg.variants} | {"original"}
