@@ -50,6 +50,8 @@ def attention_shapes(ctx, q, kt, v, masking, mask, mask2, keep, axis):
         return f"the key is not transposed like q k^T: k {list(dk)}, q {list(dq)}"
     if not dims_equal([dk[3]], [dv[2]]):
         return f"k and v have different sequence lengths ({dk[3]}, {dv[2]})"
+    if not dims_equal([dk[0]], [dq[0]]) or not dims_equal([dv[0]], [dq[0]]):
+        return f"q, k and v batch sizes are not known to be equal ({dq[0]}, {dk[0]}, {dv[0]}); the fused op does not broadcast them"
     if axis not in (-1, 3):
         return f"the Softmax is over axis {axis}, not the last"
     bias = mask if masking in ("add", "add2") else keep if masking in ("keep", "drop") else None

@@ -362,3 +362,23 @@ def test_a_mask_that_masks_nothing_is_left_out() -> None:
     assert len(mha.input) == 3  # no attention_bias
     assert not [n for n in optimized.graph.node if n.op_type in ("Where", "Expand")]
     _check_same(model, optimized)
+
+
+def test_keys_shared_across_the_batch_are_not_fused() -> None:
+    # MatMul broadcasts a batch-1 key over the queries' batch; the fused ops do not.
+    nodes = [
+        helper.make_node("Transpose", ["kk"], ["kt"], perm=[0, 1, 3, 2]),
+        helper.make_node("MatMul", ["q", "kt"], ["scores"]),
+        helper.make_node("Softmax", ["scores"], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "vv"], ["y"]),
+    ]
+    model = make_model(
+        nodes,
+        [helper.make_tensor_value_info("q", TensorProto.FLOAT, [B, N, S, H]),
+         helper.make_tensor_value_info("kk", TensorProto.FLOAT, [1, N, S, H]),
+         helper.make_tensor_value_info("vv", TensorProto.FLOAT, [1, N, S, H])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [B, N, S, H])],
+    )
+    optimized, report = _fused(model)
+    assert rewrites(report, "FuseAttention") == 0
+    assert any("batch sizes" in m.reason for m in report.rules["FuseAttention"].near_misses)
