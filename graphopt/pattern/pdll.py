@@ -607,7 +607,7 @@ class _PatternBuilder:
         if tag.field is None and known.kind != "tag":
             raise self.error(tag_tree.children[0], f"'{tag.name}' is {known.describe()}; `alt` in a rewrite chooses by an alternative's tag or a native Rewrite's result field")
         labels = self.tag_labels.get(tag.name) if tag.field is None else None
-        branches: list[tuple[str, Expr]] = []
+        branches: list[tuple[str, Expr | None]] = []
         for b in branch_trees:
             label_tok, value = b.children
             label = self.f.check_name(label_tok, "a branch label")
