@@ -11,12 +11,11 @@ from graphopt.ir.dtypes import numpy_dtype
 from graphopt.ir.symbolic import SymbolicShapes, broadcast_dims, dims_equal, static_int
 from graphopt.pattern.native import native_constraint, native_rewrite
 
+# Ops that only move or broadcast values (a constant stays what it is through them).
+_MOVES_VALUES = frozenset({"Expand", "Reshape", "Unsqueeze", "Squeeze", "Cast", "Identity", "Transpose", "Tile"})
 # Ops through which a mask with finite values stays finite (they move or select
 # values, never add them: finfo.min + finfo.min would be -inf).
-_FINITE_PRESERVING = frozenset({
-    "Where", "Cast", "Expand", "Reshape", "Unsqueeze", "Squeeze", "Transpose", "Slice", "Gather",
-    "Concat", "Identity", "Tile",
-})
+_FINITE_PRESERVING = _MOVES_VALUES | {"Where", "Slice", "Gather", "Concat"}
 
 
 def _scalar(ctx, value) -> float | None:
@@ -92,9 +91,6 @@ def _is_finite(ctx, value, depth: int = 0) -> bool:
     ins = list(view.inputs(node))
     data = ins[1:] if op == "Where" else ins[:1]
     return all(_is_finite(ctx, x, depth + 1) for x in data)
-
-
-_MOVES_VALUES = frozenset({"Expand", "Reshape", "Unsqueeze", "Squeeze", "Cast", "Identity", "Transpose", "Tile"})
 
 
 def _all_true(ctx, value, depth: int = 0) -> bool:

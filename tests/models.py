@@ -197,19 +197,7 @@ def gpt2(
         inner = _perturb_1d_params((GPT2LMHeadModel if lm_head else GPT2Model)(cfg)).eval()
         return _hf_wrapper(inner, 1)
 
-    spec = _Spec(
-        family="gpt2",
-        params=params,
-        make_module=make_module,
-        inputs=[
-            _Input("input_ids", "int64", ["batch", "seq"], "ids", vocab),
-            _Input("attention_mask", "int64", ["batch", "seq"], "mask"),
-        ],
-        outputs=[out],
-        output_axes={out: ["batch", "seq"]},
-        dims={"batch": batch, "seq": seq},
-        check_dims={"batch": 2, "seq": max(seq // 2 + 3, 5)},
-    )
+    spec = _token_model_spec("gpt2", params, make_module, vocab, batch, seq, out)
     return _build(spec, exporter, opset, rebuild)
 
 
@@ -392,19 +380,7 @@ def llama(
         inner = _perturb_1d_params(LlamaModel(cfg)).eval()
         return _hf_wrapper(inner, 1, inputs=("input_ids", "attention_mask"), use_cache=False)
 
-    spec = _Spec(
-        family="llama",
-        params=params,
-        make_module=make_module,
-        inputs=[
-            _Input("input_ids", "int64", ["batch", "seq"], "ids", vocab),
-            _Input("attention_mask", "int64", ["batch", "seq"], "mask"),
-        ],
-        outputs=["last_hidden_state"],
-        output_axes={"last_hidden_state": ["batch", "seq"]},
-        dims={"batch": batch, "seq": seq},
-        check_dims={"batch": 2, "seq": max(seq // 2 + 3, 5)},
-    )
+    spec = _token_model_spec("llama", params, make_module, vocab, batch, seq, "last_hidden_state")
     return _build(spec, exporter, opset, rebuild)
 
 
@@ -446,19 +422,7 @@ def t5_encoder(
         inner = _perturb_1d_params(T5EncoderModel(cfg)).eval()
         return _hf_wrapper(inner, 1, inputs=("input_ids", "attention_mask"))
 
-    spec = _Spec(
-        family="t5_encoder",
-        params=params,
-        make_module=make_module,
-        inputs=[
-            _Input("input_ids", "int64", ["batch", "seq"], "ids", vocab),
-            _Input("attention_mask", "int64", ["batch", "seq"], "mask"),
-        ],
-        outputs=["last_hidden_state"],
-        output_axes={"last_hidden_state": ["batch", "seq"]},
-        dims={"batch": batch, "seq": seq},
-        check_dims={"batch": 2, "seq": max(seq // 2 + 3, 5)},
-    )
+    spec = _token_model_spec("t5_encoder", params, make_module, vocab, batch, seq, "last_hidden_state")
     return _build(spec, exporter, opset, rebuild)
 
 
@@ -746,6 +710,25 @@ class _Spec:
         else:
             k = f"{self.family}-R{p['image']}-B{p['batch']}"
         return f"{k}-{exporter}" + (f"-op{opset}" if opset else "")
+
+
+
+def _token_model_spec(family: str, params: dict[str, Any], make_module: Callable[[], Any], vocab: int,
+                      batch: int, seq: int, output: str) -> _Spec:
+    """The spec of a model fed input_ids and attention_mask [batch, seq] with one [batch, seq, ...] output."""
+    return _Spec(
+        family=family,
+        params=params,
+        make_module=make_module,
+        inputs=[
+            _Input("input_ids", "int64", ["batch", "seq"], "ids", vocab),
+            _Input("attention_mask", "int64", ["batch", "seq"], "mask"),
+        ],
+        outputs=[output],
+        output_axes={output: ["batch", "seq"]},
+        dims={"batch": batch, "seq": seq},
+        check_dims={"batch": 2, "seq": max(seq // 2 + 3, 5)},
+    )
 
 
 def _make_feeds(inputs: list[dict[str, Any]], sizes: dict[str, int],
