@@ -595,7 +595,33 @@ def _time_variant(variant: dict[str, Any], job: dict[str, Any], feeds: dict[str,
     q = statistics.quantiles(times, n=10) if len(times) >= 2 else [times[0]] * 9
     res.update(median_ms=round(statistics.median(times), 4), p10_ms=round(q[0], 4), p90_ms=round(q[-1], 4),
                min_ms=round(min(times), 4), iters=len(times))
+    if job.get("kernels") and job["provider"] == "cuda":
+        try:
+            res["kernels"] = _kernel_profile(run)
+        except Exception as e:  # noqa: BLE001 - the profile is extra information, never fatal
+            res["kernels"] = {"error": _first_line(e)}
     return res, outs
+
+
+def _kernel_profile(run: Any, runs: int = 10, top: int = 15) -> dict[str, Any]:
+    """GPU kernels of `runs` calls, recorded by CUPTI through torch.profiler (it sees every
+    library's kernels in the process, onnxruntime's included): per run, the kernel count, the
+    summed kernel time, and the kernels that take the most time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(runs):
+            run()
+    by_name: dict[str, list[float]] = {}
+    for event in prof.events():
+        if event.device_type.name == "CUDA" and event.device_time_total > 0:
+            by_name.setdefault(event.name, []).append(event.device_time_total)
+    total_us = sum(sum(v) for v in by_name.values())
+    rows = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))
+    return {"kernels_per_run": round(sum(len(v) for v in by_name.values()) / runs, 1),
+            "gpu_ms_per_run": round(total_us / runs / 1e3, 4),
+            "top": [{"name": name[:110], "calls_per_run": round(len(v) / runs, 1), "ms_per_run": round(sum(v) / runs / 1e3, 4)}
+                    for name, v in rows[:top]]}
 
 
 def _compare(outs: dict[str, Any], ref: dict[str, Any]) -> dict[str, Any]:
@@ -708,7 +734,7 @@ def phase_time(cfg: argparse.Namespace, exports: dict[tuple[str, str], dict[str,
             result_file = cfg.work / "runs" / f"{tag}-{attempt}.jsonl"
             result_file.unlink(missing_ok=True)
             job = {"provider": cfg.provider, "model_path": exp["path"], "variants": todo, "warmup": cfg.warmup,
-                   "iters": cfg.iters, "dump": not cfg.no_dump, "ref_file": str(ref_file),
+                   "iters": cfg.iters, "dump": not cfg.no_dump, "kernels": cfg.kernels, "ref_file": str(ref_file),
                    "result_file": str(result_file), "tmp_dir": str(cfg.work / "tmp")}
             job_file = cfg.work / "runs" / f"{tag}-{attempt}.job.json"
             job_file.write_text(json.dumps(job))
@@ -951,6 +977,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--warmup", type=int, help="warm-up runs per variant (default 10 cuda, 3 cpu)")
     ap.add_argument("--iters", type=int, help="timed runs per variant (default 100 cuda, 20 cpu)")
     ap.add_argument("--no-dump", action="store_true", help="do not dump the sessions' optimized graphs (fused-op counts)")
+    ap.add_argument("--kernels", action="store_true", help="also record each CUDA variant's GPU kernels (torch.profiler/CUPTI): "
+                    "count, summed time and the top kernels per run, in the JSON")
     ap.add_argument("--export-timeout", type=float, default=900)
     ap.add_argument("--optimize-timeout", type=float, default=600)
     ap.add_argument("--variant-timeout", type=float, default=300, help="seconds for one variant's session + timing")
