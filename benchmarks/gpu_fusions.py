@@ -16,7 +16,9 @@ onnxruntime (ORT_ENABLE_ALL) on the same inputs and timed:
   graphopt+nhwc        CNNs on CUDA: graphopt's output with prefer_nhwc=1
   graphopt-nchw(+nhwc) CNNs on CUDA, when OptimizeOptions has `layout`: graphopt with layout="nchw"
   graphopt-pools       CNNs on CUDA: layout NHWC with the pools in onnxruntime's internal NHWC domain
+  graphopt-biasadd     CNNs on CUDA: layout NHWC, each conv bias added by its own Add (conv_bias="add")
   graphopt-mha         transformers: q/k/v projections not packed (MultiHeadAttention instead of Attention)
+  graphopt-noattn      transformers: every fusion but attention's (what the fused attention kernel is worth)
 
 The first four are the anchors; the goal (issue 3) is graphopt <= 0.9x the best anchor in
 fp16 and <= 1.0x in fp32 on CUDA, and <= 1.0x on the CPU provider.
@@ -73,7 +75,8 @@ DEFAULT_WORK = Path("/tmp/gpu_fusions")
 SCRIPT_VERSION = 1  # part of every cache fingerprint
 
 ANCHOR_VARIANTS = ("original", "original+nhwc", "ort-transformers", "onnxscript")
-GRAPHOPT_VARIANTS = ("graphopt", "graphopt+nhwc", "graphopt-nchw", "graphopt-nchw+nhwc", "graphopt-pools", "graphopt-mha")
+GRAPHOPT_VARIANTS = ("graphopt", "graphopt+nhwc", "graphopt-nchw", "graphopt-nchw+nhwc", "graphopt-pools", "graphopt-biasadd",
+                     "graphopt-biasadd+nhwc", "graphopt-mha", "graphopt-noattn")
 ALL_VARIANTS = ANCHOR_VARIANTS + GRAPHOPT_VARIANTS
 #: goal: graphopt's best median / the best anchor's median at most this (issue 3)
 GOAL = {("cuda", "fp16"): 0.9, ("cuda", "fp32"): 1.0, ("cpu", "fp32"): 1.0, ("cpu", "fp16"): 1.0}
@@ -321,12 +324,18 @@ def _graphopt(job: dict[str, Any], dst: str, precision: str | None) -> dict[str,
         kwargs["precision"] = precision
     if job["tool"] == "graphopt-nchw":
         kwargs["layout"] = "nchw"
+    if job["tool"] == "graphopt-noattn":
+        kwargs["disable"] = ["FuseAttention", "PackAttentionProjections", "PackedProjectionAttention"]
     if job["tool"] == "graphopt-mha":
         kwargs["disable"] = ["PackAttentionProjections", "PackedProjectionAttention"]
     if job["tool"] == "graphopt-pools":
         from graphopt.passes.layout import LayoutOptions
 
         kwargs["layout"] = LayoutOptions(mode="nhwc", internal_nhwc_pools=True)
+    if job["tool"] == "graphopt-biasadd":
+        from graphopt.passes.layout import LayoutOptions
+
+        kwargs["layout"] = LayoutOptions(mode="nhwc", conv_bias="add")
     report = graphopt.optimize_file(job["src"], dst, **kwargs)
     rules = getattr(report, "rules", None) or {}
     return {"graphopt_options": {k: v if isinstance(v, (str, int, float)) else repr(v) for k, v in kwargs.items()},
@@ -404,9 +413,9 @@ def _tools_for(cfg: argparse.Namespace, model: str) -> list[str]:
     tools = ["original", "onnxscript", "graphopt"]
     if not cnn:
         tools.insert(1, "ort-transformers")
-        tools.append("graphopt-mha")
+        tools += ["graphopt-mha", "graphopt-noattn"]
     if cnn and cfg.provider == "cuda" and cfg.graphopt_layout:
-        tools += ["graphopt-nchw", "graphopt-pools"]
+        tools += ["graphopt-nchw", "graphopt-pools", "graphopt-biasadd"]
     wanted = {v.split("+")[0] for v in cfg.variants} | {"original"}
     return [t for t in tools if t in wanted]
 

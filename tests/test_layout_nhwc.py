@@ -178,6 +178,19 @@ def test_internal_nhwc_pools_are_opt_in() -> None:
         assert_same_outputs(model, emulated(m))
 
 
+def test_conv_bias_as_a_separate_add_is_opt_in() -> None:
+    model = cnn_block()
+    kernel, _ = optimize_with(model, [], target="ort-cuda", layout="nhwc")
+    separate, _ = optimize_with(model, [], target="ort-cuda", layout=LayoutOptions(mode="nhwc", conv_bias="add"))
+    convs = [n for n in kernel.graph.node if n.op_type == "NhwcConv"]
+    assert len(convs) == 3 and all(len(n.input) == 3 for n in convs)
+    bias_free = [n for n in separate.graph.node if n.op_type == "NhwcConv"]
+    assert len(bias_free) == 3 and all(len(n.input) == 2 for n in bias_free)
+    assert ops(separate)["Add"] == ops(kernel)["Add"] + 3
+    for m in (kernel, separate):
+        assert_same_outputs(model, emulated(m))
+
+
 # ------------------------------------------------------------------ exported CNNs
 
 EXPORTED = [

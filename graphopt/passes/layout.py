@@ -85,6 +85,10 @@ class LayoutOptions:
     fused_conv: str = "unfuse"
     #: Run MaxPool/AveragePool/GlobalMaxPool in onnxruntime's internal NHWC domain.
     internal_nhwc_pools: bool = False
+    #: Where NhwcConv's bias is added: "kernel" (its bias input: the CUDA kernel adds it
+    #: with cudnnAddTensor, a separate and slow kernel) or "add" (a bias-free NhwcConv
+    #: followed by an elementwise Add of the bias, onnxruntime's own broadcast kernel).
+    conv_bias: str = "kernel"
 
 
 # ----------------------------------------------------------------------------- op classes
@@ -496,12 +500,19 @@ class _Layout:
         """Conv -> NhwcConv; FusedConv -> NhwcConv, then Add(Z), then its activation."""
         x = self.to_nhwc(_x(node), before)
         conv_attrs = {k: a for k, a in node.attributes.items() if k not in ("activation", "activation_params")}
-        conv = self.b.node(MS_DOMAIN, "NhwcConv", [x, self.ohwi_weights(node.inputs[1], before), *node.inputs[2:3]],
-                           conv_attrs, hint=node.name or "NhwcConv")
+        bias = node.inputs[2] if len(node.inputs) > 2 else None
+        separate_bias = bias is not None and self.options.conv_bias == "add"
+        conv_inputs = [x, self.ohwi_weights(node.inputs[1], before), *([] if separate_bias else [bias] if bias is not None else [])]
+        conv = self.b.node(MS_DOMAIN, "NhwcConv", conv_inputs, conv_attrs, hint=node.name or "NhwcConv")
         out_type, out_shape = node.outputs[0].type, _permute_shape(node.outputs[0].shape, TO_NHWC)
         conv.outputs[0].type, conv.outputs[0].shape = out_type, out_shape
         made = [*before, conv]
         y = conv.outputs[0]
+        if separate_bias:  # [M] broadcasts over NHWC's last axis as it is
+            add = self.b.node("", "Add", [y, bias], hint=f"{conv.name}_bias")
+            made.append(add)
+            y = add.outputs[0]
+            y.type, y.shape = out_type, out_shape
         if node.op_type == "FusedConv":
             self.summary.fused_convs_split += 1
             z = node.inputs[3] if len(node.inputs) > 3 else None
