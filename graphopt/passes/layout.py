@@ -28,13 +28,18 @@ pair unless `LayoutOptions.internal_nhwc_pools` puts them in onnxruntime's inter
 registered by the CUDA provider when built with NHWC ops). That domain is not a
 public contract, so it is off by default until checked on the GPU machine.
 
-**NhwcConv or FusedConv?** Measured on an H200 with onnxruntime-gpu 1.31.1
-(benchmarks/RESULTS.md, ResNet-50 b32): in float32 the NCHW graph with FusedConv
-(Conv + bias + Z + Relu in one cuDNN call) ran in 4.28 ms against 4.52 ms for the
-NHWC graph with 53 NhwcConv and separate Relu/Add; in float16, where onnxruntime
-has no FusedConv, NhwcConv ran in 3.23 ms against 3.93 ms for plain NCHW Conv. So
-"auto" converts float16/bfloat16 models only (`auto_dtypes`); `layout="nhwc"`
-forces it, `fused_conv="keep"` keeps FusedConv inside an NHWC graph, between
+**NhwcConv or FusedConv, and where the bias goes.** onnxruntime's CUDA Conv
+adds its bias with cudnnAddTensor, a separate kernel that took 1.25 ms of the
+2.9 ms GPU time of ResNet-50 b32 in float16 (CUPTI kernel profile, H200,
+onnxruntime-gpu 1.31.1). A bias-free NhwcConv followed by an ordinary Add of the
+bias runs the same arithmetic through onnxruntime's broadcast kernel, about three
+times faster. Measured in one run (benchmarks/RESULTS.md, ResNet-50 b32, medians):
+float16 2.60 ms against 3.25 ms with the bias in the conv and 3.09 ms for the CUDA
+provider's own prefer_nhwc; float32 4.05 ms against 4.31 ms for the NCHW graph with
+FusedConv (Conv + bias + Z + Relu in one cuDNN call). So "auto" converts float32
+models too, and `conv_bias="add"` is the default; `conv_bias="kernel"` keeps the
+bias in NhwcConv, `auto_dtypes` limits the dtypes "auto" converts, `layout="nhwc"`
+forces NHWC, and `fused_conv="keep"` keeps FusedConv inside an NHWC graph, between
 Transposes.
 
 `emulate_nhwc_ops` rewrites the NHWC-only ops into standard ops (Transpose +
@@ -75,11 +80,10 @@ class LayoutOptions:
     #: in NHWC for their dtype (`auto_dtypes`), more of them than the Transposes the NHWC
     #: region needs at its boundaries (`AUTO_CONVS_PER_TRANSPOSE`), else "nchw".
     mode: str = "auto"
-    #: The dtypes for which "auto" picks NHWC. The choice to benchmark: for float32,
-    #: NCHW keeps com.microsoft.FusedConv (Conv + bias + Relu + residual in one cuDNN
-    #: call); NHWC gives cuDNN its native tensor-core layout but runs the activation
-    #: and the residual Add as separate kernels. Set to {"f16"} to keep float32 models NCHW.
-    auto_dtypes: frozenset[str] = frozenset({"f16", "bf16"})
+    #: The dtypes for which "auto" picks NHWC (measured: NHWC with the bias as an Add
+    #: beats NCHW FusedConv in float32 too, see the module's docstring). Set to
+    #: {"f16", "bf16"} to keep float32 models NCHW with FusedConv.
+    auto_dtypes: frozenset[str] = frozenset({"f32", "f16", "bf16"})
     #: What NHWC does with a com.microsoft.FusedConv (NCHW-only kernel): "unfuse" into
     #: NhwcConv + Add(Z) + activation, or "keep" it NCHW between Transposes.
     fused_conv: str = "unfuse"
@@ -88,7 +92,7 @@ class LayoutOptions:
     #: Where NhwcConv's bias is added: "kernel" (its bias input: the CUDA kernel adds it
     #: with cudnnAddTensor, a separate and slow kernel) or "add" (a bias-free NhwcConv
     #: followed by an elementwise Add of the bias, onnxruntime's own broadcast kernel).
-    conv_bias: str = "kernel"
+    conv_bias: str = "add"
 
 
 # ----------------------------------------------------------------------------- op classes
@@ -665,6 +669,8 @@ def _resolve_mode(model: ir.Model, target: Target, options: LayoutOptions) -> st
         return options.mode
     if options.mode != "auto":
         raise ValueError(f"layout must be 'auto', 'nchw' or 'nhwc', not {options.mode!r}")
+    if options.conv_bias not in ("add", "kernel"):
+        raise ValueError(f"conv_bias must be 'add' or 'kernel', not {options.conv_bias!r}")
     kernels = target.kernels.get((MS_DOMAIN, "NhwcConv"), frozenset())
     for node in model.graph:
         if node.op_type == "GroupNorm" and node.domain == MS_DOMAIN:
