@@ -8,6 +8,7 @@ or the sweep limit is reached (reported in the report, never fatal).
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -21,6 +22,7 @@ import onnx_ir as ir
 from graphopt.errors import RuleNameError
 from graphopt.ir.onnx_io import load_model, save_model
 from graphopt.ir.onnx_view import OnnxView
+from graphopt.ir.provenance import tag_new_nodes
 from graphopt.match.driver import DriverOptions, RuleSet, apply_rules
 from graphopt.ops.lowering import lower_fused_ops
 from graphopt.ops.targets import get_target
@@ -76,6 +78,8 @@ class OptimizeOptions:
     #: NHWC for float16/bfloat16 Convs and for GroupNorm (measured: float32 runs faster as
     #: NCHW FusedConv); or a `graphopt.passes.layout.LayoutOptions`.
     layout: Any = "auto"
+    #: Called with every rule attempt (a `graphopt.match.driver.Attempt`); used by `graphopt explain`.
+    observe: Callable[[Any], None] | None = None
 
 
 _BUILTIN_CACHE: list[Rule] | None = None
@@ -111,7 +115,14 @@ def _summary(model: ir.Model) -> GraphSummary:
     ops = [n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}" for n in ir.traversal.RecursiveGraphIterator(model.graph)]
     for function in model.functions.values():
         ops.extend(n.op_type for n in function)
-    return GraphSummary.of(ops, len(model.graph.initializers))
+    return GraphSummary.of(ops, len(model.graph.initializers), sum(map(_elements, model.graph.initializers.values())))
+
+
+def _elements(value: ir.Value) -> int:
+    """Elements of an initializer (0 when its shape is not static), without loading its data."""
+    shape = value.const_value.shape if value.const_value is not None else value.shape
+    dims = [d for d in shape if isinstance(d, int)] if shape is not None else None
+    return math.prod(dims) if dims is not None and shape is not None and len(dims) == len(shape) else 0
 
 
 def optimize(model: ModelLike | str | os.PathLike[str], options: OptimizeOptions | None = None, **kwargs: Any) -> tuple[Any, Report]:
@@ -136,7 +147,11 @@ def optimize(model: ModelLike | str | os.PathLike[str], options: OptimizeOptions
         report.input_path = str(model)
         graph_model = load_model(model)
     elif isinstance(model, onnx.ModelProto):
-        graph_model = ir.serde.deserialize_model(model)
+        # onnx-ir's tensors write through to the protobuf they wrap (get_const_tensor names a
+        # Constant's tensor, for one): work on a copy so the caller's ModelProto stays as it was.
+        private = onnx.ModelProto()
+        private.CopyFrom(model)
+        graph_model = ir.serde.deserialize_model(private)
     else:
         graph_model = model
     report.times_s["load"] = time.perf_counter() - started
@@ -157,11 +172,13 @@ def _run_pipeline(model: ir.Model, rules: RuleSet, target: Any, report: Report, 
 
     def timed(name: str, fn: Callable[[], int]) -> int:
         stats = report.pass_stats(name)
-        t0 = time.perf_counter()
-        changes = fn()
+        with tag_new_nodes(model, name):  # nodes a pass makes say so (graphopt.ir.provenance)
+            t0 = time.perf_counter()
+            changes = fn()
+            elapsed = time.perf_counter() - t0
         stats.runs += 1
         stats.changes += changes
-        stats.time_s += time.perf_counter() - t0
+        stats.time_s += elapsed
         return changes
 
     if options.shape_inference is True or (options.shape_inference == "auto" and not _fully_typed(model)):
@@ -169,7 +186,8 @@ def _run_pipeline(model: ir.Model, rules: RuleSet, target: Any, report: Report, 
         timed("shape_inference", lambda: passes.infer_shapes(model))
     view = OnnxView(model)
     driver_options = DriverOptions(
-        max_rewrites=options.max_rewrites, allow=options.allow, blocked=set(options.blocked), trace_all=options.trace, precision=plan
+        max_rewrites=options.max_rewrites, allow=options.allow, blocked=set(options.blocked), trace_all=options.trace, precision=plan,
+        observe=options.observe,
     )
     if options.trace:
         report.trace = []
@@ -193,7 +211,8 @@ def _run_pipeline(model: ir.Model, rules: RuleSet, target: Any, report: Report, 
         report.warnings.append("rewrite limit reached; the result is valid but may not be fully optimized")
     if plan is not None:
         say(f"precision: {plan.precision}")
-        _convert_precision(model, target, report, plan)
+        with tag_new_nodes(model, "precision"):
+            _convert_precision(model, target, report, plan)
     say("cleanup")
     timed("cse", lambda: passes.eliminate_common_subexpressions(model))
     timed("dce", lambda: passes.eliminate_dead_code(model))
@@ -202,7 +221,8 @@ def _run_pipeline(model: ir.Model, rules: RuleSet, target: Any, report: Report, 
         from graphopt.passes.layout import convert_layout
 
         say(f"layout: {options.layout}")
-        report.layout = convert_layout(model, target, options.layout, stats=report.pass_stats("layout"))
+        with tag_new_nodes(model, "layout"):
+            report.layout = convert_layout(model, target, options.layout, stats=report.pass_stats("layout"))
 
 
 def _convert_precision(model: ir.Model, target: Any, report: Report, plan: Any) -> None:
@@ -215,7 +235,7 @@ def _convert_precision(model: ir.Model, target: Any, report: Report, plan: Any) 
 
     def run_cast_rules(m: ir.Model) -> int:
         # A scratch report: these rewrites belong to the pass, not to the rules verification bisects over.
-        return apply_rules(OnnxView(m), cast_rules, target, Report(target=target.name), DriverOptions(trace=False))
+        return apply_rules(OnnxView(m), cast_rules, target, Report(target=target.name), DriverOptions(trace=False, provenance=False))
 
     summary.casts_removed = remove_cast_pairs(model, summary._casts, run_cast_rules, stats=report.pass_stats("precision_cleanup"))
     report.precision_conversion = summary

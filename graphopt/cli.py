@@ -3,7 +3,11 @@
     graphopt optimize IN -o OUT [--target T] [--patterns DIR]... [--enable RULE]...
                      [--disable RULE]... [--precision fp16|bf16] [--keep-fp32 OP_OR_NODE]...
                      [--layout auto|nchw|nhwc]
-                     [--verify] [--input-shape NAME=D1,D2]... [--report FILE.json] [--quiet] [--force]
+                     [--verify] [--input-shape NAME=D1,D2]... [--report FILE.json|FILE.html] [--quiet] [--force]
+    graphopt report REPORT.json [-o REPORT.html]
+    graphopt explain MODEL [--rule NAME]... [--node NAME]... [--target T] [--patterns DIR]...
+                     [--precision fp16|bf16] [--input-shape NAME=D1,D2]...
+    graphopt diff A.onnx B.onnx [--json]
     graphopt patterns [--patterns DIR]...
     graphopt version
 
@@ -193,7 +197,10 @@ def optimize(
             "--input-shape", metavar="NAME=D1,D2,...", help="Pin an input's shape for --verify, e.g. input_ids=1,128 (repeatable)."
         ),
     ] = None,
-    report: Annotated[Path | None, typer.Option("--report", metavar="FILE.json", help="Write the rewrite report as JSON here.")] = None,
+    report: Annotated[
+        Path | None,
+        typer.Option("--report", metavar="FILE.json|FILE.html", help="Write the rewrite report here: JSON, or an HTML page for a .html name."),
+    ] = None,
     trace: Annotated[bool, typer.Option("--trace", help="Put every failed rule attempt (node, failing check) in the JSON report.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing on success.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Allow the output to be the input model (replaced atomically).")] = False,
@@ -266,12 +273,41 @@ def optimize(
         # The report is written whenever the optimization ran, also when verification
         # failed: it is what explains the failure.
         if report is not None:
-            write_json(result, report)
+            if _is_html(report):
+                from graphopt.report.html import write_html
+
+                write_html(result, report)
+            else:
+                write_json(result, report)
     if verification is not None and not verification.passed:
         _fail(f"verification failed, nothing written: {verification.message}", EXIT_VERIFY_FAILED)
     if not quiet:
         print_summary(result, console)
         console.print(f"wrote {escape(str(output))}" + (f" and {escape(str(report))}" if report else ""), highlight=False)
+
+
+def _is_html(path: Path) -> bool:
+    return path.suffix.lower() in (".html", ".htm")
+
+
+@app.command("report")
+def render_report(
+    report_json: Annotated[Path, typer.Argument(metavar="REPORT.json", help="A JSON report written by `optimize --report`.", show_default=False)],
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", metavar="OUT.html", help="Where to write the page (default: REPORT.html beside it).")
+    ] = None,
+) -> None:
+    """Render a saved JSON report as one self-contained HTML page (opens offline)."""
+    from graphopt.report.html import load_report_document, write_html
+
+    output = output or report_json.with_suffix(".html")
+    with _user_errors():
+        if os.path.realpath(output) == os.path.realpath(report_json):
+            raise GraphoptError(f"{output}: the page would overwrite the JSON report")
+        document = load_report_document(report_json)
+        _check_writable_folder(output, "output")
+        write_html(document, output)
+    print(f"wrote {output}")
 
 
 @app.command("patterns")
@@ -324,6 +360,55 @@ def _short(location: Any) -> str:
         return f"{relative}:{rest}" if not relative.startswith("..") else text
     except ValueError:
         return text
+
+
+@app.command("explain")
+def explain_rules(
+    model: Annotated[Path, typer.Argument(help="The ONNX model to explain (it is not modified).", show_default=False)],
+    rule: Annotated[list[str] | None, typer.Option("--rule", metavar="NAME", help="Only this rule (repeatable).")] = None,
+    node: Annotated[
+        list[str] | None, typer.Option("--node", metavar="NAME", help="Only sites whose tried subgraph contains this node (repeatable).")
+    ] = None,
+    target: Annotated[str, typer.Option(metavar="TARGET", help="onnx, ort-cpu or ort-cuda, as for optimize.")] = "onnx",
+    patterns: Annotated[
+        list[Path] | None, typer.Option("--patterns", metavar="DIR", help="Extra pattern file or folder (repeatable).")
+    ] = None,
+    precision: Annotated[str, typer.Option(metavar="fp16|bf16", help="The precision optimize would convert to (it changes what fuses).")] = "fp32",
+    input_shape: Annotated[
+        list[str] | None,
+        typer.Option("--input-shape", metavar="NAME=D1,D2,...", help="Pin an input's shape (and the symbolic dims it names) first (repeatable)."),
+    ] = None,
+) -> None:
+    """Say, for each rule and each node it could start at, why it applied or which check failed. Writes nothing."""
+    from graphopt.api import OptimizeOptions
+    from graphopt.explain import explain, print_explanation
+    from graphopt.ops.targets import get_target
+    from graphopt.passes.precision import parse_precision
+
+    with _user_errors():
+        get_target(target)
+        options = OptimizeOptions(target=target, patterns=[str(p) for p in patterns or []], precision=parse_precision(precision))
+        explanation = explain(model, options, rules=list(rule or []), nodes=list(node or []), input_shapes=_parse_shapes(input_shape or []))
+    print_explanation(explanation, Console())
+
+
+@app.command("diff")
+def diff_models(
+    a: Annotated[Path, typer.Argument(metavar="A.onnx", help="The model before (e.g. the input of optimize).", show_default=False)],
+    b: Annotated[Path, typer.Argument(metavar="B.onnx", help="The model after (e.g. optimize's output).", show_default=False)],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the difference as JSON.")] = False,
+) -> None:
+    """Nodes removed, added and changed from A to B, grouped by the rewrite that made them where B says so."""
+    import json
+
+    from graphopt.diff import diff_files, print_diff
+
+    with _user_errors():
+        result = diff_files(a, b)
+    if as_json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        print_diff(result, Console())
 
 
 @app.command()

@@ -207,7 +207,7 @@ def make_inputs(model: ir.Model, shapes: Mapping[str, list[int]], seed: int) -> 
             array = np.full(shape, "a", dtype=object)
         else:
             raise VerificationError(f"cannot make random inputs of type {value.dtype.name} (input '{name}')")
-        feeds[name] = array
+        feeds[name] = np.asarray(array)  # numpy gives a scalar, not an array, for shape (); onnxruntime wants arrays
     return feeds
 
 

@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
+from graphopt.ir import provenance as provenance_keys
 from graphopt.pattern.ir import MISSING
 
 __all__ = ["OnnxView", "DTYPE_NAMES", "dtype_name", "onnx_dtype_from_name"]
@@ -301,9 +302,13 @@ class OnnxView:
         new_nodes: Sequence[ir.Node],
         replacements: Sequence[tuple[ir.Value, ir.Value]],
         matched: Sequence[ir.Node],
+        *,
+        provenance: Mapping[str, str] | None = None,
     ) -> list[ir.Node]:
         graph = root.graph
         assert graph is not None, "the root of a rewrite is in the graph"
+        # Named before the redirects below rename the replaced outputs (unnamed nodes are labelled by them).
+        labels = {id(n): self.label(n) for n in matched} if provenance is not None else {}
         pending, self._pending_constants = self._pending_constants, []
         self._pending_nodes, self._pending_initializers = [], []
         to_insert = [*pending, *new_nodes]
@@ -313,9 +318,10 @@ class OnnxView:
             producer = new.producer()
             is_new = producer is not None and id(producer) in new_set and not new.is_graph_output()
             if old.is_graph_output() and not is_new and _only_used_by(new, matched_set) and producer is not None \
-                    and not new.is_graph_input() and not new.is_initializer():
+                    and not new.is_graph_input() and not new.is_initializer() and not new.is_graph_output():
                 # An existing value read only by the nodes this rewrite removes can take the
-                # output's name (no untouched node refers to it), instead of an Identity copy.
+                # output's name (no untouched node refers to it), instead of an Identity copy;
+                # not when it is a graph output itself, whose name must stay too.
                 is_new = True
             if old.is_graph_output() and not is_new:
                 if id(new) in self._new_initializers and not new.uses() and new.name and new.const_value is not None:
@@ -340,7 +346,10 @@ class OnnxView:
         touched: list[ir.Node] = []
         for _, new in replacements:
             touched.extend(use.node for use in new.uses())
-        touched.extend(self._erase_unused(list(matched)))
+        erased: list[ir.Node] = []
+        touched.extend(self._erase_unused(list(matched), erased))
+        if provenance is not None:
+            provenance_keys.record_rewrite(to_insert, erased, labels, provenance, [new for _, new in replacements])
         return touched
 
     def redirect(self, old: ir.Value, new: ir.Value, *, take_name: bool = True) -> None:
@@ -358,8 +367,8 @@ class OnnxView:
             new.shape = old.shape
         old.replace_all_uses_with(new, replace_graph_outputs=True)
 
-    def _erase_unused(self, candidates: list[ir.Node]) -> list[ir.Node]:
-        """Erase candidates without users, then producers left without users.
+    def _erase_unused(self, candidates: list[ir.Node], erased: list[ir.Node] | None = None) -> list[ir.Node]:
+        """Erase candidates without users, then producers left without users (appended to `erased`).
 
         Returns surviving producers whose use counts dropped (worth another look)."""
         survivors: list[ir.Node] = []
@@ -382,6 +391,8 @@ class OnnxView:
             for i in range(len(node.inputs)):
                 node.replace_input_with(i, None)
             graph.remove(node)
+            if erased is not None:
+                erased.append(node)
             candidates.extend(p for p in producers if p is not None and p.graph is graph)
         return survivors
 

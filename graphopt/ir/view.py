@@ -97,10 +97,15 @@ class GraphView(Protocol):
         new_nodes: Sequence[Node],
         replacements: Sequence[tuple[Value, Value]],
         matched: Sequence[Node],
+        *,
+        provenance: Mapping[str, str] | None = None,
     ) -> list[Node]:
         """Insert `new_nodes` before `root`, redirect every use of each old value to its
         replacement (graph outputs keep their names), and erase the matched nodes and
-        other producers left without users. Returns the nodes whose inputs changed."""
+        other producers left without users. Returns the nodes whose inputs changed.
+
+        `provenance` (graphopt.ir.provenance's keys) is recorded on every inserted node,
+        with the names of the nodes the commit erased."""
 
     def discard_pending(self) -> None:
         """Forget constants made for a rewrite that will not be committed."""

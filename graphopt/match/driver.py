@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from graphopt.ir import provenance
 from graphopt.ir.view import GraphView
 from graphopt.match.matcher import Failure, Match, Matcher, OpBinding
 from graphopt.match.rewrite import plan_rewrite
@@ -24,8 +25,9 @@ from graphopt.ops.targets import Target
 from graphopt.pattern.ir import Rule
 from graphopt.pattern.native import RewriteDeclined
 from graphopt.report.model import NearMiss, Report, RewriteRecord
+from graphopt.report.snapshot import capture_snapshot
 
-__all__ = ["RuleSet", "DriverOptions", "apply_rules"]
+__all__ = ["RuleSet", "DriverOptions", "Attempt", "apply_rules"]
 
 
 class RuleSet:
@@ -55,9 +57,29 @@ class DriverOptions:
     trace: bool = True
     #: Also keep every failed attempt in `report.trace` (for `graphopt optimize --trace`).
     trace_all: bool = False
+    #: Record each rewrite's matched subgraph and replacement (drawn by the HTML report).
+    snapshots: bool = True
     #: The precision conversion that follows the rules (a `graphopt.passes.precision.PrecisionPlan`):
     #: new nodes are checked against the target in the type they will run in after it.
     precision: Any = None
+    #: Called with every attempt, applied or not (`graphopt explain` listens here).
+    observe: Callable[[Attempt], None] | None = None
+    #: Record on each inserted node which rule and rewrite made it (graphopt.ir.provenance).
+    provenance: bool = True
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One rule tried at one node, as `DriverOptions.observe` hears of it."""
+
+    rule: str
+    scope: str
+    node: str  # the root's label
+    op: str
+    tried: tuple[str, ...]  # labels of the nodes matched (up to the failure, when it failed)
+    miss: NearMiss | None = None  # why it did not apply
+    rewrite: RewriteRecord | None = None  # what it did, when it applied
+    removed: tuple[str, ...] = ()  # labels of the matched nodes the rewrite erased
 
 
 def rewrite_key(view: GraphView, rule: Rule, root: Any) -> tuple[str, str]:
@@ -96,12 +118,16 @@ def apply_rules(view: GraphView, rules: RuleSet, target: Target, report: Report,
                     stats.attempts += 1
                     trace_into = report if options.trace_all else None
                     if isinstance(outcome, Failure):
-                        if options.trace:
-                            _near_miss(view, stats, rule, node, scope_label, outcome, trace_into)
+                        if options.trace or options.observe is not None:
+                            _near_miss(view, stats, rule, node, scope_label, outcome, trace_into, options.observe)
                         continue
                     stats.matches += 1
                     key = rewrite_key(view, rule, node)
                     if key in options.blocked or (options.allow is not None and not options.allow(*key)):
+                        if options.observe is not None:
+                            left_out = Failure(len(outcome.nodes) + 2, node, "matched, but left out (blocked by --verify)", outcome.nodes)
+                            miss = _miss(view, rule, node, scope_label, left_out)
+                            options.observe(_attempt(view, rule, node, scope_label, outcome.nodes, miss=miss))
                         continue
                     if applied >= budget:
                         report.limit_reached = True
@@ -109,28 +135,45 @@ def apply_rules(view: GraphView, rules: RuleSet, target: Target, report: Report,
                     try:
                         planned = plan_rewrite(view, outcome)
                     except RewriteDeclined as declined:
-                        _near_miss(view, stats, rule, node, scope_label, Failure(len(outcome.nodes) + 2, node, str(declined)), trace_into)
+                        declined_at = Failure(len(outcome.nodes) + 2, node, str(declined), outcome.nodes)
+                        _near_miss(view, stats, rule, node, scope_label, declined_at, trace_into, options.observe)
                         continue
                     problem = _target_problem(view, target, planned.new_nodes, options.precision, outcome.nodes)
                     if problem is not None:
                         view.discard_pending()
-                        _near_miss(view, stats, rule, node, scope_label, Failure(len(outcome.nodes) + 2, node, problem), trace_into)
+                        refused = Failure(len(outcome.nodes) + 2, node, problem, outcome.nodes)
+                        _near_miss(view, stats, rule, node, scope_label, refused, trace_into, options.observe)
                         continue
                     leaves = _leaf_producers(view, outcome)
-                    touched = view.commit(node, planned.new_nodes, planned.replacements, outcome.nodes)
+                    # The matched nodes are erased by the commit: picture them first.
+                    before = capture_snapshot(view, outcome.nodes) if options.snapshots else None
+                    matched = list(dict.fromkeys(view.label(n) for n in outcome.nodes))
+                    tried = tuple(view.label(n) for n in outcome.nodes) if options.observe is not None else ()
+                    index = report.next_index()
+                    made_by = {provenance.RULE_KEY: rule.name, provenance.REWRITE_KEY: str(index)} if options.provenance else None
+                    touched = view.commit(node, planned.new_nodes, planned.replacements, outcome.nodes, provenance=made_by)
                     applied += 1
                     stats.applications += 1
                     stats.rewrites.append(
                         RewriteRecord(
-                            index=report.next_index(),
+                            index=index,
                             rule=rule.name,
                             scope=scope_label,
                             node=key[1],
                             op=view.op_key(node)[1],
                             removed=sum(1 for n in outcome.nodes if view.scope_of(n) is not scope),
                             added=[_op_name(view.op_key(n)) for n in planned.new_nodes],
+                            matched=matched,
+                            before=before,
+                            after=capture_snapshot(view, planned.new_nodes, [new for _, new in planned.replacements])
+                            if options.snapshots
+                            else None,
                         )
                     )
+                    if options.observe is not None:
+                        erased = tuple(label for n, label in zip(outcome.nodes, tried) if view.scope_of(n) is not scope)
+                        record = stats.rewrites[-1]
+                        options.observe(_attempt(view, rule, node, scope_label, outcome.nodes, tried, rewrite=record, removed=erased))
                 finally:
                     stats.time_s += time.perf_counter() - started
                 push(leaves)
@@ -213,9 +256,29 @@ def _target_problem(view: GraphView, target: Target, new_nodes: list[Any], preci
 
 
 
-def _near_miss(view: GraphView, stats: Any, rule: Rule, root: Any, scope_label: str, failure: Failure, trace_into: Report | None = None) -> None:
+def _near_miss(
+    view: GraphView,
+    stats: Any,
+    rule: Rule,
+    root: Any,
+    scope_label: str,
+    failure: Failure,
+    trace_into: Report | None = None,
+    observe: Callable[[Attempt], None] | None = None,
+) -> None:
+    miss = _miss(view, rule, root, scope_label, failure)
+    stats.add_near_miss(miss)
+    if trace_into is not None:
+        if trace_into.trace is None:
+            trace_into.trace = []
+        trace_into.trace.append(miss)
+    if observe is not None:
+        observe(_attempt(view, rule, root, scope_label, failure.nodes, miss=miss))
+
+
+def _miss(view: GraphView, rule: Rule, root: Any, scope_label: str, failure: Failure) -> NearMiss:
     failed_at = failure.node
-    miss = NearMiss(
+    return NearMiss(
             rule=rule.name,
             scope=scope_label,
             node=view.label(root),
@@ -224,8 +287,10 @@ def _near_miss(view: GraphView, stats: Any, rule: Rule, root: Any, scope_label: 
             reason=failure.reason,
             depth=failure.depth,
     )
-    stats.add_near_miss(miss)
-    if trace_into is not None:
-        if trace_into.trace is None:
-            trace_into.trace = []
-        trace_into.trace.append(miss)
+
+
+def _attempt(
+    view: GraphView, rule: Rule, root: Any, scope_label: str, nodes: Iterable[Any], labels: tuple[str, ...] | None = None, **outcome: Any
+) -> Attempt:
+    tried = labels if labels is not None else tuple(view.label(n) for n in nodes)
+    return Attempt(rule.name, scope_label, tried[0] if tried else view.label(root), view.op_key(root)[1], tried, **outcome)

@@ -59,6 +59,8 @@ class Failure:
     depth: int  # ops matched before failing; deeper = nearer miss
     node: Any  # where it failed (a node, or None when a value had no producer)
     reason: str
+    #: The nodes matched before the failure (the part of the subgraph that was tried).
+    nodes: tuple[Any, ...] = ()
 
 
 class MatchContext:
@@ -145,7 +147,7 @@ class Matcher:
                 problem = self._check_constraints(rule, env.bindings, ctx)
             if problem is None:
                 return Match(rule, root, self._complete(rule, env.bindings), nodes)
-            self._fail(len(nodes) + 1, problem[0], problem[1])
+            self._fail(len(nodes) + 1, problem[0], problem[1], nodes)
         return self._best or Failure(0, root, "no match")
 
     def _complete(self, rule: Rule, bindings: dict[str, Any]) -> dict[str, Any]:
@@ -156,9 +158,9 @@ class Matcher:
         missing = names.difference(bindings)
         return {**bindings, **dict.fromkeys(missing)} if missing else bindings
 
-    def _fail(self, depth: int, node: Any, reason: str) -> None:
+    def _fail(self, depth: int, node: Any, reason: str, matched: tuple[Any, ...] = ()) -> None:
         if self._best is None or depth > self._best.depth:
-            self._best = Failure(depth, node, reason)
+            self._best = Failure(depth, node, reason, matched)
 
     # ---------------------------------------------------------------- values
     def _match_value(self, p: MatchNode, value: Any, env: _Env, depth: int) -> Iterator[_Env]:
@@ -176,44 +178,45 @@ class Matcher:
             if p.optional:
                 yield env if p.name == "_" else env.bind(p.name, None)
             else:
-                self._fail(depth, env.nodes[-1] if env.nodes else None, f"operand '{p.name}' is missing")
+                self._fail(depth, env.nodes[-1] if env.nodes else None, f"operand '{p.name}' is missing", env.nodes)
             return
         if p.name != "_" and p.name in env.bindings:
             bound = env.bindings[p.name]
             if bound is value:
                 yield env
             else:
-                self._fail(depth, self.view.producer(value), f"'{p.name}' must be the same value in both places")
+                self._fail(depth, self.view.producer(value), f"'{p.name}' must be the same value in both places", env.nodes)
             return
         for constraint in p.constraints:
             reason = self._check_value_constraint(constraint, value)
             if reason is not None:
-                self._fail(depth, self.view.producer(value), f"'{p.name}' {reason}")
+                self._fail(depth, self.view.producer(value), f"'{p.name}' {reason}", env.nodes)
                 return
         yield env if p.name == "_" else env.bind(p.name, value)
 
     def _match_op_value(self, p: OpMatch, value: Any, env: _Env, depth: int) -> Iterator[_Env]:
         where = env.nodes[-1] if env.nodes else None
         if value is None:
-            self._fail(depth, where, f"expected {_op_name(p)}, but the operand is missing")
+            self._fail(depth, where, f"expected {_op_name(p)}, but the operand is missing", env.nodes)
             return
         if p.name and p.name in env.bindings:
             bound = env.bindings[p.name]
             if isinstance(bound, OpBinding) and bound.value is value:
                 yield env
             else:
-                self._fail(depth, where, f"'{p.name}' must be the same node in both places")
+                self._fail(depth, where, f"'{p.name}' must be the same node in both places", env.nodes)
             return
         producer = self.view.producer(value)
         if producer is None:
             kind = "a constant" if self.view.is_const(value) else "a graph input"
-            self._fail(depth, where, f"expected {_op_name(p)}, got {kind}")
+            self._fail(depth, where, f"expected {_op_name(p)}, got {kind}", env.nodes)
             return
         if self.view.scope_of(producer) is not self._scope:
-            self._fail(depth, where, f"expected {_op_name(p)} in the same graph, got a value from an outer scope")
+            self._fail(depth, where, f"expected {_op_name(p)} in the same graph, got a value from an outer scope", env.nodes)
             return
         if self.view.output_index(value) != p.output:
-            self._fail(depth, producer, f"uses output {self.view.output_index(value)} of {_op_name(p)}, pattern wants output {p.output}")
+            index = self.view.output_index(value)
+            self._fail(depth, producer, f"uses output {index} of {_op_name(p)}, pattern wants output {p.output}", env.nodes)
             return
         yield from self._match_node(p, producer, env, depth)
 
@@ -222,7 +225,7 @@ class Matcher:
         view = self.view
         key = view.op_key(node)
         if key != (p.domain, p.op_type):
-            self._fail(depth, node, f"expected {_op_name(p)}, got {_key_name(key)}")
+            self._fail(depth, node, f"expected {_op_name(p)}, got {_key_name(key)}", env.nodes)
             return
         for a in p.attrs:
             actual = view.attr(node, a.name)
@@ -230,16 +233,16 @@ class Matcher:
                 actual = a.default
             if a.literal is not MISSING:
                 if actual is MISSING:
-                    self._fail(depth, node, f"attribute {a.name} is not set (pattern wants {_fmt(a.literal)})")
+                    self._fail(depth, node, f"attribute {a.name} is not set (pattern wants {_fmt(a.literal)})", env.nodes)
                     return
                 if not _same_attr(actual, a.literal):
-                    self._fail(depth, node, f"attribute {a.name} = {_fmt(actual)}, pattern wants {_fmt(a.literal)}")
+                    self._fail(depth, node, f"attribute {a.name} = {_fmt(actual)}, pattern wants {_fmt(a.literal)}", env.nodes)
                     return
             if a.bind:
                 value = None if actual is MISSING else actual
                 if a.bind in env.bindings:
                     if not _same_attr(env.bindings[a.bind], value):
-                        self._fail(depth, node, f"attribute {a.name} differs from '{a.bind}' bound earlier")
+                        self._fail(depth, node, f"attribute {a.name} differs from '{a.bind}' bound earlier", env.nodes)
                         return
                 else:
                     env = env.bind(a.bind, value)
@@ -249,7 +252,7 @@ class Matcher:
         required = sum(1 for o in p.operands if not (isinstance(o, Var) and o.optional))
         if not required <= len(inputs) <= len(p.operands):
             want = f"{required}" if required == len(p.operands) else f"{required} to {len(p.operands)}"
-            self._fail(depth, node, f"{_key_name(key)} has {len(inputs)} inputs, pattern wants {want}")
+            self._fail(depth, node, f"{_key_name(key)} has {len(inputs)} inputs, pattern wants {want}", env.nodes)
             return
         inputs.extend([None] * (len(p.operands) - len(inputs)))
         env = env.add_node(node, p.shared)

@@ -1,5 +1,5 @@
 """The rewrite report: one data model, filled by the driver and passes, rendered as
-JSON (schema in docs/report-schema.md), in the terminal, and later as HTML.
+JSON (schema in docs/report-schema.md), in the terminal, and as self-contained HTML.
 
 Bump `SCHEMA_VERSION` on any change that removes or renames a field; adding a
 field is compatible.
@@ -25,8 +25,14 @@ __all__ = [
     "Verification",
     "LayoutSummary",
     "PrecisionSummary",
+    "Latency",
+    "SnapshotNode",
+    "SnapshotValue",
+    "SnapshotEdge",
+    "GraphSnapshot",
     "Report",
     "MAX_NEAR_MISSES",
+    "MAX_LOCATIONS",
 ]
 
 SCHEMA_NAME = "graphopt.report"
@@ -40,6 +46,46 @@ _tiebreak = itertools.count()
 
 
 @dataclass
+class SnapshotNode:
+    """A node of a snapshot: its name (as `GraphView.label` gives it) and op type."""
+
+    name: str
+    op: str
+
+
+@dataclass
+class SnapshotValue:
+    """A value crossing a snapshot's boundary: read from outside, or used outside."""
+
+    name: str
+    dtype: str | None  # short name: f32, f16, i64, ... (None: unknown)
+    shape: list[int | str | None] | None  # symbolic dims as names (None: unknown rank)
+    const: bool = False  # an initializer or constant, not computed
+
+
+@dataclass
+class SnapshotEdge:
+    """A value flowing from `src` to `dst`: "n<k>" is nodes[k], "i<k>" inputs[k], "o<k>" outputs[k]."""
+
+    src: str
+    dst: str
+    dtype: str | None
+    shape: list[int | str | None] | None
+
+
+@dataclass
+class GraphSnapshot:
+    """A small picture of a subgraph: the nodes a rule matched (before) or inserted (after),
+    with the values entering and leaving it. Captured by graphopt.report.snapshot."""
+
+    nodes: list[SnapshotNode]
+    inputs: list[SnapshotValue]
+    outputs: list[SnapshotValue]
+    edges: list[SnapshotEdge]
+    truncated: int = 0  # nodes left out beyond the size cap
+
+
+@dataclass
 class RewriteRecord:
     """One applied rewrite: which rule, at which node, what it replaced."""
 
@@ -50,6 +96,9 @@ class RewriteRecord:
     op: str
     removed: int  # nodes erased
     added: list[str]  # op types of the nodes inserted
+    matched: list[str] = field(default_factory=list)  # names of the matched nodes, root first
+    before: GraphSnapshot | None = None  # the matched subgraph just before the rewrite
+    after: GraphSnapshot | None = None  # the inserted nodes just after it
 
 
 @dataclass
@@ -109,11 +158,12 @@ class GraphSummary:
     nodes: int
     ops: dict[str, int]
     initializers: int = 0
+    parameters: int = 0  # elements in the main graph's initializers
 
     @classmethod
-    def of(cls, op_types: list[str], initializers: int = 0) -> GraphSummary:
+    def of(cls, op_types: list[str], initializers: int = 0, parameters: int = 0) -> GraphSummary:
         counts = Counter(op_types)
-        return cls(len(op_types), dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))), initializers)
+        return cls(len(op_types), dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))), initializers, parameters)
 
 
 @dataclass
@@ -165,6 +215,16 @@ class LayoutSummary:
 
 
 @dataclass
+class Latency:
+    """Measured run time of the model before and after (milliseconds; None: not measured)."""
+
+    before_ms: float | None = None
+    after_ms: float | None = None
+    provider: str = ""  # where it was measured, e.g. "CUDAExecutionProvider"
+    runs: int = 0
+
+
+@dataclass
 class Report:
     target: str
     input_path: str | None = None
@@ -185,6 +245,8 @@ class Report:
     precision_conversion: PrecisionSummary | None = None
     #: The NHWC layout pass's summary (ort-cuda only; None when it did not run).
     layout: LayoutSummary | None = None
+    #: Run time before and after, when something measured it (None otherwise).
+    latency: Latency | None = None
     _applied: int = 0
 
     # ----------------------------------------------------------- recording

@@ -1,0 +1,128 @@
+"""Provenance: which rewrite or pass made a node, kept in the ONNX node's metadata_props.
+
+The keys travel with the saved model, so `graphopt diff` (and any ONNX tool) can
+tell which rule made a node and which of the input's nodes it stands in for:
+
+    graphopt.rule      the rule whose rewrite made the node
+    graphopt.rewrite   that rewrite's index in the report (RewriteRecord.index)
+    graphopt.replaced  comma-separated names of the input model's nodes the rewrite
+                       replaced, with those replaced by the earlier rewrites it
+                       builds on (and by later ones that only rewired onto its
+                       nodes); cut at MAX_REPLACED_CHARS, ending in ",…" when cut
+    graphopt.pass      the pass that made the node (constant_folding, precision, ...)
+
+Only nodes graphopt inserts get these keys: untouched nodes stay byte-identical.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+
+import onnx_ir as ir
+
+__all__ = [
+    "RULE_KEY",
+    "REWRITE_KEY",
+    "REPLACED_KEY",
+    "PASS_KEY",
+    "MAX_REPLACED_CHARS",
+    "TRUNCATED",
+    "join_names",
+    "split_names",
+    "replaced_names",
+    "record_rewrite",
+    "tag_new_nodes",
+]
+
+RULE_KEY = "graphopt.rule"
+REWRITE_KEY = "graphopt.rewrite"
+REPLACED_KEY = "graphopt.replaced"
+PASS_KEY = "graphopt.pass"
+#: Bound on the length of a graphopt.replaced value (a fused attention replaces tens of nodes).
+MAX_REPLACED_CHARS = 4000
+#: The last item of a list that was cut.
+TRUNCATED = "…"
+
+
+def join_names(names: Iterable[str]) -> str:
+    """Comma-separated, in order, without repeats; cut (ending in ",…") past MAX_REPLACED_CHARS."""
+    kept: list[str] = []
+    length = 0
+    for name in dict.fromkeys(n for n in names if n):
+        if length + len(name) + 1 > MAX_REPLACED_CHARS or name == TRUNCATED:
+            kept.append(TRUNCATED)
+            break
+        kept.append(name)
+        length += len(name) + 1
+    return ",".join(kept)
+
+
+def split_names(text: str) -> list[str]:
+    """The names of a graphopt.replaced value (the cut mark left out)."""
+    return [name for name in text.split(",") if name and name != TRUNCATED]
+
+
+def replaced_names(erased: Iterable[ir.Node], labels: Mapping[int, str]) -> str:
+    """graphopt.replaced for the nodes a rewrite erased.
+
+    A node an earlier rewrite made stands for the input nodes that rewrite replaced:
+    its own (generated) name is no node of the input, so its list is inherited instead.
+    Nodes a pass made are left out for the same reason. `labels` holds the names of
+    matched nodes taken before the commit renamed their outputs (unnamed nodes are
+    labelled after their first output)."""
+    names: list[str] = []
+    for node in erased:
+        inherited = node.metadata_props.get(REPLACED_KEY)
+        if inherited is not None:
+            names.extend(inherited.split(","))
+        elif PASS_KEY not in node.metadata_props:
+            names.append(labels.get(id(node)) or node.name or "")
+    return join_names(names)
+
+
+def record_rewrite(
+    inserted: Sequence[ir.Node], erased: Iterable[ir.Node], labels: Mapping[int, str], made_by: Mapping[str, str], results: Sequence[ir.Value]
+) -> None:
+    """Write a committed rewrite's provenance (`made_by`: rule and index) on the nodes it inserted.
+
+    A rewrite that only rewires (a Transpose with the identity perm -> its input) inserts
+    no node to carry graphopt.replaced. A node an earlier rewrite made next to the rewired
+    value (its producer, else one of its readers) takes the erased names on instead, so
+    what a chain of rewrites removed stays with the fused node it ends in."""
+    replaced = replaced_names(erased, labels)
+    for node in inserted:
+        node.metadata_props.update(made_by)
+        node.metadata_props[REPLACED_KEY] = replaced
+    if inserted or not replaced:
+        return
+    neighbours = [*(v.producer() for v in results), *(use.node for v in results for use in v.uses())]
+    for neighbour in neighbours:
+        if neighbour is not None and RULE_KEY in neighbour.metadata_props:
+            props = neighbour.metadata_props
+            props[REPLACED_KEY] = join_names([*props.get(REPLACED_KEY, "").split(","), *replaced.split(",")])
+            return
+
+
+def _all_nodes(model: ir.Model) -> Iterator[ir.Node]:
+    yield from ir.traversal.RecursiveGraphIterator(model.graph)
+    for function in model.functions.values():
+        yield from ir.traversal.RecursiveGraphIterator(function)
+
+
+@contextmanager
+def tag_new_nodes(model: ir.Model, pass_name: str) -> Iterator[None]:
+    """Mark the nodes that appear during the block (and carry no provenance yet) as made by `pass_name`.
+
+    One walk over the model before and one after: linear, like the passes it wraps."""
+    before = list(_all_nodes(model))  # held, so that no new node can reuse a freed node's id
+    known = set(map(id, before))
+    yield
+    for node in _all_nodes(model):
+        if id(node) not in known and not _has_provenance(node.metadata_props):
+            node.metadata_props[PASS_KEY] = pass_name
+    del before
+
+
+def _has_provenance(props: Mapping[str, str]) -> bool:
+    return RULE_KEY in props or PASS_KEY in props

@@ -1,0 +1,630 @@
+"""The rewrite report as one self-contained HTML page.
+
+    graphopt optimize M.onnx -o O.onnx --report report.html
+    graphopt report report.json -o report.html
+
+The page is rendered from the report's JSON form (docs/report-schema.md), so both
+commands give the same page. It has a summary (model, target, nodes, parameters and
+op histogram before and after, verification, latency, times), a table of the rules,
+every rewrite with the matched subgraph before and its replacement after (drawn by
+Graphviz `dot`), the near-misses with a hint where one is known, and a filter by
+rule, op type or node name. Everything is inline (CSS, a little vanilla JS, SVG):
+the page fetches nothing and opens offline.
+
+Size stays bounded on deep models: drawings show op types and value types, not
+names, so the same rewrite in every layer gives one drawing, kept once in a
+<template> and copied into a rewrite when it is opened.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from collections.abc import Mapping
+from html import escape
+from pathlib import Path
+from typing import Any
+
+from graphopt.errors import GraphoptError
+from graphopt.report.hints import hint_for
+from graphopt.report.model import MAX_LOCATIONS, SCHEMA_NAME, SCHEMA_VERSION, Report
+from graphopt.report.snapshot import GraphvizUnavailable, format_type, render_svgs, snapshot_to_dot
+
+__all__ = ["render_html", "write_html", "load_report_document", "check_document"]
+
+#: Near-misses at this depth or less (the failure came at the root or its first operand)
+#: are hidden until asked for: on a large model they are mostly "expected Mul, got Add".
+SHALLOW_DEPTH = 1
+_SUMMARY_TIMING = ' elementtiming="summary"'
+
+
+# ------------------------------------------------------------------ input
+
+
+def load_report_document(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a JSON report written by `graphopt optimize --report FILE.json`.
+
+    Raises GraphoptError (one line) when the file is not JSON or not a graphopt report;
+    OSError when it cannot be read."""
+    path = Path(path)
+    if path.is_dir():
+        raise GraphoptError(f"{path}: is a directory, not a JSON report")
+    text = path.read_text(encoding="utf-8", errors="replace")
+    if not text.strip():
+        raise GraphoptError(f"{path}: the file is empty, not a JSON report")
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise GraphoptError(f"{path}: not valid JSON: {error.msg} (line {error.lineno}, column {error.colno})") from None
+    check_document(document, str(path))
+    return document
+
+
+def check_document(document: Any, where: str = "report") -> None:
+    """The checks rendering relies on: a graphopt report of a version this graphopt reads,
+    with its lists and objects where they belong. Other fields may be missing or extra."""
+    if not isinstance(document, dict) or document.get("schema") != SCHEMA_NAME:
+        raise GraphoptError(f"{where}: not a graphopt report (no \"schema\": \"{SCHEMA_NAME}\" at the top)")
+    version = document.get("version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise GraphoptError(f"{where}: the report has no integer \"version\"")
+    if version > SCHEMA_VERSION:
+        raise GraphoptError(f"{where}: report version {version} is newer than this graphopt reads ({SCHEMA_VERSION}); upgrade graphopt")
+    for key in ("before", "after", "verification", "latency", "times_s"):
+        if document.get(key) is not None and not isinstance(document[key], dict):
+            raise GraphoptError(f"{where}: \"{key}\" is not an object")
+    for key in ("rules", "passes", "warnings"):
+        if document.get(key) is not None and not isinstance(document[key], list):
+            raise GraphoptError(f"{where}: \"{key}\" is not a list")
+    for i, rule in enumerate(document.get("rules") or []):
+        if not isinstance(rule, dict) or not isinstance(rule.get("name"), str):
+            raise GraphoptError(f"{where}: rules[{i}] is not a rule (an object with a \"name\")")
+        for key in ("rewrites", "near_misses"):
+            items = rule.get(key)
+            if items is not None and (not isinstance(items, list) or not all(isinstance(item, dict) for item in items)):
+                raise GraphoptError(f"{where}: rules[{i}].{key} is not a list of objects")
+
+
+# ------------------------------------------------------------------ output
+
+
+def write_html(report: Report | Mapping[str, Any], path: str | os.PathLike[str], *, dot: str | None = "dot") -> None:
+    """Render the report (a Report, or its JSON form) and write it atomically."""
+    text = render_html(report, dot=dot)  # before touching the disk: a failure leaves nothing behind
+    path = Path(path)
+    folder = path.parent if str(path.parent) else Path(".")
+    fd, staged = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(staged, path)
+    except BaseException:
+        try:
+            os.unlink(staged)
+        except OSError:
+            pass
+        raise
+
+
+def render_html(report: Report | Mapping[str, Any], *, dot: str | None = "dot") -> str:
+    """The page as a string. `dot` names Graphviz's executable (None: draw nothing)."""
+    if isinstance(report, Report):
+        from graphopt.report.render import report_to_json
+
+        document: Mapping[str, Any] = json.loads(report_to_json(report))  # exactly what the JSON file holds
+    else:
+        document = report
+    check_document(document)
+    return _Page(document, dot).render()
+
+
+# ------------------------------------------------------------------ reading helpers
+# The document may come from an older graphopt or a hand-edited file: fields are read
+# with a default instead of trusted.
+
+
+def _e(value: Any) -> str:
+    return escape(str(value), quote=True)
+
+
+def _get(obj: Any, key: str, kind: type | tuple[type, ...], default: Any) -> Any:
+    value = obj.get(key) if isinstance(obj, Mapping) else None
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if isinstance(value, bool) and bool not in kinds:  # JSON true is not the number 1
+        return default
+    return value if isinstance(value, kinds) else default
+
+
+def _int(obj: Any, key: str) -> int:
+    return int(_get(obj, key, (int, float), 0))
+
+
+def _str(obj: Any, key: str) -> str:
+    return str(_get(obj, key, str, ""))
+
+
+def _list(obj: Any, key: str) -> list[Any]:
+    return list(_get(obj, key, list, []))
+
+
+def _dict(obj: Any, key: str) -> dict[str, Any]:
+    return dict(_get(obj, key, dict, {}))
+
+
+def _with_code(text: str) -> str:
+    """Escaped text with `quoted` commands set as code."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", _e(text))
+
+
+def _count(n: int) -> str:
+    return f"{n:,}"
+
+
+def _short_count(n: int) -> str:
+    for limit, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(n) >= limit:
+            return f"{n / limit:.1f} {suffix}"
+    return str(n)
+
+
+def _seconds(t: Any) -> str:
+    if not isinstance(t, (int, float)):
+        return "–"
+    return f"{t * 1000:.1f} ms" if t < 1 else f"{t:.2f} s"
+
+
+def _change(before: int, after: int) -> str:
+    if not before:
+        return ""
+    pct = (after - before) / before * 100
+    return f"{pct:+.0f}%"
+
+
+# ------------------------------------------------------------------ drawings
+
+
+class _Drawings:
+    """Distinct DOT graphs, each drawn once and kept in one <template>."""
+
+    def __init__(self) -> None:
+        self.ids: dict[str, str] = {}  # DOT text -> template id
+
+    def add(self, snapshot: Any, kind: str) -> str | None:
+        if not isinstance(snapshot, dict) or not (snapshot.get("nodes") or snapshot.get("edges")):
+            return None
+        source = snapshot_to_dot(snapshot, kind)
+        return self.ids.setdefault(source, f"g{len(self.ids)}")
+
+    def templates(self, dot: str | None) -> tuple[str, str]:
+        """(templates HTML, note): the note is empty when every drawing was made."""
+        if not self.ids:
+            return "", ""
+        if dot is None:
+            return "", "Drawings are turned off."
+        try:
+            svgs = render_svgs(self.ids, dot)
+        except GraphvizUnavailable as why:
+            return "", f"No drawings: {why}."
+        return "".join(f'<template id="{tid}">{svg}</template>' for tid, svg in zip(self.ids.values(), svgs)), ""
+
+
+# ------------------------------------------------------------------ the page
+
+
+class _Page:
+    def __init__(self, document: Mapping[str, Any], dot: str | None) -> None:
+        self.doc = document
+        self.dot = dot
+        self.rules = [r for r in _list(document, "rules") if isinstance(r, dict)]
+        # At most MAX_LOCATIONS entries per rule, so a huge model still gives a page a browser opens.
+        self.rewrites = sorted(
+            (rw for rule in self.rules for rw in _list(rule, "rewrites")[:MAX_LOCATIONS] if isinstance(rw, dict)),
+            key=lambda rw: _int(rw, "index"),
+        )
+        self.drawings = _Drawings()
+
+    def render(self) -> str:
+        model = _str(self.doc, "input_path")
+        title = f"graphopt report: {Path(model).name}" if model else "graphopt report"
+        rewrites = self._rewrites()  # first: collects the drawings
+        templates, note = self.drawings.templates(self.dot)
+        body = "".join(
+            [
+                self._header(title),
+                self._summary(),
+                self._op_histogram(),
+                self._rules(),
+                rewrites.replace("<!--drawing-note-->", f'<p class="note">{_e(note)}</p>' if note else ""),
+                self._near_misses(),
+                self._passes(),
+                f'<footer>graphopt {_e(_str(_dict(self.doc, "tool"), "version"))} · report schema '
+                f'{_e(self.doc.get("schema"))} v{_e(self.doc.get("version"))}</footer>',
+            ]
+        )
+        return (
+            "<!DOCTYPE html>\n"
+            '<html lang="en"><head><meta charset="utf-8">'
+            '<meta name="viewport" content="width=device-width, initial-scale=1">'
+            f"<title>{_e(title)}</title><style>{_CSS}</style></head>\n"
+            f'<body><main>{body}</main>\n<div hidden id="drawings">{templates}</div>\n<script>{_JS}</script></body></html>\n'
+        )
+
+    # ---------------------------------------------------------- sections
+    def _header(self, title: str) -> str:
+        doc = self.doc
+        model, output = _str(doc, "input_path"), _str(doc, "output_path")
+        facts = [
+            ("model", model or "(in memory)"),
+            ("written to", output or "(not written)"),
+            ("target", _str(doc, "target") or "?"),
+            ("precision", _str(doc, "precision") or "unchanged"),
+        ]
+        items = "".join(f"<span><b>{_e(k)}</b> {_e(v)}</span>" for k, v in facts)
+        return f'<header><h1>{_e(title)}</h1><p class="facts">{items}</p></header>'
+
+    def _summary(self) -> str:
+        doc = self.doc
+        before, after = _dict(doc, "before"), _dict(doc, "after")
+        cards = [
+            ("rewrites", _count(_int(doc, "total_rewrites")), f"by {sum(1 for r in self.rules if _int(r, 'applications'))} rules"),
+            ("nodes", f"{_count(_int(before, 'nodes'))} → {_count(_int(after, 'nodes'))}", _change(_int(before, "nodes"), _int(after, "nodes"))),
+            (
+                "parameters",
+                f"{_short_count(_int(before, 'parameters'))} → {_short_count(_int(after, 'parameters'))}"
+                if "parameters" in before or "parameters" in after
+                else "–",
+                f"{_count(_int(before, 'initializers'))} → {_count(_int(after, 'initializers'))} initializers",
+            ),
+        ]
+        times = _dict(doc, "times_s")
+        # "rules" is part of "optimize"; the other steps follow one another.
+        total = sum(v for k, v in times.items() if isinstance(v, (int, float)) and k != "rules")
+        cards.append(("time", _seconds(total), ", ".join(f"{k} {_seconds(v)}" for k, v in times.items())))
+        verification = doc.get("verification")
+        if isinstance(verification, dict):
+            passed = verification.get("passed") is True
+            cards.append(("verification", "passed" if passed else "FAILED", _str(verification, "message")))
+        else:
+            cards.append(("verification", "not run", "pass --verify to compare outputs"))
+        cards.append(self._latency_card())
+        sweeps = _int(doc, "sweeps")
+        cards.append(("sweeps", str(sweeps), "limit reached: not a fixpoint" if doc.get("limit_reached") else "fixpoint reached"))
+        # elementtiming: browsers can report when the summary was first painted (benchmarks/report_html.py).
+        html = "".join(
+            f'<div class="card" data-card="{_e(name)}"><div class="k">{_e(name)}</div>'
+            f'<div class="v"{_SUMMARY_TIMING if i == 0 else ""}>{_e(value)}</div><div class="d">{_e(detail)}</div></div>'
+            for i, (name, value, detail) in enumerate(cards)
+        )
+        warnings = "".join(f"<li>{_e(w)}</li>" for w in _list(doc, "warnings"))
+        warn_html = f'<ul class="warnings">{warnings}</ul>' if warnings else ""
+        return f'<section id="summary"><h2>Summary</h2><div class="cards">{html}</div>{warn_html}{self._extras()}</section>'
+
+    def _latency_card(self) -> tuple[str, str, str]:
+        latency = self.doc.get("latency")
+        if not isinstance(latency, dict):
+            return ("latency", "not measured", "")
+        b, a = latency.get("before_ms"), latency.get("after_ms")
+        fmt = lambda ms: f"{ms:.2f} ms" if isinstance(ms, (int, float)) else "?"  # noqa: E731
+        speedup = f"{b / a:.2f}× faster" if isinstance(b, (int, float)) and isinstance(a, (int, float)) and a > 0 else ""
+        where = _str(latency, "provider")
+        detail = " · ".join(x for x in (speedup, where, f"{_int(latency, 'runs')} runs" if _int(latency, "runs") else "") if x)
+        return ("latency", f"{fmt(b)} → {fmt(a)}", detail)
+
+    def _extras(self) -> str:
+        """One line each for the layout pass and the precision conversion, when they ran."""
+        lines = []
+        layout = self.doc.get("layout")
+        if isinstance(layout, dict):
+            converted = ", ".join(f"{op} {n}" for op, n in _dict(layout, "converted").items()) or "none"
+            lines.append(
+                f"layout {_str(layout, 'mode')}: converted {converted}; transposes inserted {_int(layout, 'transposes_inserted')}, "
+                f"cancelled {_int(layout, 'transposes_cancelled')}, left {_int(layout, 'transposes')}"
+            )
+        conversion = self.doc.get("precision_conversion")
+        if isinstance(conversion, dict):
+            kept = ", ".join(f"{k} {v}" for k, v in _dict(conversion, "kept").items()) or "none"
+            lines.append(
+                f"precision {_str(conversion, 'precision')}: {_int(conversion, 'nodes_converted')} nodes converted, "
+                f"{_int(conversion, 'nodes_kept')} kept in fp32 ({kept}), {_int(conversion, 'casts_inserted')} casts inserted"
+            )
+        return "".join(f'<p class="extra">{_e(line)}</p>' for line in lines)
+
+    def _op_histogram(self) -> str:
+        before = _dict(_dict(self.doc, "before"), "ops")
+        after = _dict(_dict(self.doc, "after"), "ops")
+        ops = {*before, *after}
+        if not ops:
+            return ""
+
+        def n(counts: dict[str, Any], op: str) -> int:
+            value = counts.get(op, 0)
+            return int(value) if isinstance(value, (int, float)) else 0
+
+        order = sorted(ops, key=lambda op: (n(before, op) == n(after, op), -abs(n(after, op) - n(before, op)), -max(n(before, op), n(after, op)), op))
+        peak = max(max(n(before, op), n(after, op)) for op in ops) or 1
+        rows = []
+        for op in order:
+            b, a = n(before, op), n(after, op)
+            delta = a - b
+            cls = "changed" if delta else "same"
+            rows.append(
+                f'<tr class="{cls}" data-search="{_e(op.lower())}"><td class="op">{_e(op)}</td><td class="num">{b}</td><td class="num">{a}</td>'
+                f'<td class="num {"neg" if delta < 0 else "pos" if delta > 0 else ""}">{f"{delta:+d}" if delta else ""}</td>'
+                f'<td class="bars"><span class="bar b" style="width:{b / peak * 100:.1f}%"></span>'
+                f'<span class="bar a" style="width:{a / peak * 100:.1f}%"></span></td></tr>'
+            )
+        changed = sum(1 for op in ops if n(before, op) != n(after, op))
+        return (
+            '<section id="ops"><h2>Ops before and after</h2>'
+            f'<p class="muted">{changed} op types changed, {len(ops) - changed} unchanged. '
+            '<span class="legend"><span class="bar b"></span> before <span class="bar a"></span> after</span></p>'
+            '<table class="ops"><thead><tr><th>op</th><th>before</th><th>after</th><th>change</th><th></th></tr></thead>'
+            f'<tbody>{"".join(rows)}</tbody></table></section>'
+        )
+
+    def _rules(self) -> str:
+        tried = [r for r in self.rules if _int(r, "attempts") or _int(r, "applications")]
+        tried.sort(key=lambda r: (-_int(r, "applications"), -_int(r, "matches"), -_int(r, "attempts"), _str(r, "name")))
+        untried = sorted(_str(r, "name") for r in self.rules if r not in tried)
+        rows = []
+        for r in tried:
+            name = _str(r, "name")
+            time_s = r.get("time_s")
+            # Found by its name and by the ops it rewrote and inserted.
+            ops = {_str(rw, "op") for rw in _list(r, "rewrites")} | {str(a) for rw in _list(r, "rewrites") for a in _list(rw, "added")}
+            search = " ".join([name, *sorted(ops)]).lower()
+            rows.append(
+                f'<tr class="rule-row" data-rule="{_e(name)}" data-search="{_e(search)}">'
+                f'<td><a href="#rewrites" class="rule-link" data-rule="{_e(name)}">{_e(name)}</a>'
+                f'<div class="doc">{_e(_str(r, "doc"))}</div></td>'
+                f'<td class="num">{_int(r, "applications")}</td><td class="num">{_int(r, "matches")}</td>'
+                f'<td class="num">{_int(r, "attempts")}</td><td class="num">{_e(_seconds(time_s))}</td>'
+                f'<td class="src"><code>{_e(_str(r, "source"))}</code></td></tr>'
+            )
+        more = (
+            f'<details class="untried"><summary>{len(untried)} more rules loaded but never tried (no node has their root op)</summary>'
+            f'<p>{_e(", ".join(untried))}</p></details>'
+            if untried
+            else ""
+        )
+        return (
+            '<section id="rules"><h2>Rules</h2>'
+            '<table class="rules"><thead><tr><th>rule</th><th>applied</th><th>matched</th><th>attempts</th><th>time</th><th>source</th></tr></thead>'
+            f'<tbody>{"".join(rows)}</tbody></table>{more}</section>'
+        )
+
+    def _rewrites(self) -> str:
+        applied = sorted({_str(rw, "rule") for rw in self.rewrites})
+        options = "".join(f'<option value="{_e(name)}">{_e(name)}</option>' for name in applied)
+        rows = "".join(self._rewrite(rw) for rw in self.rewrites)
+        total = _int(self.doc, "total_rewrites")
+        kept_note = f"{total - len(self.rewrites)} more rewrites applied but not listed." if total > len(self.rewrites) else ""
+        return (
+            '<section id="rewrites"><h2>Rewrites</h2>'
+            '<div class="controls">'
+            '<input id="filter" type="search" placeholder="Filter by rule, op type or node name" aria-label="filter">'
+            f'<select id="rule-filter" aria-label="rule"><option value="">all rules</option>{options}</select>'
+            '<button type="button" id="expand">expand shown</button><button type="button" id="collapse">collapse all</button>'
+            f'<span id="shown">{len(self.rewrites)} of {len(self.rewrites)} rewrites</span></div>'
+            f"<!--drawing-note-->{'<p class=muted>' + _e(kept_note) + '</p>' if kept_note else ''}"
+            f'<div id="rewrite-list">{rows or "<p class=muted>No rewrite applied.</p>"}</div></section>'
+        )
+
+    def _rewrite(self, rw: dict[str, Any]) -> str:
+        rule, node, scope, op = _str(rw, "rule"), _str(rw, "node"), _str(rw, "scope") or "main", _str(rw, "op")
+        added = [str(a) for a in _list(rw, "added")]
+        before, after = rw.get("before"), rw.get("after")
+        matched_nodes = _list(before, "nodes") if isinstance(before, dict) else []
+        matched = [(_str(m, "name"), _str(m, "op")) for m in matched_nodes if isinstance(m, dict)]
+        if not matched:
+            matched = [(str(name), "") for name in _list(rw, "matched")] or [(node, op)]
+        search = " ".join([rule, node, scope, op, *added, *(f"{n} {o}" for n, o in matched)]).lower()
+        summary = (
+            f'<span class="idx">#{_int(rw, "index")}</span> <span class="rule">{_e(rule)}</span> at '
+            f'<span class="node">{_e(node)}</span>'
+            + (f' <span class="scope">in {_e(scope)}</span>' if scope != "main" else "")
+            + f' <span class="delta">−{_int(rw, "removed")} nodes, + {_e(", ".join(added) or "nothing")}</span>'
+        )
+        where = "".join(f"<li><code>{_e(name)}</code> <span class=\"opname\">{_e(o)}</span></li>" for name, o in matched)
+        figures = self._figure("before: matched", before, "before") + self._figure("after: replacement", after, "after")
+        return (
+            f'<details class="rw" data-rule="{_e(rule)}" data-search="{_e(search)}"><summary>{summary}</summary>'
+            f'<div class="rw-body"><div class="where"><b>scope</b> {_e(scope)} · <b>root</b> <code>{_e(node)}</code> ({_e(op)})'
+            f'<div class="matched"><b>matched nodes</b><ol>{where}</ol></div></div>'
+            f'<div class="figs">{figures}</div></div></details>'
+        )
+
+    def _figure(self, caption: str, snapshot: Any, kind: str) -> str:
+        if not isinstance(snapshot, dict):
+            return f'<figure class="fig"><figcaption>{_e(caption)}</figcaption><p class="muted">no snapshot recorded</p></figure>'
+        template = self.drawings.add(snapshot, kind)
+        drawing = f'<div class="svg" data-svg="{template}"></div>' if template else '<p class="muted">no nodes</p>'
+
+        def legend(key: str, label: str) -> str:
+            items = []
+            for k, value in enumerate(_list(snapshot, key)):
+                if not isinstance(value, dict):
+                    continue
+                tag = "const" if value.get("const") else label
+                known = value.get("dtype") is not None or value.get("shape") is not None
+                kind_of = format_type(value.get("dtype"), value.get("shape")) if known else ""
+                items.append(f"<li><b>{tag} {k}</b> <code>{_e(_str(value, 'name'))}</code> <span class=\"ty\">{_e(kind_of)}</span></li>")
+            return "".join(items)
+
+        truncated = _int(snapshot, "truncated")
+        more = f'<p class="muted">{truncated} more nodes not drawn</p>' if truncated else ""
+        return (
+            f'<figure class="fig {kind}"><figcaption>{_e(caption)}</figcaption>{drawing}{more}'
+            f'<ul class="io">{legend("inputs", "in")}{legend("outputs", "out")}</ul></figure>'
+        )
+
+    def _near_misses(self) -> str:
+        # A miss at a node where the same rule applied in a later sweep (after constant
+        # folding or another rewrite prepared it) is no candidate any more: left out.
+        # A miss at a node that another rule rewrote later stays (why this rule did not
+        # apply still matters), saying which rewrite took the node.
+        applied_at: set[tuple[str, str, str]] = set()
+        taken_by: dict[tuple[str, str], str] = {}
+        every = sorted((rw for rule in self.rules for rw in _list(rule, "rewrites") if isinstance(rw, dict)), key=lambda rw: _int(rw, "index"))
+        for rw in every:
+            matched = [str(name) for name in _list(rw, "matched")]
+            if matched:
+                applied_at.add((_str(rw, "rule"), _str(rw, "scope"), matched[0]))
+            for name in matched:
+                taken_by.setdefault((_str(rw, "scope"), name), f"{_str(rw, 'rule')} (#{_int(rw, 'index')})")
+        groups, resolved = [], 0
+        for rule in self.rules:
+            misses = [m for m in _list(rule, "near_misses") if isinstance(m, dict)]
+            open_misses = [m for m in misses if (_str(rule, "name"), _str(m, "scope"), _str(m, "node")) not in applied_at]
+            resolved += len(misses) - len(open_misses)
+            if open_misses:
+                groups.append((rule, open_misses))
+        later = f" {resolved} misses at nodes where the rule applied in a later sweep are left out." if resolved else ""
+        if not groups:
+            return f'<section id="near-misses"><h2>Near-misses</h2><p class="muted">No rule failed part-way.{_e(later)}</p></section>'
+        groups.sort(key=lambda g: (-max(_int(m, "depth") for m in g[1]), _str(g[0], "name")))
+        rows = []
+        for rule, misses in groups:
+            name = _str(rule, "name")
+            status = f"applied {_int(rule, 'applications')} of {_int(rule, 'attempts')} tries"
+            for m in sorted(misses, key=lambda m: -_int(m, "depth")):
+                reason, depth = _str(m, "reason"), _int(m, "depth")
+                hint = hint_for(reason)
+                node, failed_at = _str(m, "node"), _str(m, "failed_at")
+                taken = taken_by.get((_str(m, "scope"), node))
+                search = " ".join([name, node, _str(m, "op"), failed_at, reason]).lower()
+                rows.append(
+                    f'<tr class="miss{" shallow" if depth <= SHALLOW_DEPTH else ""}" data-rule="{_e(name)}" data-search="{_e(search)}">'
+                    f'<td>{_e(name)}<div class="doc">{_e(status)}</div></td>'
+                    f'<td><code>{_e(node)}</code> <span class="opname">{_e(_str(m, "op"))}</span>'
+                    + (f'<div class="doc">failed at <code>{_e(failed_at)}</code></div>' if failed_at and failed_at != node else "")
+                    + (f'<div class="doc taken">later rewritten by {_e(taken)}</div>' if taken else "")
+                    + f'</td><td class="num">{depth}</td><td class="reason">{_e(reason)}</td>'
+                    f'<td class="hint">{_with_code(hint) if hint else ""}</td></tr>'
+                )
+        deep = sum(1 for _, misses in groups for m in misses if _int(m, "depth") > SHALLOW_DEPTH)
+        return (
+            '<section id="near-misses"><h2>Near-misses</h2>'
+            '<p class="muted">Where a rule got part of the way and which check stopped it, deepest first (depth: ops matched before the '
+            f'failing check).{_e(later)} <label><input type="checkbox" id="shallow"> also show the {len(rows) - deep} misses at the first op</label></p>'
+            '<table class="misses"><thead><tr><th>rule</th><th>node</th><th>depth</th><th>why not</th><th>hint</th></tr></thead>'
+            f'<tbody>{"".join(rows)}</tbody></table></section>'
+        )
+
+    def _passes(self) -> str:
+        passes = [p for p in _list(self.doc, "passes") if isinstance(p, dict)]
+        if not passes:
+            return ""
+        rows = "".join(
+            f'<tr><td>{_e(_str(p, "name"))}</td><td class="num">{_int(p, "runs")}</td><td class="num">{_int(p, "changes")}</td>'
+            f'<td class="num">{_e(_seconds(p.get("time_s")))}</td></tr>'
+            for p in passes
+        )
+        return (
+            '<section id="passes"><h2>Other passes</h2><table class="passes"><thead><tr><th>pass</th><th>runs</th><th>changes</th>'
+            f"<th>time</th></tr></thead><tbody>{rows}</tbody></table></section>"
+        )
+
+
+_CSS = """
+:root{--fg:#1f2328;--muted:#656d76;--line:#d0d7de;--bg2:#f6f8fa;--accent:#0969da;--before:#c7892b;--after:#3d8b56}
+*{box-sizing:border-box}
+body{margin:0;font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,Helvetica,Arial,sans-serif;color:var(--fg);background:#fff}
+main{max-width:1280px;margin:0 auto;padding:16px 24px 48px}
+h1{font-size:22px;margin:4px 0}h2{font-size:18px;margin:28px 0 8px;padding-bottom:4px;border-bottom:1px solid var(--line)}
+code{font:12px/1.3 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;word-break:break-all}
+[hidden]{display:none!important}
+.facts span{margin-right:18px;white-space:nowrap}.facts b{color:var(--muted);font-weight:600}
+.cards{display:grid;grid-template-columns:repeat(auto-fill,minmax(190px,1fr));gap:10px}
+.card{border:1px solid var(--line);border-radius:8px;padding:10px 12px;background:var(--bg2)}
+.card .k{color:var(--muted);font-size:12px;text-transform:uppercase;letter-spacing:.04em}
+.card .v{font-size:20px;font-weight:600;margin:2px 0}.card .d{color:var(--muted);font-size:12px;word-break:break-word}
+.card[data-card=verification] .v{color:var(--after)}
+.warnings{color:#9a6700}.extra{margin:6px 0;color:var(--muted)}
+table{border-collapse:collapse;width:100%}th,td{text-align:left;padding:4px 8px;border-bottom:1px solid var(--line);vertical-align:top}
+th{background:var(--bg2);font-weight:600;position:sticky;top:0}
+td.num,th.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+.neg{color:var(--after)}.pos{color:#cf222e}.muted{color:var(--muted)}.note{color:#9a6700;background:#fff8c5;padding:6px 10px;border-radius:6px}
+.doc{color:var(--muted);font-size:12px}.src code{color:var(--muted)}.opname{color:var(--muted);font-size:12px}
+table.ops td.op{white-space:nowrap}table.ops td.bars{width:45%}table.ops tr.same{color:var(--muted)}
+.bar{display:block;height:6px;border-radius:3px;margin:2px 0;min-width:1px}.bar.b{background:#b6bcc4}.bar.a{background:var(--accent)}
+.legend .bar{display:inline-block;width:18px;margin:0 3px 0 10px}
+.controls{position:sticky;top:0;z-index:2;background:#fff;padding:8px 0;display:flex;gap:8px;align-items:center;flex-wrap:wrap;border-bottom:1px solid var(--line)}
+.controls input{flex:1 1 320px;padding:6px 10px;border:1px solid var(--line);border-radius:6px;font-size:14px}
+.controls select,.controls button{padding:5px 8px;border:1px solid var(--line);border-radius:6px;background:var(--bg2);font-size:13px}
+#shown{color:var(--muted);margin-left:auto}
+details.rw{border:1px solid var(--line);border-radius:6px;margin:6px 0}
+details.rw>summary{cursor:pointer;padding:6px 10px;list-style-position:inside}
+details.rw[open]>summary{background:var(--bg2);border-bottom:1px solid var(--line)}
+.idx{color:var(--muted);font-variant-numeric:tabular-nums}.rule{font-weight:600}.node{font-family:ui-monospace,monospace;font-size:12px}
+.scope{color:var(--muted)}.delta{color:var(--muted);font-size:12px;margin-left:6px}
+.rw-body{padding:8px 12px}.where{margin-bottom:8px}.matched ol{margin:4px 0;padding-left:22px;columns:2 360px}
+.figs{display:grid;grid-template-columns:1fr 1fr;gap:12px}
+@media (max-width:900px){.figs{grid-template-columns:1fr}}
+figure.fig{margin:0;border:1px solid var(--line);border-radius:6px;padding:8px;min-width:0}
+figure.before{border-top:3px solid var(--before)}figure.after{border-top:3px solid var(--after)}
+figcaption{font-weight:600;margin-bottom:6px}
+.svg{overflow:auto;max-height:75vh;text-align:center}.svg svg{max-width:100%;height:auto}.svg text{font-family:Helvetica,Arial,sans-serif}
+ul.io{list-style:none;padding:0;margin:6px 0 0;font-size:12px}ul.io li{margin:1px 0}.ty{color:var(--muted);font-family:ui-monospace,monospace}
+table.misses td.reason{font-family:ui-monospace,monospace;font-size:12px}table.misses td.hint{font-size:12px;color:#0550ae;max-width:420px}
+table.misses tr.shallow{display:none}table.misses.all tr.shallow{display:table-row}
+.untried{margin-top:8px;color:var(--muted)}
+footer{margin-top:40px;color:var(--muted);font-size:12px}
+"""
+
+# Filtering (rewrites, rules, near-misses), lazy drawings, expand/collapse. Vanilla JS, no globals.
+_JS = """
+(function () {
+  "use strict";
+  var rewrites = Array.prototype.slice.call(document.querySelectorAll("details.rw"));
+  var filtered = Array.prototype.slice.call(document.querySelectorAll("tr.rule-row, tr.miss"));
+  var box = document.getElementById("filter"), pick = document.getElementById("rule-filter");
+  var shown = document.getElementById("shown"), shallow = document.getElementById("shallow");
+  function draw(item) {
+    if (item.dataset.drawn) return;
+    item.dataset.drawn = "1";
+    item.querySelectorAll("[data-svg]").forEach(function (slot) {
+      var template = document.getElementById(slot.dataset.svg);
+      if (template) slot.appendChild(template.content.cloneNode(true));
+    });
+  }
+  rewrites.forEach(function (item) {
+    item.addEventListener("toggle", function () { if (item.open) draw(item); });
+  });
+  function matches(el, terms, rule) {
+    if (rule && el.dataset.rule !== undefined && el.dataset.rule !== rule) return false;
+    var text = el.dataset.search || "";
+    for (var i = 0; i < terms.length; i++) if (text.indexOf(terms[i]) < 0) return false;
+    return true;
+  }
+  function apply() {
+    var terms = box ? box.value.toLowerCase().split(/\\s+/).filter(Boolean) : [];
+    var rule = pick ? pick.value : "";
+    var count = 0;
+    rewrites.forEach(function (item) {
+      var ok = matches(item, terms, rule);
+      item.hidden = !ok;
+      if (ok) count++;
+    });
+    filtered.forEach(function (row) { row.hidden = !matches(row, terms, rule); });
+    if (shown) shown.textContent = count + " of " + rewrites.length + " rewrites";
+  }
+  if (box) box.addEventListener("input", apply);
+  if (pick) pick.addEventListener("change", apply);
+  document.querySelectorAll("a.rule-link").forEach(function (link) {
+    link.addEventListener("click", function () { if (pick) { pick.value = link.dataset.rule; apply(); } });
+  });
+  if (shallow) shallow.addEventListener("change", function () {
+    document.querySelector("table.misses").classList.toggle("all", shallow.checked);
+  });
+  var expand = document.getElementById("expand"), collapse = document.getElementById("collapse");
+  if (expand) expand.addEventListener("click", function () {
+    rewrites.forEach(function (item) { if (!item.hidden) { item.open = true; draw(item); } });
+  });
+  if (collapse) collapse.addEventListener("click", function () {
+    rewrites.forEach(function (item) { item.open = false; });
+  });
+})();
+"""
