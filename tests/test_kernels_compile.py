@@ -1,0 +1,122 @@
+"""Every Triton kernel compiles for an H100 (sm_90), without a GPU.
+
+The interpreter (tests/test_kernels_triton.py) checks what the kernels compute but not
+that Triton's compiler accepts them. Here each launcher runs with its launch captured
+(torch.library.wrap_triton replaced by a recorder), and the captured kernel, arguments
+and autotuning config go through triton.compile for a CUDA sm_90 target: Triton's own
+front end, its GPU passes, LLVM and ptxas (bundled with the triton wheel). The shared
+memory each config asks for must fit an H100's 227 KiB.
+
+One config per variant keeps this quick: the first (the largest tiles, the most shared
+memory), or for fp32 the last (fp32 without TF32 compiles to FMA loops, slow to build
+with big tiles). The variants cover the kernels' constexpr branches.
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.runtime.autotuner import Autotuner
+from triton.runtime.jit import JITFunction
+
+from graphopt.kernels import _triton
+from graphopt.kernels.attention import attention_triton
+from graphopt.kernels.gates import geglu_triton, swiglu_triton
+from graphopt.kernels.matmul import linear_act_triton
+from graphopt.kernels.norms import layer_norm_triton, rms_norm_triton
+from graphopt.kernels.rotary import rotary_triton
+
+H100 = GPUTarget("cuda", 90, 32)
+H100_SHARED_BYTES = 227 * 1024
+_TRITON_TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.bool: "i1"}
+
+F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
+
+
+def _t(*shape: int, dtype: torch.dtype = F16) -> torch.Tensor:
+    return torch.zeros(*shape, dtype=dtype)
+
+
+VARIANTS: dict[str, Callable[[], Any]] = {
+    "attention_fp16_causal_gqa_d128": lambda: attention_triton(_t(1, 8, 64, 128), _t(1, 2, 64, 128), _t(1, 2, 64, 128), None, True),
+    "attention_bf16_bool_mask_causal_d64": lambda: attention_triton(
+        _t(2, 4, 64, 64, dtype=BF16), _t(2, 4, 64, 64, dtype=BF16), _t(2, 4, 64, 64, dtype=BF16), torch.ones(64, 64, dtype=torch.bool), True
+    ),
+    "attention_fp32_additive_mask_d80_dv48": lambda: attention_triton(
+        _t(1, 2, 33, 80, dtype=F32), _t(1, 2, 40, 80, dtype=F32), _t(1, 2, 40, 48, dtype=F32), _t(1, 1, 1, 40, dtype=F32)
+    ),
+    "linear_act_fp16_gelu_bias": lambda: linear_act_triton(_t(64, 768), _t(768, 3072), _t(3072), "gelu"),
+    "linear_act_bf16_gelu_tanh_no_bias": lambda: linear_act_triton(_t(64, 768, dtype=BF16), _t(768, 512, dtype=BF16), None, "gelu_tanh"),
+    "linear_act_fp32_silu": lambda: linear_act_triton(_t(64, 96, dtype=F32), _t(96, 64, dtype=F32), _t(64, dtype=F32), "silu"),
+    "layer_norm_fp16_residual_bias": lambda: layer_norm_triton(_t(8, 768), _t(8, 768), _t(768, dtype=F32), _t(768, dtype=F32), 1e-5),
+    "rms_norm_bf16_4096": lambda: rms_norm_triton(_t(8, 4096, dtype=BF16), None, _t(4096, dtype=BF16), 1e-6),
+    "swiglu_fp16": lambda: swiglu_triton(_t(4, 1100), _t(4, 1100)),
+    "geglu_bf16_both_forms": lambda: (geglu_triton(_t(4, 64, dtype=BF16), _t(4, 64, dtype=BF16)), geglu_triton(_t(4, 64, dtype=BF16), _t(4, 64, dtype=BF16), True)),
+    "rotary_fp16_both_forms": lambda: (
+        rotary_triton(_t(1, 8, 16, 128), _t(1, 16, 128, dtype=F32), _t(1, 16, 128, dtype=F32)),
+        rotary_triton(_t(1, 8, 16, 128), _t(1, 16, 64, dtype=F32), _t(1, 16, 64, dtype=F32), True),
+    ),
+}
+
+
+class _Recorder:
+    """Stands in for torch.library.wrap_triton: records ``kernel[grid](*args, **kwargs)``."""
+
+    launches: list[tuple[Any, tuple, dict]] = []
+
+    def __init__(self, kernel: Any) -> None:
+        self.kernel = kernel
+
+    def __getitem__(self, grid: Any) -> Callable[..., None]:
+        return lambda *args, **kwargs: self.launches.append((self.kernel, args, kwargs))
+
+
+def _compile(kernel: Any, args: tuple, kwargs: dict) -> Any:
+    """triton.compile the launch for sm_90 (an autotuned kernel: with one of its configs)."""
+    values = dict(kwargs)
+    if isinstance(kernel, Autotuner):
+        fp32 = any(isinstance(a, torch.Tensor) and a.dtype == torch.float32 for a in args[:2])
+        config = kernel.configs[-1 if fp32 else 0]
+        values.update(config.kwargs)
+        options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
+        kernel = kernel.fn
+    else:
+        options = {"num_warps": values.pop("num_warps", 4), "num_stages": values.pop("num_stages", 3)}
+    assert isinstance(kernel, JITFunction)
+    values.update(zip(kernel.arg_names, args))
+    signature, constants = {}, {}
+    for param in kernel.params:
+        value = values[param.name]
+        if param.is_constexpr:
+            signature[param.name], constants[param.name] = "constexpr", value
+        elif isinstance(value, torch.Tensor):
+            signature[param.name] = "*" + _TRITON_TYPES[value.dtype]
+        elif isinstance(value, bool):
+            signature[param.name] = "i1"
+        elif isinstance(value, int):
+            signature[param.name] = "i32" if -(2**31) <= value < 2**31 else "i64"
+        elif isinstance(value, float):
+            signature[param.name] = "fp32"
+        else:
+            raise TypeError(f"{kernel.__name__}: argument {param.name} is a {type(value).__name__}")
+    return triton.compile(ASTSource(kernel, signature, constants), target=H100, options=options)
+
+
+def test_kernels_are_compiled_not_interpreted() -> None:
+    assert _triton.HAS_TRITON and not _triton.INTERPRET
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_kernel_compiles_for_h100(variant: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.library, "wrap_triton", _Recorder)
+    monkeypatch.setattr(_Recorder, "launches", [])
+    VARIANTS[variant]()
+    assert _Recorder.launches, f"{variant} launched no Triton kernel"
+    for kernel, args, kwargs in _Recorder.launches:
+        compiled = _compile(kernel, args, kwargs)
+        assert compiled.asm.get("cubin"), f"{variant}: no cubin"
+        assert compiled.metadata.shared <= H100_SHARED_BYTES, f"{variant}: {compiled.metadata.shared} bytes of shared memory"
