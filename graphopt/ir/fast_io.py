@@ -39,8 +39,9 @@ Saving (`save_single_file`, `save_with_external_data`)
       with its initializers spliced in at their canonical place, in the model's
       initializer order; untouched ones are copied from the input file with
       `os.copy_file_range` (in the kernel; adjacent ones coalesced into one
-      call), new or changed ones serialized by onnx-ir. The result parses to the
-      same ModelProto as onnx-ir's `save` writes.
+      call), new or changed ones serialized by onnx-ir (those of 1 MiB or more one
+      at a time, as they are written, so their bytes are never all in memory at
+      once). The result parses to the same ModelProto as onnx-ir's `save` writes.
     * External-data output: when most bytes (> 90%) of the input's data file are
       still referenced, the output data file starts as an in-kernel copy of it, so
       untouched tensors keep their offsets, and only new tensors are appended
@@ -96,6 +97,8 @@ EXTERNAL_SIZE_THRESHOLD = 256
 #: Reuse the input's data file (copy it whole, keep offsets) when more than this share of it is still used.
 REUSE_DATA_FILE_RATIO = 0.9
 MAX_PROTOBUF_BYTES = 2**31 - 1
+#: New initializers at least this big are serialized only as they are written (single-file save).
+DEFER_SERIALIZATION_BYTES = 1 << 20
 
 # Protobuf wire types and the field numbers we walk (onnx.proto).
 _VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
@@ -469,8 +472,10 @@ def save_single_file(model: ir.Model, path: str | os.PathLike[str]) -> bool:
         return False
 
     head, graph_bytes = _serialize_without_initializers(model)
-    # One item per initializer: an original byte range, or freshly serialized bytes.
-    items: list[tuple[_MappedFile, int, int] | bytes] = []
+    # One item per initializer: an original byte range, freshly serialized bytes, or (for a
+    # big new tensor) the tensor and its serialized size: it is serialized again while
+    # writing, so at most one big new tensor's bytes are in memory at a time.
+    items: list[tuple[_MappedFile, int, int] | bytes | _Deferred] = []
     for value in values:
         tensor = value.const_value
         assert tensor is not None
@@ -484,9 +489,15 @@ def save_single_file(model: ir.Model, path: str | os.PathLike[str]) -> bool:
                 items.append((source, entry.start, entry.end))
         else:
             tensor.name = value.name  # as onnx-ir's serializer does
-            data = ir.serde.serialize_tensor(tensor).SerializeToString()
-            items.append(_len_header(_GRAPH_INITIALIZER, len(data)) + data)
-    initializer_bytes = sum(item[2] - item[1] if isinstance(item, tuple) else len(item) for item in items)
+            proto = ir.serde.serialize_tensor(tensor)
+            if tensor.nbytes >= DEFER_SERIALIZATION_BYTES:
+                size = proto.ByteSize()
+                items.append(_Deferred(tensor, size, len(_len_header(_GRAPH_INITIALIZER, size)) + size))
+            else:
+                data = proto.SerializeToString()
+                items.append(_len_header(_GRAPH_INITIALIZER, len(data)) + data)
+            del proto
+    initializer_bytes = sum(item[2] - item[1] if isinstance(item, tuple) else item.length if isinstance(item, _Deferred) else len(item) for item in items)
     graph_length = len(graph_bytes) + initializer_bytes
     if len(head) + graph_length + 16 > MAX_PROTOBUF_BYTES:
         return False  # too big for one protobuf: let onnx-ir report it
@@ -503,11 +514,27 @@ def save_single_file(model: ir.Model, path: str | os.PathLike[str]) -> bool:
         for item in items:
             if isinstance(item, tuple):
                 out.copy(item[0].file, item[1], item[2] - item[1])
+            elif isinstance(item, _Deferred):
+                data = ir.serde.serialize_tensor(item.tensor).SerializeToString()
+                if len(data) != item.size:  # protobuf's serialization is deterministic; never write a corrupt length
+                    raise RuntimeError(f"tensor {item.tensor.name!r} serialized to {item.size} bytes, then to {len(data)}")
+                out.write(_len_header(_GRAPH_INITIALIZER, len(data)))
+                out.write(data)
+                del data
             else:
                 out.write(item)
         out.write(memoryview(graph_bytes)[graph_split:])
         out.write(memoryview(head)[head_split:])
     return True
+
+
+@dataclass(frozen=True)
+class _Deferred:
+    """A new initializer serialized only when written (see save_single_file)."""
+
+    tensor: ir.TensorProtocol
+    size: int  #: its TensorProto's serialized size
+    length: int  #: with the field's key and length
 
 
 def _serialize_without_initializers(model: ir.Model) -> tuple[bytes, bytes]:

@@ -3,16 +3,22 @@
 Loading goes through onnx-ir, which memory-maps external data instead of reading
 it. Before anything else sees the model we check what would otherwise surface
 as a crash deep inside a pass: a missing or non-ONNX file, an unsupported opset,
-a cycle, dangling value names, and external-data references that are missing,
-truncated, or point outside the model's folder (never read those).
+malformed tensors, attributes and names (`proto_checks`), a cycle, dangling value
+names, and external-data references that are missing, not regular files,
+truncated, or point outside the model's folder (never opened).
 
 Saving is atomic: the model (and its external data, if any) is written into a
-temporary folder beside the destination and renamed into place, so a crash or a
-full disk never leaves a half-written file at the output path.
+staging folder beside the destination (`.NAME.graphopt-PID-RANDOM`) and renamed
+into place, so a crash or a full disk never leaves a half-written file at the output
+path. A run killed before it finished leaves its staging folder behind; the next
+save to the same path deletes it (`remove_stale_staging`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import os
 import shutil
 import tempfile
@@ -25,8 +31,9 @@ from google.protobuf.message import DecodeError
 
 from graphopt.errors import ModelError
 from graphopt.ir import fast_io
+from graphopt.ir.proto_checks import MAX_MESSAGE_DEPTH_HINT, check_proto_contents
 
-__all__ = ["load_model", "save_model", "check_model", "MAX_PROTOBUF_BYTES", "MIN_OPSET"]
+__all__ = ["load_model", "save_model", "check_model", "remove_stale_staging", "MAX_PROTOBUF_BYTES", "MIN_OPSET"]
 
 MAX_PROTOBUF_BYTES = 2**31 - 1
 EXTERNAL_DATA_META = "graphopt.input_had_external_data"
@@ -48,10 +55,13 @@ def load_model(path: str | os.PathLike[str]) -> ir.Model:
         mapped = fast_io.map_model(path)
         proto = mapped.skeleton if mapped is not None else onnx.load(str(path), load_external_data=False)
     except (DecodeError, RuntimeError, ValueError, UnicodeDecodeError) as error:
+        if "MaxDepth" in str(error) or "nested too deeply" in str(error).lower():
+            raise ModelError(f"{path}: not a valid ONNX model: {MAX_MESSAGE_DEPTH_HINT}") from None
         raise ModelError(f"{path}: not a valid ONNX model (the protobuf does not parse: {_first_line(error)})") from None
     except OSError as error:
         raise ModelError(f"{path}: cannot read: {error.strerror or error}") from None
     _check_proto(proto, path)
+    check_proto_contents(proto, str(path), frozenset(mapped.entries) if mapped is not None else frozenset())
     try:
         model = ir.serde.deserialize_model(proto)
         if mapped is not None:
@@ -175,8 +185,10 @@ def _check_external_data(model: ir.Model, base: Path, path: Path | str) -> None:
         if os.path.commonpath([real_base, target]) != real_base:
             raise ModelError(f"{path}: tensor '{name}' points outside the model's folder via a link: {location!r}")
         if target not in sizes:
-            if not os.path.isfile(target):
+            if not os.path.exists(target):
                 raise ModelError(f"{path}: external data file {location!r} of tensor '{name}' is missing")
+            if not os.path.isfile(target):  # a folder, a FIFO, a device: never opened
+                raise ModelError(f"{path}: external data file {location!r} of tensor '{name}' is not a regular file")
             if not os.access(target, os.R_OK):
                 raise ModelError(f"{path}: external data file {location!r} is not readable")
             sizes[target] = os.path.getsize(target)
@@ -208,6 +220,7 @@ def save_model(model: ir.Model, path: str | os.PathLike[str], *, external_data: 
 
     Weights go to `<name>.data` beside it when `external_data` is True, or (None)
     when the input had external data or the model would not fit in one protobuf.
+    See `_commit` for what a reader (or a crash) can see at `path`.
     """
     path = Path(path)
     folder = path.parent if str(path.parent) else Path(".")
@@ -217,21 +230,123 @@ def save_model(model: ir.Model, path: str | os.PathLike[str], *, external_data: 
     if external_data is None:
         external_data = bool(model.meta.get(EXTERNAL_DATA_META)) or _has_external(model) or _weight_bytes(model) > MAX_PROTOBUF_BYTES - (64 << 20)
     data_name = path.name + ".data" if external_data else None
+    remove_stale_staging(path)
     try:
-        staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=folder))
+        staging = Path(tempfile.mkdtemp(prefix=f"{_staging_prefix(path)}{os.getpid()}-", dir=folder))
     except OSError as error:
         raise ModelError(f"{path}: cannot write to {folder}: {error.strerror or error}") from None
+    staging_lock = None
     try:
+        staging_lock = _lock(staging)  # held while we live: tells other runs this folder is in use
         staged = staging / path.name
         # fast_io reuses the input's bytes where it can (False: nothing written, use onnx-ir).
         if data_name:
             if not fast_io.save_with_external_data(model, staged, data_name):
                 ir.save(model, staged, external_data=data_name)
-            os.replace(staging / data_name, folder / data_name)
         elif not fast_io.save_single_file(model, staged):
             ir.save(model, staged)
-        os.replace(staged, path)
+        _commit(staging, path, data_name)
     except OSError as error:
         raise ModelError(f"{path}: cannot write the output: {error.strerror or error}") from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+        _unlock(staging_lock)
+
+
+# ------------------------------------------------------------------ atomic output
+
+
+def _staging_prefix(path: Path) -> str:
+    """Staging folders are `.NAME.graphopt-PID-RANDOM` beside the output NAME."""
+    return f".{path.name}.graphopt-"
+
+
+def _lock(folder: Path, blocking: bool = True) -> int | None:
+    """An exclusive flock on `folder`; returns the descriptor (closing it releases the
+    lock), or None where the file system has no such locks. The kernel drops the lock
+    when its holder dies, SIGKILL included. Non-blocking: BlockingIOError when held."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return None  # e.g. a folder we may write to but not list: go on without the lock
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+    except BlockingIOError:
+        os.close(fd)
+        raise
+    except OSError as error:
+        os.close(fd)
+        if error.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            return None
+        raise
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _unlock(fd: int | None) -> None:
+    if fd is not None:
+        os.close(fd)
+
+
+def _commit(staging: Path, path: Path, data_name: str | None) -> None:
+    """Move the staged output into place.
+
+    One file: a single rename, so `path` is the previous file or the new one, never a
+    mix. Two files (model and `<name>.data`) cannot be swapped together in one step,
+    and the previous model with the new data file would be a corrupt pair (its offsets
+    point into another layout). So the previous model goes first: a process killed
+    between the steps leaves no model at `path` (possibly the new data file beside
+    it, replaced by the next run), never a mismatched pair. Concurrent runs writing
+    into one folder take turns (an flock on the folder), so two pairs never mix."""
+    folder = path.parent if str(path.parent) else Path(".")
+    lock = _lock(folder)
+    try:
+        if data_name:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            os.replace(staging / data_name, folder / data_name)
+        os.replace(staging / path.name, path)
+    finally:
+        _unlock(lock)
+
+
+def remove_stale_staging(path: str | os.PathLike[str]) -> list[Path]:
+    """Delete staging folders that runs killed before they finished left beside `path`;
+    returns them. A folder counts as stale when the process named in it is gone and
+    nobody holds its lock (a live run holds it from creation to removal)."""
+    path = Path(path)
+    folder = path.parent if str(path.parent) else Path(".")
+    prefix = _staging_prefix(path)
+    removed: list[Path] = []
+    try:
+        candidates = [p for p in folder.iterdir() if p.name.startswith(prefix) and p.is_dir() and not p.is_symlink()]
+    except OSError:
+        return removed
+    for candidate in candidates:
+        pid_text = candidate.name[len(prefix) :].split("-", 1)[0]
+        if not pid_text.isdigit() or _process_alive(int(pid_text)):
+            continue
+        try:
+            fd = _lock(candidate, blocking=False)
+        except OSError:  # locked by a live run (another host, another pid namespace)
+            continue
+        try:
+            shutil.rmtree(candidate, ignore_errors=True)
+            removed.append(candidate)
+        finally:
+            _unlock(fd)
+    return removed
+
+
+def _process_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
