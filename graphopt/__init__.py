@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import sys
+
 __version__ = "0.1.0"
 
 from graphopt.api import OptimizeOptions, optimize, optimize_file  # noqa: E402
 from graphopt.errors import GraphoptError, ModelError, PatternError, RuleNameError  # noqa: E402
+from graphopt.report.model import Report  # noqa: E402
 
 
 def load_patterns(path: str):  # type: ignore[no-untyped-def]
@@ -15,8 +18,24 @@ def load_patterns(path: str):  # type: ignore[no-untyped-def]
     return _load(path)
 
 
+def last_report() -> Report | None:
+    """The report of the graph `torch.compile(..., backend="graphopt")` compiled last (None before any).
+
+    Reads the torch backend's registry only if the backend ran: importing graphopt never imports torch."""
+    backend = sys.modules.get("graphopt.torch_backend")
+    return None if backend is None else backend.last_report()
+
+
+def torch_reports() -> list[Report]:
+    """The reports of every graph the torch backend compiled, in order (the index in report file names)."""
+    backend = sys.modules.get("graphopt.torch_backend")
+    return [] if backend is None else backend.torch_reports()
+
+
 __all__ = [
     "__version__",
+    "last_report",
+    "torch_reports",
     "optimize",
     "optimize_file",
     "OptimizeOptions",

@@ -1,0 +1,458 @@
+"""`torch.compile(model, backend="graphopt")`: the ONNX rule library applied to torch FX graphs.
+
+Registered through the ``torch_dynamo_backends`` entry point (pyproject.toml), so no
+import of graphopt is needed before ``torch.compile``. For each graph dynamo captures:
+
+1. trace it to ATen ops (make_fx, functionalized) with the ops the rules fuse kept
+   whole: ``aten.matmul`` and ``aten.scaled_dot_product_attention`` are not decomposed
+   (their composite forms would hide the MatMul / attention the patterns look for);
+2. for inference, freeze parameters and buffers into constants (so Conv+BatchNorm
+   folds, projections' transposes fold, rotary caches fold);
+3. run the rule library through `graphopt.ir.fx_view.FxView`, alternating with
+   constant folding, exactly as `graphopt.optimize` does on ONNX, against the
+   ``torch`` target (``torch-train`` where gradients flow: only rewrites whose ops
+   have gradient formulas);
+4. lower graphopt's ops onto ``torch.ops.graphopt.*`` (graphopt.ops.torch_lowering);
+5. hand the result to inductor (``compile_fx``: its own decompositions, fusions and
+   autograd on the leftovers), or run it as it is (``options={"inductor": False}``).
+
+Each compiled graph leaves a `graphopt.report.model.Report`; `last_report()` and
+`torch_reports()` return them, ``options={"report": "r.json"}`` writes them.
+Options and their meaning: docs/torch-compile.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+import warnings
+import weakref
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from graphopt.errors import GraphoptError
+from graphopt.ir.fx_view import FxView, is_neutral
+from graphopt.match.driver import DriverOptions, RuleSet, apply_rules
+from graphopt.ops import torch_lowering
+from graphopt.passes import fx_passes
+from graphopt.report.model import GraphSummary, Report
+
+__all__ = [
+    "graphopt_backend",
+    "TorchOptions",
+    "optimize_fx",
+    "trace_to_aten",
+    "last_report",
+    "last_graph",
+    "torch_reports",
+    "clear_reports",
+    "PRESERVED_OPS",
+]
+
+aten = torch.ops.aten
+
+#: Composite ops kept whole when tracing to ATen: the rules match them as MatMul and Attention.
+PRESERVED_OPS = (aten.matmul.default, aten.scaled_dot_product_attention.default)
+
+_LAYOUTS = ("auto", "nhwc", "nchw")
+_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+@dataclass
+class TorchOptions:
+    """What ``torch.compile(..., options={...})`` may set (see docs/torch-compile.md)."""
+
+    #: Only these rules (None: the whole library). ``"rules"`` is accepted as another name.
+    enable: list[str] | None = None
+    disable: list[str] = field(default_factory=list)
+    #: Extra .pdll / .py pattern files or folders, loaded after the built-in library.
+    patterns: list[str] = field(default_factory=list)
+    #: Write each graph's report as JSON here (an index is added per graph, or put {index} in the name).
+    report: str | None = None
+    #: Hand the rewritten graph to inductor (True) or run it as it is (False).
+    inductor: bool = True
+    #: Inference only: parameters and buffers become constants (they must not change after compiling).
+    freeze: bool = True
+    #: "auto" (channels-last convolutions on CUDA), "nhwc" (always), "nchw" (never).
+    layout: str = "auto"
+    fold_size_limit: int = 1 << 20
+    max_sweeps: int = 8
+    #: Keep every failed attempt in report.trace.
+    trace: bool = False
+    #: Raise when graphopt fails on a graph (default: warn, and run the graph without its rewrites).
+    strict: bool = False
+    #: Which torch.ops.graphopt custom kernels fused ops may run on: "all", "none" (ATen ops
+    #: only), or "auto": all without inductor; with inductor only those measured faster than
+    #: inductor's own code (torch_lowering.PREFERRED_OVER_INDUCTOR), so it is never slower.
+    kernels: str = "auto"
+    #: torch.compile's mode (passed to inductor; "reduce-overhead" also means CUDA graphs without it).
+    #: torch.compile takes mode= or options=, not both: options={"mode": ...} sets it along with others.
+    mode: str | None = None
+
+    def kernel_policy(self) -> str:
+        if self.kernels == "auto":
+            return "inductor" if self.inductor else "all"
+        return self.kernels
+
+    @classmethod
+    def parse(cls, options: Mapping[str, Any] | None, mode: str | None = None) -> TorchOptions:
+        given = dict(options or {})
+        if "rules" in given:
+            if "enable" in given:
+                raise GraphoptError("graphopt options: give 'rules' or 'enable', not both")
+            given["enable"] = given.pop("rules")
+        # torch.compile takes mode= or options=, never both: the mode may come in the options.
+        if "mode" in given and mode is not None:
+            raise GraphoptError("graphopt: mode given twice (torch.compile's mode= and options['mode'])")
+        mode = given.pop("mode", mode)
+        known = {f.name for f in fields(cls)} - {"mode"}
+        unknown = sorted(set(given) - known)
+        if unknown:
+            raise GraphoptError(f"unknown graphopt option {', '.join(map(repr, unknown))} (known: rules, mode, {', '.join(sorted(known))})")
+        opts = cls(mode=mode)
+        for key, value in given.items():
+            if key in ("enable", "disable", "patterns"):
+                value = [value] if isinstance(value, (str, os.PathLike)) else value
+                if value is not None and not all(isinstance(v, (str, os.PathLike)) for v in value):
+                    raise GraphoptError(f"graphopt option '{key}' takes a list of names, not {value!r}")
+                value = None if value is None else [str(v) for v in value]
+            elif key in ("inductor", "freeze", "trace", "strict") and not isinstance(value, bool):
+                raise GraphoptError(f"graphopt option '{key}' takes True or False, not {value!r}")
+            elif key == "kernels" and value not in ("auto", "all", "none"):
+                raise GraphoptError(f"graphopt option 'kernels' takes 'auto', 'all' or 'none', not {value!r}")
+            elif key == "layout" and value not in _LAYOUTS:
+                raise GraphoptError(f"graphopt option 'layout' takes one of {', '.join(_LAYOUTS)}, not {value!r}")
+            elif key in ("fold_size_limit", "max_sweeps") and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+                raise GraphoptError(f"graphopt option '{key}' takes a non-negative int, not {value!r}")
+            elif key == "report" and value is not None and not isinstance(value, (str, os.PathLike)):
+                raise GraphoptError(f"graphopt option 'report' takes a path, not {value!r}")
+            setattr(opts, key, str(value) if key == "report" and value is not None else value)
+        if opts.mode not in _MODES:
+            raise GraphoptError(f"torch.compile mode {opts.mode!r} is not one of {', '.join(m for m in _MODES if m)}")
+        return opts
+
+
+# --------------------------------------------------------------------------- reports
+
+
+_REPORTS: list[Report] = []
+_GRAPHS: list[weakref.ref[fx.GraphModule]] = []  # the rewritten graphs, as long as their compiled code lives
+_LOCK = threading.Lock()
+
+
+def last_report() -> Report | None:
+    """The report of the graph compiled last, or None before any."""
+    with _LOCK:
+        return _REPORTS[-1] if _REPORTS else None
+
+
+def torch_reports() -> list[Report]:
+    """Every compiled graph's report, in compile order (the index in report file names)."""
+    with _LOCK:
+        return list(_REPORTS)
+
+
+def last_graph() -> fx.GraphModule | None:
+    """The FX graph the last compile produced (ATen and torch.ops.graphopt calls, before
+    inductor), while its compiled code is alive; for inspecting what graphopt did."""
+    with _LOCK:
+        return _GRAPHS[-1]() if _GRAPHS else None
+
+
+def clear_reports() -> None:
+    with _LOCK:
+        _REPORTS.clear()
+        _GRAPHS.clear()
+
+
+def _register(report: Report, gm: fx.GraphModule) -> int:
+    with _LOCK:
+        _REPORTS.append(report)
+        _GRAPHS.append(weakref.ref(gm))
+        return len(_REPORTS) - 1
+
+
+def _indexed_path(path: str, index: int) -> Path:
+    if "{index}" in path:
+        return Path(path.format(index=index))
+    p = Path(path)
+    return p.with_name(f"{p.stem}.{index}{p.suffix or '.json'}")
+
+
+# --------------------------------------------------------------------------- the backend
+
+
+def graphopt_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, options: Mapping[str, Any] | None = None,
+                     mode: str | None = None, **_unused: Any) -> Callable[..., Any]:
+    """The torch.compile backend: dynamo's graph in, a callable with the same inputs out."""
+    opts = TorchOptions.parse(options, mode)
+    rules = _rule_set(opts)
+    training = torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs)
+    target = torch_lowering.torch_target(training, opts.kernel_policy())
+    report = Report(target=target.name)
+    started = time.perf_counter()
+
+    frozen: list[int] = []
+    try:
+        fake_mode, fake_inputs = _fake_inputs(gm, example_inputs)
+        aten_gm = trace_to_aten(gm, fake_inputs, fake_mode)
+        report.times_s["trace"] = time.perf_counter() - started
+        frozen = _freeze_module_state(aten_gm, gm, example_inputs) if opts.freeze and not training else []
+        optimize_fx(aten_gm, fake_mode, rules, target, report, opts)
+    except GraphoptError:
+        raise
+    except Exception as error:  # a graphopt bug must not take the user's model down with it
+        if opts.strict:
+            raise
+        first = (str(error).strip().splitlines() or [""])[0]
+        message = f"graphopt failed on this graph ({type(error).__name__}: {first}); it runs as dynamo captured it, without graphopt's rewrites"
+        warnings.warn(message, RuntimeWarning, stacklevel=2)
+        report.warnings.append(message)
+        aten_gm, frozen = gm, []
+    if frozen:
+        report.warnings.append(f"{len(frozen)} parameters and buffers frozen into constants (changing them after compiling has no effect)")
+
+    kept = [i for i in range(len(example_inputs)) if i not in set(frozen)]
+    kept_inputs = [example_inputs[i] for i in kept]
+    t0 = time.perf_counter()
+    compiled = _compile_leftovers(aten_gm, kept_inputs, opts, report)
+    report.times_s["leftovers"] = time.perf_counter() - t0
+
+    index = _register(report, aten_gm)
+    if opts.report:
+        from graphopt.report.render import write_json
+
+        path = _indexed_path(opts.report, index)
+        report.output_path = str(path)
+        write_json(report, path)
+    if not frozen:
+        return compiled
+
+    def run(*args: Any) -> Any:
+        return compiled(*[args[i] for i in kept])
+
+    return run
+
+
+def _rule_set(opts: TorchOptions) -> RuleSet:
+    from graphopt.api import OptimizeOptions, select_rules
+
+    key = (tuple(opts.enable) if opts.enable is not None else None, tuple(opts.disable), tuple(opts.patterns))
+    cached = _RULE_SETS.get(key)
+    if cached is None:
+        cached = _RULE_SETS[key] = RuleSet(select_rules(OptimizeOptions(enable=opts.enable, disable=opts.disable, patterns=opts.patterns)))
+    return cached
+
+
+_RULE_SETS: dict[tuple[Any, ...], RuleSet] = {}
+
+
+# --------------------------------------------------------------------------- tracing to ATen
+
+
+def _fake_inputs(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> tuple[Any, list[Any]]:
+    """Fake versions of the inputs in dynamo's fake mode (same symbolic dims), or static fakes
+    in a fresh mode when called outside torch.compile."""
+    from torch._guards import TracingContext
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    context = TracingContext.try_get()
+    fake_mode = context.fake_mode if context is not None and context.fake_mode is not None else FakeTensorMode(allow_non_fake_inputs=True)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    fakes: list[Any] = []
+    for value, node in zip(example_inputs, placeholders):
+        if isinstance(value, FakeTensor):
+            fakes.append(value if value.fake_mode is fake_mode else fake_mode.from_tensor(value))
+        elif isinstance(value, torch.Tensor):
+            symbolic = context.tensor_to_context.get(value) if context is not None else None
+            source = symbolic.tensor_source if symbolic is not None else None
+            fakes.append(fake_mode.from_tensor(value, symbolic_context=symbolic, source=source, static_shapes=context is None))
+        else:
+            fakes.append(node.meta.get("example_value", value))
+    return fake_mode, fakes
+
+
+@contextlib.contextmanager
+def _preserving(ops: Sequence[Any]) -> Iterator[None]:
+    """Keep composite ops whole while tracing (torch.export's mechanism for the same)."""
+    try:
+        from torch._export.utils import _special_op_to_preserve_cia
+        from torch.export.exported_program import _override_composite_implicit_decomp
+    except ImportError:  # an older or newer torch without it: the ops decompose, the rules see less
+        yield
+        return
+    with _override_composite_implicit_decomp({op: _special_op_to_preserve_cia for op in ops}):
+        yield
+
+
+def trace_to_aten(gm: Callable[..., Any], fake_inputs: Sequence[Any], fake_mode: Any) -> fx.GraphModule:
+    """dynamo's graph (or any function of tensors) as a functional graph of ATen ops, every
+    node with meta["val"]."""
+    from torch._dispatch.python import enable_python_dispatcher
+    from torch.func import functionalize
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    # Traced without autograd: the graph is the forward computation either way, and it stays
+    # differentiable (every ATen op in it has a derivative; inductor and eager autograd derive
+    # the backward from it). With grad mode on, preserved ops would come out detached.
+    def trace(preserved: Sequence[Any]) -> fx.GraphModule:
+        with fake_mode, torch.no_grad(), enable_python_dispatcher(), _preserving(preserved):
+            return make_fx(functionalize(gm, remove="mutations"), decomposition_table={})(*fake_inputs)
+
+    try:
+        return trace(PRESERVED_OPS)
+    except Exception:  # torch.export's private preservation misbehaving: trace fully decomposed
+        return trace(())
+
+
+def _is_module_state(node: fx.Node, value: Any) -> bool:
+    """A parameter or buffer of the compiled module (not a user input)."""
+    if isinstance(value, torch.nn.Parameter):
+        return True
+    grapharg = node.meta.get("grapharg")
+    source = getattr(grapharg, "source", None)
+    name = getattr(source, "name", "")
+    name = name() if callable(name) else str(name)
+    return "._buffers[" in name or "._parameters[" in name
+
+
+def _mutated_nodes(graph: fx.Graph) -> set[fx.Node]:
+    """Nodes some op writes to (copy_ back into an input, a training BatchNorm's running stats)."""
+    written: set[fx.Node] = set()
+    for node in graph.nodes:
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        arguments = node.target._schema.arguments
+        for i, argument in enumerate(arguments):
+            if argument.alias_info is None or not argument.alias_info.is_write:
+                continue
+            value = node.args[i] if i < len(node.args) else node.kwargs.get(argument.name)
+            if isinstance(value, fx.Node):
+                written.add(value)
+    return written
+
+
+def _freeze_module_state(aten_gm: fx.GraphModule, dynamo_gm: fx.GraphModule, example_inputs: Sequence[Any]) -> list[int]:
+    """Parameters and buffers the graph does not mutate become constants (get_attr of the
+    tensor itself, no copy). Returns the input positions that went."""
+    graph = aten_gm.graph
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    dynamo_placeholders = [n for n in dynamo_gm.graph.nodes if n.op == "placeholder"]
+    mutated = _mutated_nodes(graph)
+    first = next(n for n in graph.nodes if n.op != "placeholder")
+    frozen = []
+    for i, (node, source, value) in enumerate(zip(placeholders, dynamo_placeholders, example_inputs)):
+        if not isinstance(value, torch.Tensor) or node in mutated or not _is_module_state(source, value):
+            continue
+        name = f"_frozen_{i}"
+        aten_gm.register_buffer(name, value.detach())
+        with graph.inserting_before(first):
+            constant = graph.get_attr(name)
+        constant.meta["val"] = node.meta.get("val")
+        node.replace_all_uses_with(constant)
+        graph.erase_node(node)
+        frozen.append(i)
+    return frozen
+
+
+# --------------------------------------------------------------------------- the rewrite pipeline
+
+
+def _summary(view: FxView) -> GraphSummary:
+    names = []
+    for node in view.nodes(view.graph):
+        domain, op = view.op_key(node)
+        names.append(op if domain in ("", "torch") else f"{domain}.{op}")
+    constants = sum(1 for n in view.graph.nodes if n.op == "get_attr")
+    return GraphSummary.of(names, constants)
+
+
+def _wants_channels_last(gm: fx.GraphModule, layout: str) -> bool:
+    if layout == "nchw":
+        return False
+    convs = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is aten.convolution.default
+             and isinstance(n.meta.get("val"), torch.Tensor) and n.meta["val"].dim() == 4]
+    if not convs:
+        return False
+    return layout == "nhwc" or convs[0].meta["val"].device.type == "cuda"
+
+
+def optimize_fx(gm: fx.GraphModule, fake_mode: Any, rules: RuleSet, target: Any, report: Report, opts: TorchOptions | None = None) -> None:
+    """Rewrite an ATen FX graph in place: the rules, constant folding, lowering to torch ops."""
+    opts = opts or TorchOptions()
+    started = time.perf_counter()
+
+    def timed(name: str, fn: Callable[[], int]) -> int:
+        stats = report.pass_stats(name)
+        t0 = time.perf_counter()
+        changes = fn()
+        stats.runs += 1
+        stats.changes += changes
+        stats.time_s += time.perf_counter() - t0
+        return changes
+
+    view = FxView(gm, fake_mode)
+    new_constant = view.add_constant
+
+    timed("dce", lambda: fx_passes.remove_dead_code(gm))
+    timed("split_rsqrt", lambda: fx_passes.split_rsqrt(gm))
+    view.refresh()
+    report.before = _summary(view)
+    driver_options = DriverOptions(trace_all=opts.trace)
+    if opts.trace:
+        report.trace = []
+    for sweep in range(1, opts.max_sweeps + 1):
+        report.sweeps = sweep
+        folded = timed("constant_folding", lambda: fx_passes.fold_constants(gm, new_constant, opts.fold_size_limit))
+        view.refresh()
+        t0 = time.perf_counter()
+        rewritten = apply_rules(view, rules, target, report, driver_options)
+        report.times_s["rules"] = report.times_s.get("rules", 0.0) + time.perf_counter() - t0
+        if report.limit_reached or (folded == 0 and rewritten == 0):
+            break
+    else:
+        report.limit_reached = True
+        report.warnings.append(f"stopped after {opts.max_sweeps} sweeps without reaching a fixpoint")
+    timed("dce", lambda: fx_passes.remove_dead_code(gm))
+    view.refresh()
+    report.after = _summary(view)
+    timed("merge_rsqrt", lambda: fx_passes.merge_rsqrt(gm))
+    timed("lowering", lambda: torch_lowering.lower_neutral_nodes(gm, fake_mode, new_constant, view.const_array, view.device))
+    # What the lowerings built from constants (rotary caches in their torch form) folds too.
+    timed("constant_folding", lambda: fx_passes.fold_constants(gm, new_constant, opts.fold_size_limit))
+    timed("views_to_reshapes", lambda: fx_passes.views_to_reshapes(gm))
+    if _wants_channels_last(gm, opts.layout):
+        timed("layout", lambda: fx_passes.to_channels_last(gm, new_constant))
+    timed("dce", lambda: fx_passes.remove_dead_code(gm))
+    assert not any(is_neutral(n) for n in gm.graph.nodes), "every graphopt op is lowered"
+    gm.graph.lint()
+    gm.recompile()
+    report.times_s["optimize"] = time.perf_counter() - started
+    report.finalize()
+
+
+# --------------------------------------------------------------------------- what runs the result
+
+
+def _compile_leftovers(gm: fx.GraphModule, inputs: Sequence[Any], opts: TorchOptions, report: Report) -> Callable[..., Any]:
+    if opts.inductor:
+        from torch._inductor import list_mode_options
+        from torch._inductor.compile_fx import compile_fx
+
+        patches = list_mode_options(opts.mode) if opts.mode not in (None, "default") else {}
+        return compile_fx(gm, list(inputs), config_patches=patches)  # type: ignore[return-value]
+    if opts.mode == "reduce-overhead":
+        on_cuda = any(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs)
+        if on_cuda:
+            from torch._dynamo.backends.cudagraphs import cudagraphs
+
+            return cudagraphs(gm, list(inputs))  # type: ignore[no-any-return]
+        report.warnings.append("mode='reduce-overhead' without inductor uses CUDA graphs, and these inputs are not on CUDA")
+    return gm

@@ -1,0 +1,39 @@
+"""Native helpers for sdpa.pdll."""
+
+from __future__ import annotations
+
+from graphopt.ir.symbolic import SymbolicShapes, dims_equal, static_int
+from graphopt.pattern.native import native_constraint
+
+
+@native_constraint("SdpaShapes")
+def sdpa_shapes(ctx, q, k, v, mask):
+    """q [B, Hq, S, D], k [B, Hkv, T, D], v [B, Hkv, T, Dv] with Hq a multiple of Hkv, one float
+    dtype; a mask (bool or the same float type) that broadcasts to [B, Hq, S, T]."""
+    sym = SymbolicShapes(ctx.view)
+    dq, dk, dv = sym.dims(q), sym.dims(k), sym.dims(v)
+    if dq is None or dk is None or dv is None:
+        return "the dims of q, k or v are not known"
+    if not (dims_equal([dk[0]], [dq[0]]) and dims_equal([dv[0]], [dq[0]])):
+        return f"q, k and v batch sizes are not known to be equal ({dq[0]}, {dk[0]}, {dv[0]})"
+    if not dims_equal(dk[1:3], dv[1:3]):
+        return f"k {list(dk)} and v {list(dv)} differ in heads or length"
+    if not dims_equal([dk[3]], [dq[3]]):
+        return f"q and k head sizes differ ({dq[3]}, {dk[3]})"
+    heads, kv_heads = static_int(dq[1]), static_int(dk[1])
+    if heads is None or kv_heads is None or kv_heads == 0 or heads % kv_heads:
+        return f"{dq[1]} query heads are not a multiple of {dk[1]} key/value heads"
+    dtypes = {ctx.dtype(q), ctx.dtype(k), ctx.dtype(v)}
+    if len(dtypes) != 1 or not dtypes <= {"f16", "bf16", "f32"}:
+        return f"q, k and v are {sorted(map(str, dtypes))}, not one of f16, bf16, f32"
+    if mask is not None:
+        dm = sym.dims(mask)
+        full = [dq[0], dq[1], dq[2], dk[2]]
+        if dm is None or len(dm) > 4:
+            return f"the mask has dims {dm}, not at most 4"
+        for got, want in zip(reversed(dm), reversed(full)):
+            if static_int(got) != 1 and not dims_equal([got], [want]):
+                return f"the mask {list(dm)} does not broadcast to {full}"
+        if ctx.dtype(mask) not in ("bool", ctx.dtype(q)):
+            return f"the mask is {ctx.dtype(mask)}, q is {ctx.dtype(q)}"
+    return True
