@@ -138,7 +138,19 @@ def compile_variant(model: Any, variant: str) -> Any:
         "graphopt+inductor-all": {"kernels": "all"},
         "graphopt+inductor-ro": {"mode": "reduce-overhead"},
     }[variant]
+    _ensure_backend_registered()
     return torch.compile(model, backend="graphopt", options=options)
+
+
+def _ensure_backend_registered() -> None:
+    """An installed graphopt is found through its entry point; a checkout on PYTHONPATH
+    (as on the GPU machine) is registered here, once, under the same name."""
+    import torch._dynamo
+
+    if "graphopt" not in torch._dynamo.list_backends(exclude_tags=()):
+        from graphopt.torch_backend import graphopt_backend
+
+        torch._dynamo.register_backend(name="graphopt")(graphopt_backend)
 
 
 def time_calls(call: Callable[[], Any], warmup: int, iters: int, cuda: bool) -> dict[str, float]:
