@@ -222,7 +222,7 @@ def graphopt_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, optio
     kept = [i for i in range(len(example_inputs)) if i not in set(frozen)]
     kept_inputs = [example_inputs[i] for i in kept]
     t0 = time.perf_counter()
-    compiled = _compile_leftovers(aten_gm, kept_inputs, opts, report)
+    compiled = _compile_leftovers(aten_gm, kept_inputs, opts, report, dynamo_gm=gm)
     report.times_s["leftovers"] = time.perf_counter() - t0
 
     index = _register(report, aten_gm)
@@ -296,7 +296,6 @@ def trace_to_aten(gm: Callable[..., Any], fake_inputs: Sequence[Any], fake_mode:
     """dynamo's graph (or any function of tensors) as a functional graph of ATen ops, every
     node with meta["val"]."""
     from torch._dispatch.python import enable_python_dispatcher
-    from torch.func import functionalize
     from torch.fx.experimental.proxy_tensor import make_fx
 
     # Traced without autograd: the graph is the forward computation either way, and it stays
@@ -304,12 +303,40 @@ def trace_to_aten(gm: Callable[..., Any], fake_inputs: Sequence[Any], fake_mode:
     # the backward from it). With grad mode on, preserved ops would come out detached.
     def trace(preserved: Sequence[Any]) -> fx.GraphModule:
         with fake_mode, torch.no_grad(), enable_python_dispatcher(), _preserving(preserved):
-            return make_fx(functionalize(gm, remove="mutations"), decomposition_table={})(*fake_inputs)
+            # Dispatch-level functionalization, as aot_autograd and torch.export use: torch.func's
+            # functionalize reads sizes through aten.size, which specializes every symbolic dim
+            # (one recompilation per input shape).
+            return make_fx(_functionalized(gm), decomposition_table={})(*fake_inputs)
 
     try:
         return trace(PRESERVED_OPS)
     except Exception:  # torch.export's private preservation misbehaving: trace fully decomposed
         return trace(())
+
+
+def _functionalized(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """fn without mutations: FunctionalTensorMode (dispatch-level functionalization, as in
+    aot_autograd), then a copy_ back into each input fn wrote to (a training BatchNorm's
+    running stats), so the traced graph keeps that write at its end."""
+    from torch._functorch._aot_autograd.functional_utils import has_data_mutation
+    from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
+    from torch.utils import _pytree as pytree
+
+    def unwrap(t: Any) -> Any:
+        torch._sync(t)
+        return torch._from_functional_tensor(t.elem)
+
+    def inner(*args: Any) -> Any:
+        exclude = torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(torch._C.DispatchKey.Functionalize))
+        with exclude, FunctionalTensorMode():
+            wrapped = [FunctionalTensor.to_functional(a) if isinstance(a, torch.Tensor) else a for a in args]
+            outputs = pytree.tree_map_only(FunctionalTensor, unwrap, fn(*wrapped))
+            for original, functional in zip(args, wrapped):
+                if isinstance(functional, FunctionalTensor) and has_data_mutation(functional):
+                    original.copy_(unwrap(functional))
+        return outputs
+
+    return inner
 
 
 def _is_module_state(node: fx.Node, value: Any) -> bool:
@@ -403,6 +430,7 @@ def optimize_fx(gm: fx.GraphModule, fake_mode: Any, rules: RuleSet, target: Any,
 
     timed("dce", lambda: fx_passes.remove_dead_code(gm))
     timed("split_rsqrt", lambda: fx_passes.split_rsqrt(gm))
+    timed("drop_clones", lambda: fx_passes.drop_clones(gm))
     view.refresh()
     report.before = _summary(view)
     driver_options = DriverOptions(trace_all=opts.trace)
@@ -441,13 +469,10 @@ def optimize_fx(gm: fx.GraphModule, fake_mode: Any, rules: RuleSet, target: Any,
 # --------------------------------------------------------------------------- what runs the result
 
 
-def _compile_leftovers(gm: fx.GraphModule, inputs: Sequence[Any], opts: TorchOptions, report: Report) -> Callable[..., Any]:
+def _compile_leftovers(gm: fx.GraphModule, inputs: Sequence[Any], opts: TorchOptions, report: Report,
+                       dynamo_gm: fx.GraphModule | None = None) -> Callable[..., Any]:
     if opts.inductor:
-        from torch._inductor import list_mode_options
-        from torch._inductor.compile_fx import compile_fx
-
-        patches = list_mode_options(opts.mode) if opts.mode not in (None, "default") else {}
-        return compile_fx(gm, list(inputs), config_patches=patches)  # type: ignore[return-value]
+        return _inductor(gm, inputs, opts, dynamo_gm)
     if opts.mode == "reduce-overhead":
         on_cuda = any(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs)
         if on_cuda:
@@ -456,3 +481,26 @@ def _compile_leftovers(gm: fx.GraphModule, inputs: Sequence[Any], opts: TorchOpt
             return cudagraphs(gm, list(inputs))  # type: ignore[no-any-return]
         report.warnings.append("mode='reduce-overhead' without inductor uses CUDA graphs, and these inputs are not on CUDA")
     return gm
+
+
+def _inductor(gm: fx.GraphModule, inputs: Sequence[Any], opts: TorchOptions, dynamo_gm: fx.GraphModule | None) -> Callable[..., Any]:
+    """compile_fx on the rewritten graph, as torch.compile's own inductor backend calls it."""
+    from torch._inductor import compile_fx as inductor_compile_fx
+    from torch._inductor import list_mode_options
+
+    # aot_autograd (inside compile_fx) lifts the graph's constants (the frozen parameters,
+    # folded results) into inputs; it marks them static (same address every call) only for
+    # graphs that carry a dynamo compile id, else CUDA graphs copy every one of them into
+    # graph-owned memory on every call (BERT-base: 200 copies, 2x slower than inductor's own
+    # reduce-overhead). Without `_param_name_to_source` aot takes the torch.export route:
+    # every lifted parameter and buffer is static.
+    if "dynamo_compile_id" not in gm.meta:
+        from torch._guards import CompileContext
+
+        compile_id = dynamo_gm.meta.get("dynamo_compile_id") if dynamo_gm is not None else None
+        gm.meta["dynamo_compile_id"] = compile_id if compile_id is not None else CompileContext.current_compile_id()
+    patches = list_mode_options(opts.mode) if opts.mode not in (None, "default") else {}
+    # inner_compile looked up at call time: the same function compile_fx uses by default
+    # (tests wrap it to see what inductor is asked to do).
+    return inductor_compile_fx.compile_fx(gm, list(inputs), inner_compile=inductor_compile_fx.compile_fx_inner,  # type: ignore[return-value]
+                                          config_patches=patches)

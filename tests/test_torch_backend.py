@@ -322,6 +322,34 @@ def test_inductor_takes_the_leftovers_with_no_more_graph_breaks() -> None:
     assert all(r.times_s["leftovers"] > 0 for r in torch_reports())
 
 
+def test_inductor_gets_cuda_graphs_and_the_frozen_constants_as_static_inputs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """mode="reduce-overhead" reaches inductor as CUDA graphs, and the constants graphopt froze
+    (lifted into inputs by aot_autograd) are static: CUDA graphs would copy every non-static
+    input into graph-owned memory on every replay (BERT-base: all 200 weights)."""
+    import torch._inductor.compile_fx as inductor_compile_fx
+
+    seen: list[tuple[int, list[int], bool]] = []
+    real = inductor_compile_fx.compile_fx_inner
+
+    def spy(gm: Any, inputs: Any, **kwargs: Any) -> Any:
+        seen.append((len(inputs), list(kwargs.get("static_input_idxs", ())), bool(kwargs.get("cudagraphs"))))
+        return real(gm, inputs, **kwargs)
+
+    monkeypatch.setattr(inductor_compile_fx, "compile_fx_inner", spy)
+    monkeypatch.setattr(torch._functorch.config, "enable_autograd_cache", False)  # a cache hit skips inner_compile
+    monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", False)
+    model = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8), nn.Linear(8, 8)).eval()
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        for mode, cuda_graphs in (("reduce-overhead", True), (None, False)):
+            torch._dynamo.reset()
+            torch.testing.assert_close(torch.compile(model, backend="graphopt", options={"mode": mode})(x), model(x))
+            inputs, static, cudagraphs = seen[-1]
+            assert cudagraphs is cuda_graphs
+            assert inputs == 7 and static == list(range(6)), (inputs, static)  # 6 constants, then x
+    assert len(seen) == 2
+
+
 def test_constant_array_of_a_frozen_parameter() -> None:
     model = nn.Conv2d(2, 2, 1).eval()
 

@@ -23,6 +23,7 @@ __all__ = [
     "fold_constants",
     "split_rsqrt",
     "merge_rsqrt",
+    "drop_clones",
     "views_to_reshapes",
     "to_channels_last",
     "remove_dead_code",
@@ -104,6 +105,25 @@ def fold_constants(gm: fx.GraphModule, new_constant: NewConstant, size_limit_byt
     return folded
 
 
+def drop_clones(gm: fx.GraphModule) -> int:
+    """clone(x) -> x. After functionalization nothing writes to a clone, so it only copies
+    (`.contiguous()` on a transposed tensor): it would hide the ops around it from the rules.
+    Clones that feed the graph's outputs stay, so no output aliases an input."""
+    changed = 0
+    returned: set[fx.Node] = set()
+    for node in gm.graph.nodes:
+        if node.op == "output":
+            fx.node.map_arg(node.args, returned.add)
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target is aten.clone.default and node not in returned and isinstance(node.args[0], fx.Node):
+            node.replace_all_uses_with(node.args[0])
+            gm.graph.erase_node(node)
+            changed += 1
+    if changed:  # strides downstream may differ now: a view may have to copy
+        views_to_reshapes(gm)
+    return changed
+
+
 def split_rsqrt(gm: fx.GraphModule) -> int:
     """rsqrt(x) -> reciprocal(sqrt(x)), the form ONNX graphs (and the RMSNorm rules) have."""
     changed = 0
@@ -143,7 +163,7 @@ def views_to_reshapes(gm: fx.GraphModule) -> int:
     strides allow it and a copy otherwise (what inductor's freezing does too)."""
     changed = 0
     for node in gm.graph.nodes:
-        if node.op == "call_function" and node.target is aten.view.default:
+        if node.op == "call_function" and node.target in (aten.view.default, aten._unsafe_view.default):
             node.target = aten.reshape.default
             changed += 1
     return changed
