@@ -13,8 +13,10 @@ import of graphopt is needed before ``torch.compile``. For each graph dynamo cap
    ``torch`` target (``torch-train`` where gradients flow: only rewrites whose ops
    have gradient formulas);
 4. lower graphopt's ops onto ``torch.ops.graphopt.*`` (graphopt.ops.torch_lowering);
-5. hand the result to inductor (``compile_fx``: its own decompositions, fusions and
-   autograd on the leftovers), or run it as it is (``options={"inductor": False}``).
+5. hand the result to inductor (``compile_fx``: its own decompositions, fusions, autograd
+   and, with ``mode="reduce-overhead"``, CUDA graphs), or run it as it is
+   (``options={"inductor": False}``; with ``mode="reduce-overhead"`` replayed as one CUDA
+   graph by `CudaGraphReplay`).
 
 Each compiled graph leaves a `graphopt.report.model.Report`; `last_report()` and
 `torch_reports()` return them, ``options={"report": "r.json"}`` writes them.
@@ -54,6 +56,8 @@ __all__ = [
     "torch_reports",
     "clear_reports",
     "PRESERVED_OPS",
+    "CudaGraphReplay",
+    "cuda_graphs_refusal",
 ]
 
 aten = torch.ops.aten
@@ -74,7 +78,8 @@ class TorchOptions:
     disable: list[str] = field(default_factory=list)
     #: Extra .pdll / .py pattern files or folders, loaded after the built-in library.
     patterns: list[str] = field(default_factory=list)
-    #: Write each graph's report as JSON here (an index is added per graph, or put {index} in the name).
+    #: Write each graph's report here, as JSON or (for a .html name) as the HTML page; an
+    #: index is added per graph, or put {index} in the name.
     report: str | None = None
     #: Hand the rewritten graph to inductor (True) or run it as it is (False).
     inductor: bool = True
@@ -222,16 +227,21 @@ def graphopt_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, optio
     kept = [i for i in range(len(example_inputs)) if i not in set(frozen)]
     kept_inputs = [example_inputs[i] for i in kept]
     t0 = time.perf_counter()
-    compiled = _compile_leftovers(aten_gm, kept_inputs, opts, report, dynamo_gm=gm)
+    compiled = _compile_leftovers(aten_gm, kept_inputs, opts, report, dynamo_gm=gm, training=training)
     report.times_s["leftovers"] = time.perf_counter() - t0
 
     index = _register(report, aten_gm)
     if opts.report:
-        from graphopt.report.render import write_json
-
         path = _indexed_path(opts.report, index)
         report.output_path = str(path)
-        write_json(report, path)
+        if str(path).lower().endswith((".html", ".htm")):  # the same page as `optimize --report x.html`
+            from graphopt.report.html import write_html
+
+            write_html(report, path)
+        else:
+            from graphopt.report.render import write_json
+
+            write_json(report, path)
     if not frozen:
         return compiled
 
@@ -470,16 +480,16 @@ def optimize_fx(gm: fx.GraphModule, fake_mode: Any, rules: RuleSet, target: Any,
 
 
 def _compile_leftovers(gm: fx.GraphModule, inputs: Sequence[Any], opts: TorchOptions, report: Report,
-                       dynamo_gm: fx.GraphModule | None = None) -> Callable[..., Any]:
+                       dynamo_gm: fx.GraphModule | None = None, training: bool = False) -> Callable[..., Any]:
     if opts.inductor:
         return _inductor(gm, inputs, opts, dynamo_gm)
     if opts.mode == "reduce-overhead":
-        on_cuda = any(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs)
-        if on_cuda:
-            from torch._dynamo.backends.cudagraphs import cudagraphs
-
-            return cudagraphs(gm, list(inputs))  # type: ignore[no-any-return]
-        report.warnings.append("mode='reduce-overhead' without inductor uses CUDA graphs, and these inputs are not on CUDA")
+        # Our own capture, not torch._dynamo's "cudagraphs" backend: that one re-traces the
+        # graph with aot_autograd and rejects the triton_op nodes of graphopt's kernels.
+        reason = cuda_graphs_refusal(inputs, training)
+        if reason is None:
+            return CudaGraphReplay(gm)
+        report.warnings.append(f"mode='reduce-overhead' without inductor uses CUDA graphs, and {reason}: the graph runs without them")
     return gm
 
 
@@ -504,3 +514,90 @@ def _inductor(gm: fx.GraphModule, inputs: Sequence[Any], opts: TorchOptions, dyn
     # (tests wrap it to see what inductor is asked to do).
     return inductor_compile_fx.compile_fx(gm, list(inputs), inner_compile=inductor_compile_fx.compile_fx_inner,  # type: ignore[return-value]
                                           config_patches=patches)
+
+
+# --------------------------------------------------------------------------- CUDA graphs without inductor
+
+
+def cuda_graphs_refusal(inputs: Sequence[Any], training: bool) -> str | None:
+    """Why the rewritten graph cannot be replayed as one CUDA graph (None: it can)."""
+    tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
+    if len(tensors) != len(inputs):
+        return "some inputs are not tensors (symbolic sizes or Python values)"
+    if not tensors or not all(x.is_cuda for x in tensors):
+        return "these inputs are not on CUDA"
+    if len({x.device for x in tensors}) > 1:
+        return "the inputs are on more than one device"
+    if training:
+        return "gradients flow through this graph"
+    if any(not isinstance(d, int) for x in tensors for d in (*x.shape, *x.stride())):
+        return "the input shapes are dynamic"
+    return None
+
+
+class CudaGraphReplay:
+    """Runs `fn` as one CUDA graph: the first call warms up (Triton compiles, cuBLAS sets up)
+    and captures; later calls copy their inputs into the captured input buffers, replay, and
+    return copies of the captured outputs (so an output stays valid after the next call).
+
+    A call whose inputs differ in shape, dtype or device from the captured ones, or
+    that needs gradients, runs `fn` as it is; so does every call after a failed capture (with
+    a RuntimeWarning). `cuda` is the torch.cuda API (tests pass a stand-in).
+    """
+
+    warmup_calls = 3
+
+    def __init__(self, fn: Callable[..., Any], cuda: Any = None) -> None:
+        self.fn = fn
+        self.cuda = cuda if cuda is not None else torch.cuda
+        self.graph: Any = None
+        self.static_inputs: list[Any] = []
+        self.static_outputs: Any = None
+        self.failed: str | None = None
+
+    def __call__(self, *args: Any) -> Any:
+        if self.failed is not None or (torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)):
+            return self.fn(*args)
+        if self.graph is None:
+            try:
+                self._capture(args)
+            except Exception as error:  # an op that cannot be captured: run without CUDA graphs
+                self.failed = f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}"
+                self.graph = None
+                warnings.warn(f"graphopt: CUDA graph capture failed ({self.failed}); this graph runs without CUDA graphs", RuntimeWarning, stacklevel=2)
+                return self.fn(*args)
+        elif not self._matches(args):
+            return self.fn(*args)
+        for static, arg in zip(self.static_inputs, args):
+            if isinstance(static, torch.Tensor):
+                static.copy_(arg)
+        self.graph.replay()
+        return torch.utils._pytree.tree_map_only(torch.Tensor, torch.Tensor.clone, self.static_outputs)
+
+    def _capture(self, args: Sequence[Any]) -> None:
+        cuda = self.cuda
+        self.static_inputs = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+        # Warm up on a side stream (as torch.cuda.graphs documents): lazy initialisations
+        # (Triton compiling, autotuning, cuBLAS workspaces) must not happen during capture.
+        side = cuda.Stream()
+        side.wait_stream(cuda.current_stream())
+        with cuda.stream(side):
+            for _ in range(self.warmup_calls):
+                self.fn(*self.static_inputs)
+        cuda.current_stream().wait_stream(side)
+        graph = cuda.CUDAGraph()
+        with cuda.graph(graph):
+            self.static_outputs = self.fn(*self.static_inputs)
+        self.graph = graph
+
+    def _matches(self, args: Sequence[Any]) -> bool:
+        if len(args) != len(self.static_inputs):
+            return False
+        for static, arg in zip(self.static_inputs, args):
+            if isinstance(static, torch.Tensor):
+                # Strides may differ: copy_ writes any layout into the captured buffer.
+                if not (isinstance(arg, torch.Tensor) and arg.shape == static.shape and arg.dtype == static.dtype and arg.device == static.device):
+                    return False
+            elif arg != static:
+                return False
+        return True

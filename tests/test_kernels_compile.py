@@ -75,8 +75,11 @@ class _Recorder:
         return lambda *args, **kwargs: self.launches.append((self.kernel, args, kwargs))
 
 
-def _compile(kernel: Any, args: tuple, kwargs: dict) -> Any:
-    """triton.compile the launch for sm_90 (an autotuned kernel: with one of its configs)."""
+def _compile(kernel: Any, args: tuple, kwargs: dict, float_type: str = "fp32") -> Any:
+    """triton.compile the launch for sm_90 (an autotuned kernel: with one of its configs).
+    Python floats are typed `float_type`: "fp32" as Triton's launcher does, "fp64" as
+    inductor does when it compiles the kernel inside a graph (torch.ops.graphopt under
+    inductor: triton_utils.signature_of, `_use_fp64_for_unbacked_floats`)."""
     values = dict(kwargs)
     if isinstance(kernel, Autotuner):
         fp32 = any(isinstance(a, torch.Tensor) and a.dtype == torch.float32 for a in args[:2])
@@ -100,7 +103,7 @@ def _compile(kernel: Any, args: tuple, kwargs: dict) -> Any:
         elif isinstance(value, int):
             signature[param.name] = "i32" if -(2**31) <= value < 2**31 else "i64"
         elif isinstance(value, float):
-            signature[param.name] = "fp32"
+            signature[param.name] = float_type
         else:
             raise TypeError(f"{kernel.__name__}: argument {param.name} is a {type(value).__name__}")
     return triton.compile(ASTSource(kernel, signature, constants), target=H100, options=options)
@@ -120,3 +123,32 @@ def test_kernel_compiles_for_h100(variant: str, monkeypatch: pytest.MonkeyPatch)
         compiled = _compile(kernel, args, kwargs)
         assert compiled.asm.get("cubin"), f"{variant}: no cubin"
         assert compiled.metadata.shared <= H100_SHARED_BYTES, f"{variant}: {compiled.metadata.shared} bytes of shared memory"
+
+
+# The launches with Python float arguments (scales, epsilons).
+_WITH_FLOATS = [
+    "attention_fp16_causal_gqa_d128",
+    "attention_bf16_bool_mask_causal_d64",
+    "attention_fp32_additive_mask_d80_dv48",
+    "layer_norm_fp16_residual_bias",
+    "rms_norm_bf16_4096",
+]
+
+
+@pytest.mark.parametrize("variant", _WITH_FLOATS)
+def test_kernel_compiles_as_inductor_types_it(variant: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inductor passes Python floats as fp64: the kernels must keep their fp32 arithmetic
+    (an fp64 scale once made the attention accumulator fp64, and tl.dot refused it)."""
+    monkeypatch.setattr(torch.library, "wrap_triton", _Recorder)
+    monkeypatch.setattr(_Recorder, "launches", [])
+    VARIANTS[variant]()
+    floats = [(kernel, args, kwargs) for kernel, args, kwargs in _Recorder.launches if any(isinstance(a, float) for a in args)]
+    assert floats, f"{variant} passes no float argument"
+    for kernel, args, kwargs in floats:
+        compiled = _compile(kernel, args, kwargs, float_type="fp64")
+        assert compiled.asm.get("cubin"), f"{variant}: no cubin"
+        ttir = compiled.asm["ttir"]
+        assert "f64" in ttir, "the float argument is fp64 in the signature"
+        arithmetic = [line for line in ttir.splitlines() if "f64" in line and "arith.extf" not in line and "tt.func" not in line
+                      and "arith.truncf" not in line]
+        assert not arithmetic, f"{variant}: fp64 arithmetic in the kernel: {arithmetic[:3]}"

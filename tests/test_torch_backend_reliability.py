@@ -79,3 +79,19 @@ def test_a_model_graphopt_cannot_rewrite_still_runs_equal_to_eager() -> None:
     assert torch_reports(), "graphopt was given the graphs"
     assert _applied() == 0
     assert not [w for r in torch_reports() for w in r.warnings if "graphopt failed" in w]
+
+
+def test_each_compiled_graph_writes_the_html_report(tmp_path: Any) -> None:
+    """options={"report": "r.html"}: the same self-contained page as `graphopt optimize --report
+    r.html`, one per compiled graph, indexed."""
+    model = Block().eval()
+    with torch.no_grad():
+        torch.compile(model, backend="graphopt", options={"inductor": False, "report": str(tmp_path / "r.html")})(torch.randn(2, 5, 16))
+    [page] = sorted(tmp_path.glob("r*.html"))
+    assert page.name == "r.0.html"
+    text = page.read_text()
+    assert text.lstrip().lower().startswith("<!doctype html")
+    for rule, stats in torch_reports()[0].rules.items():
+        if stats.applications:
+            assert rule in text
+    assert "FuseScaledDotProductAttention" in text and "http://" not in text and "https://" not in text

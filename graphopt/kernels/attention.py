@@ -10,6 +10,10 @@ is_causal=is_causal, scale=scale, enable_gqa=True)``:
   ``j <= i``); given together with ``attn_mask`` both apply.
 * ``scale`` defaults to ``1 / sqrt(D)``. A query row that may attend to nothing gives zeros
   (as SDPA does on CPU), not NaN.
+* The output ``[B, Hq, S, Dv]`` is stored as ``[B, S, Hq, Dv]`` (as torch's flash and
+  memory-efficient SDPA store theirs): the usual ``out.transpose(1, 2).reshape(B, S, Hq * Dv)``
+  that follows attention is then a view, not a copy. Every implementation (fake included)
+  returns that layout.
 
 The Triton kernel keeps one block of queries in registers and walks the keys in tiles,
 carrying the running row maximum, the running sum of exponentials and the unnormalised
@@ -55,9 +59,14 @@ def check_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None) -
         torch._check(got == 1 or got == want, lambda: f"graphopt::attention: attn_mask {tuple(attn_mask.shape)} does not broadcast to {full}")
 
 
+def _new_output(q: Tensor, v: Tensor) -> Tensor:
+    """An empty [B, Hq, S, Dv] output stored as [B, S, Hq, Dv] (see the module docstring)."""
+    return q.new_empty((q.shape[0], q.shape[2], q.shape[1], v.shape[3])).transpose(1, 2)
+
+
 def attention_fake(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False, scale: float | None = None) -> Tensor:
     check_attention(q, k, v, attn_mask)
-    return q.new_empty((q.shape[0], q.shape[1], q.shape[2], v.shape[3]))
+    return _new_output(q, v)
 
 
 def attention_reference(
@@ -75,7 +84,7 @@ def attention_reference(
     out = F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask, is_causal=is_causal and attn_mask is None, scale=scale, enable_gqa=bool(q.shape[1] != k.shape[1])
     )
-    return out.contiguous()
+    return _new_output(q, v).copy_(out)
 
 
 # --- Triton -------------------------------------------------------------------------------
@@ -192,6 +201,9 @@ def _attention_fwd(
     HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
+    # inductor passes Python floats as fp64 (Triton's launcher as fp32): without this cast
+    # the scores, and through them the accumulator, would be fp64 (tl.dot refuses that)
+    qk_scale = tl.cast(qk_scale, tl.float32)
     # one program per (query block, batch * head); query blocks vary fastest so that the
     # programs running together share their key/value head in L2
     num_m_blocks = tl.cdiv(S, BLOCK_M)
@@ -257,7 +269,7 @@ def attention_triton(
     check_attention(q, k, v, attn_mask)
     batch, heads, seq_q, head_d = q.shape
     heads_kv, seq_k, head_dv = k.shape[1], k.shape[2], v.shape[3]
-    out = torch.empty((batch, heads, seq_q, head_dv), dtype=q.dtype, device=q.device)
+    out = _new_output(q, v)  # the kernel writes through out's strides
     if out.numel() == 0:
         return out
     if scale is None:

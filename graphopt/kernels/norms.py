@@ -94,7 +94,8 @@ def _norm_kernel(
     else:
         mean = tl.sum(s, axis=0) / N
         centred = tl.where(col_ok, s - mean, 0.0)
-    rstd = tl.rsqrt(tl.sum(centred * centred, axis=0) / N + eps)
+    # eps cast: inductor passes Python floats as fp64, which would make this fp64 math
+    rstd = tl.rsqrt(tl.sum(centred * centred, axis=0) / N + tl.cast(eps, tl.float32))
     y = centred * rstd * tl.load(weight_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
     if HAS_BIAS:
         y += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)

@@ -1,0 +1,156 @@
+"""CUDA graphs for graphopt without inductor (options={"inductor": False, "mode": "reduce-overhead"}).
+
+No GPU here: `CudaGraphReplay` runs against a stand-in for torch.cuda whose "graph" records,
+during capture, what the captured function computes into its buffers, and re-runs exactly
+that on replay (a CUDA graph's semantics: the same kernels on the same memory). The real
+capture runs in benchmarks/torch_compile.py (variant graphopt-cg) on the GPU machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from graphopt.torch_backend import CudaGraphReplay, cuda_graphs_refusal
+
+
+class _Graph:
+    def __init__(self) -> None:
+        self.kernels: list[Callable[[], None]] = []
+        self.replays = 0
+
+    def replay(self) -> None:
+        self.replays += 1
+        for kernel in self.kernels:
+            kernel()
+
+
+class _Stream:
+    def wait_stream(self, other: _Stream) -> None:
+        pass
+
+
+class FakeCuda:
+    """The part of torch.cuda that CudaGraphReplay uses."""
+
+    def __init__(self, fail_capture: bool = False) -> None:
+        self.capturing: _Graph | None = None
+        self.side_stream_calls = 0
+        self.on_side_stream = False
+        self.fail_capture = fail_capture
+
+    def Stream(self) -> _Stream:  # noqa: N802 (torch.cuda's name)
+        return _Stream()
+
+    def current_stream(self) -> _Stream:
+        return _Stream()
+
+    @contextlib.contextmanager
+    def stream(self, stream: _Stream) -> Iterator[None]:
+        self.on_side_stream = True
+        try:
+            yield
+        finally:
+            self.on_side_stream = False
+
+    def CUDAGraph(self) -> _Graph:  # noqa: N802
+        return _Graph()
+
+    @contextlib.contextmanager
+    def graph(self, graph: _Graph) -> Iterator[None]:
+        if self.fail_capture:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        self.capturing = graph
+        try:
+            yield
+        finally:
+            self.capturing = None
+
+
+def _doubling_plus_one(cuda: FakeCuda, calls: list[str]) -> Callable[..., tuple[torch.Tensor]]:
+    """x * 2 + 1, recording into the graph (as kernels writing the same buffer) while captured."""
+
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor]:
+        calls.append("capture" if cuda.capturing else "side stream" if cuda.on_side_stream else "plain")
+        out = x * 2 + 1
+        if cuda.capturing is not None:
+            cuda.capturing.kernels.append(lambda: out.copy_(x * 2 + 1))
+        return (out,)
+
+    return fn
+
+
+def test_replay_copies_inputs_in_and_outputs_out() -> None:
+    cuda, calls = FakeCuda(), []
+    runner = CudaGraphReplay(_doubling_plus_one(cuda, calls), cuda=cuda)
+    first_input = torch.arange(4.0)
+    (first,) = runner(first_input)
+    assert calls == ["side stream"] * CudaGraphReplay.warmup_calls + ["capture"]
+    torch.testing.assert_close(first, first_input * 2 + 1)
+    (second,) = runner(torch.full((4,), 10.0))
+    assert calls[-1] == "capture", "later calls replay, they do not run the function"
+    assert runner.graph.replays == 2
+    torch.testing.assert_close(second, torch.full((4,), 21.0))
+    torch.testing.assert_close(first, first_input * 2 + 1)  # the first output outlived the second call
+    assert runner.static_inputs[0] is not first_input  # the graph reads its own buffer
+    # Another layout of the same shape is copied into the captured buffer.
+    (third,) = runner(torch.arange(8.0)[::2])
+    torch.testing.assert_close(third, torch.arange(8.0)[::2] * 2 + 1)
+
+
+def test_other_shapes_and_gradients_run_without_the_graph() -> None:
+    cuda, calls = FakeCuda(), []
+    runner = CudaGraphReplay(_doubling_plus_one(cuda, calls), cuda=cuda)
+    runner(torch.zeros(4))
+    (out,) = runner(torch.ones(3))
+    assert calls[-1] == "plain" and runner.graph.replays == 1
+    torch.testing.assert_close(out, torch.full((3,), 3.0))
+    x = torch.ones(4, requires_grad=True)
+    (out,) = runner(x)
+    assert calls[-1] == "plain" and out.requires_grad
+
+
+def test_a_failed_capture_warns_once_and_runs_the_function() -> None:
+    cuda, calls = FakeCuda(fail_capture=True), []
+    runner = CudaGraphReplay(_doubling_plus_one(cuda, calls), cuda=cuda)
+    with pytest.warns(RuntimeWarning, match="CUDA graph capture failed"):
+        (out,) = runner(torch.ones(2))
+    torch.testing.assert_close(out, torch.full((2,), 3.0))
+    (out,) = runner(torch.zeros(2))
+    assert calls[-1] == "plain" and runner.failed is not None
+    torch.testing.assert_close(out, torch.ones(2))
+
+
+def test_which_graphs_are_replayed() -> None:
+    with FakeTensorMode() as mode:
+        on_cuda = [torch.empty(2, 3, device="cuda"), torch.empty(4, dtype=torch.int64, device="cuda")]
+    assert cuda_graphs_refusal(on_cuda, training=False) is None
+    assert "gradients" in str(cuda_graphs_refusal(on_cuda, training=True))
+    assert "not on CUDA" in str(cuda_graphs_refusal([torch.ones(2)], training=False))
+    assert "not on CUDA" in str(cuda_graphs_refusal([], training=False))
+    assert "not tensors" in str(cuda_graphs_refusal([*on_cuda, 3], training=False))
+    with mode:
+        other = torch.empty(2, device="cuda:1")
+    assert "more than one device" in str(cuda_graphs_refusal([on_cuda[0], other], training=False))
+
+
+def test_backend_without_cuda_inputs_reports_and_runs_plainly() -> None:
+    """End to end on CPU: the graph runs (correctly) without CUDA graphs, and the report says why."""
+    import graphopt
+    from graphopt.torch_backend import clear_reports
+
+    torch._dynamo.reset()
+    clear_reports()
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4)).eval()
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        got: Any = torch.compile(model, backend="graphopt", options={"inductor": False, "mode": "reduce-overhead"})(x)
+        torch.testing.assert_close(got, model(x))
+    report = graphopt.last_report()
+    assert report is not None and any("not on CUDA" in w for w in report.warnings)
+    torch._dynamo.reset()
