@@ -617,8 +617,8 @@ def test_load_directory_imports_python_helpers_first(tmp_path: Path) -> None:
             return x
         """,
     )
-    _write(tmp_path, "b.pdll", f"Rewrite {fold}(x);\nPattern B {{ let r = op<B>(x); replace r with {fold}(x); }}\n")
-    _write(tmp_path, "a.pdll", f"Pattern A {{ let r = op<A>(x); {check}(x); replace r with x; }}\n")
+    _write(tmp_path, "b.pdll", f"Rewrite {fold}(x);\nPattern B {{ let r = op<Neg>(x); replace r with {fold}(x); }}\n")
+    _write(tmp_path, "a.pdll", f"Pattern A {{ let r = op<Relu>(x); {check}(x); replace r with x; }}\n")
     _write(tmp_path, "notes.txt", "not a pattern")
     rules = load_patterns(tmp_path)
     assert [r.name for r in rules] == ["A", "B"]  # .pdll files sorted by name

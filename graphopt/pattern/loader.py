@@ -12,6 +12,8 @@ rule name used twice, is a `PatternError` at load time, not a failure at match t
 
 from __future__ import annotations
 
+import difflib
+import functools
 import hashlib
 import importlib.util
 import os
@@ -20,8 +22,10 @@ import sys
 import traceback
 from pathlib import Path
 
+import onnx
+
 from graphopt.errors import PatternError
-from graphopt.pattern.ir import NativeDecl, Rule
+from graphopt.pattern.ir import NativeDecl, OpMatch, Rule, iter_match_nodes
 from graphopt.pattern.native import lookup
 from graphopt.pattern.pdll import parse_pdll_file
 
@@ -61,6 +65,7 @@ def load_patterns(path_or_dir: str | os.PathLike[str]) -> list[Rule]:
         for decl in r.natives:
             _resolve(decl)
     _check_unique_names(rules)
+    _check_known_ops(rules)
     return rules
 
 
@@ -116,6 +121,26 @@ def _resolve(decl: NativeDecl) -> None:
         f"{where}: {decl.kind} '{decl.name}' has no Python implementation{hint}; "
         f'register one with @{register}("{decl.name}") in a .py file beside the patterns'
     )
+
+
+def _check_known_ops(rules: list[Rule]) -> None:
+    """A default-domain op the ONNX spec does not define (at any opset) can never match:
+    a misspelling, refused at load time instead of a rule that silently does nothing."""
+    known = _onnx_op_names()
+    for r in rules:
+        for node in iter_match_nodes(r.root):
+            if isinstance(node, OpMatch) and node.domain in ("", "ai.onnx") and node.op_type not in known:
+                close = difflib.get_close_matches(node.op_type, known, n=3)
+                hint = f" (did you mean {', '.join(close)}?)" if close else ""
+                raise PatternError(
+                    f"{r.loc or '<unknown>:1:1'}: rule '{r.name}' matches op<{node.op_type}>, which the ONNX default domain "
+                    f"does not define{hint}; ops of other domains are written op<domain.Name>"
+                )
+
+
+@functools.lru_cache(maxsize=1)
+def _onnx_op_names() -> frozenset[str]:
+    return frozenset(schema.name for schema in onnx.defs.get_all_schemas_with_history() if schema.domain in ("", "ai.onnx"))
 
 
 def _check_unique_names(rules: list[Rule]) -> None:
