@@ -419,11 +419,37 @@ def _reference(
             f"cannot verify: the original model fails in onnxruntime on random inputs ({shown}): {_first_line(error)}; pin input shapes with --input-shape NAME=D1,D2,..."
         ) from None
     floor = PRECISION_TOLERANCES.get((precision or "").lower())
+    # A float64 output computed in float32 (then Cast) carries float32 rounding: every float
+    # output gets at least the tolerance of the least precise float type the model computes in.
+    computed = _computation_tolerance(original)
+    floor = _loosest(computed, floor) if computed is not None else floor
     loosest = _EXACT
     for array in outputs[0].values():
         tol = _tolerance(np.asarray(array).dtype)
         loosest = _loosest(loosest, tol if tol is _EXACT else _loosest(tol, floor))
     return _Reference(feeds, outputs, shapes, loosest, providers, floor=floor)
+
+
+def _computation_tolerance(model: ir.Model) -> Tolerance | None:
+    """The tolerance of the least precise float type among the model's values (where known) and
+    its Casts' targets; None if it computes in no float type graphopt has a tolerance for."""
+    dtypes: set[ir.DataType] = set()
+    for graph in model.graphs():
+        values = [*graph.inputs, *graph.initializers.values()]
+        for node in graph:
+            values.extend(node.outputs)
+            if node.op_type == "Cast" and node.domain in ("", "ai.onnx") and "to" in node.attributes:
+                dtypes.add(ir.DataType(node.attributes.get_int("to")))
+        dtypes.update(v.dtype for v in values if v.dtype is not None)
+    tolerances = [TOLERANCES[name] for name in (_dtype_name(d) for d in dtypes) if name in TOLERANCES]
+    return max(tolerances, key=lambda t: (t.rtol, t.atol)) if tolerances else None
+
+
+def _dtype_name(dtype: ir.DataType) -> str | None:
+    try:
+        return np.dtype(dtype.numpy()).name
+    except Exception:  # noqa: BLE001 - types numpy lacks (bfloat16 without ml_dtypes, float8)
+        return "bfloat16" if dtype == ir.DataType.BFLOAT16 else None
 
 
 def _check(reference: _Reference, candidate: ir.Model) -> Verification:

@@ -9,7 +9,7 @@ import sympy
 
 from graphopt.ir.dtypes import numpy_dtype
 from graphopt.ir.symbolic import SymbolicShapes, broadcast_dims, dims_equal, static_int
-from graphopt.pattern.native import native_constraint, native_rewrite
+from graphopt.pattern.native import RewriteDeclined, native_constraint, native_rewrite
 
 # Ops that only move or broadcast values (a constant stays what it is through them).
 _MOVES_VALUES = frozenset({"Expand", "Reshape", "Unsqueeze", "Squeeze", "Cast", "Identity", "Transpose", "Tile"})
@@ -131,8 +131,21 @@ def _masks_nothing(ctx, masking, mask, keep) -> bool:
     return zero is not None and not zero.any() and _all_true(ctx, cond)
 
 
+def _swamps_scores(ctx, fill) -> bool:
+    """Adding `fill` to any score gives `fill` itself (in float32, where the kernels add the bias):
+    -inf, or about float32's lowest value (finfo.min, what masked_fill exports write), whose
+    rounding step (2**104) dwarfs any score. float16's finfo.min (-65504) is not low enough."""
+    value = _scalar(ctx, fill)
+    return value is not None and value <= -1e38
+
+
 @native_rewrite("AttentionParams")
 def attention_params(ctx, q, kt, v, qscale, sq, dq, kscale, sk, dk, sscale, ss, ds, guard, masking, mask, keep, fill) -> dict[str, Any]:
+    if masking in ("keep", "drop") and not _swamps_scores(ctx, fill):
+        # Where(mask, scores, fill) replaces the masked scores; the fused op adds a bias to them.
+        # On a row with every position masked the first gives uniform weights, the second the
+        # unmasked softmax, unless the bias swamps the scores.
+        raise RewriteDeclined(f"the Where mask fills {_scalar(ctx, fill)}, which added to the scores does not swamp them (a fully masked row would differ)")
     scale = 1.0
     for form, mul, div in ((qscale, sq, dq), (kscale, sk, dk), (sscale, ss, ds)):
         if form == "mul":

@@ -74,7 +74,12 @@ def scalar_of(ctx, c):
     array = ctx.array(c)
     if array is None or array.size != 1:
         raise RewriteDeclined("not a one-element constant")
-    return {"value": float(array.reshape(-1)[0])}
+    value = float(array.reshape(-1)[0])
+    if array.dtype == np.float64 and float(np.float32(value)) != value:
+        # The fused ops' epsilon is a float32 attribute; rounding a float64 model's epsilon moves
+        # its outputs by up to 1e-8 where the variance is small, past float64's tolerance.
+        raise RewriteDeclined(f"epsilon {value:g} is float64, and the fused op's float32 epsilon attribute would round it")
+    return {"value": value}
 
 
 @native_constraint("IsOne")

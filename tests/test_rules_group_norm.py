@@ -1,6 +1,6 @@
 """Golden tests for group_norm.pdll: torch's decomposed GroupNorm (both exporters) and
-opset-21 GroupNormalization -> com.microsoft.GroupNorm (+SiLU) on ort-cuda, and the
-decomposed form -> standard GroupNormalization on `--target onnx` at opset >= 21.
+opset-21 GroupNormalization -> com.microsoft.GroupNorm (+SiLU) on ort-cuda; the decomposed
+form stays on `--target onnx` and ort-cpu.
 
 com.microsoft.GroupNorm has no CPU kernel: its numerics are checked by running the
 optimized model with `emulate_nhwc_ops`, which writes it back as standard ops."""
@@ -17,7 +17,7 @@ from rule_testing import TensorProto, assert_same_outputs, helper, init, make_mo
 
 from graphopt.passes.layout import emulate_nhwc_ops
 
-GN_RULES = ["FuseGroupNorm", "GroupNormalizationToGroupNorm", "FuseGroupNormSiLU", "FuseGroupNormQuickGelu", "FuseGroupNormStandard"]
+GN_RULES = ["FuseGroupNorm", "GroupNormalizationToGroupNorm", "FuseGroupNormSiLU", "FuseGroupNormQuickGelu"]
 
 
 def decomposed_group_norm(
@@ -147,23 +147,14 @@ def test_group_normalization_op_becomes_group_norm_on_cuda() -> None:
 # ------------------------------------------------------------------ standard GroupNormalization
 
 
-def test_decomposed_group_norm_becomes_group_normalization_at_opset_21() -> None:
-    model = decomposed_group_norm(opset=21)
-    optimized, report = optimize_with(model, GN_RULES, target="onnx")
-    assert rewrites(report, "FuseGroupNormStandard") == 1
-    assert op_types(optimized) == ["GroupNormalization"]
-    node = optimized.graph.node[0]
-    assert attrs(node)["num_groups"] == 4
-    assert_same_outputs(model, optimized)
-
-
-@pytest.mark.parametrize("opset", [17, 18, 20])
-def test_no_standard_group_normalization_below_opset_21(opset: int) -> None:
-    # Opset 18's GroupNormalization has per-group scale and bias (and is deprecated): not used.
+@pytest.mark.parametrize("opset", [17, 18, 20, 21])
+def test_decomposed_group_norm_stays_on_onnx(opset: int) -> None:
+    # Opset 18's GroupNormalization has per-group scale and bias (and is deprecated); opset 21's
+    # runs on onnxruntime as its function body, whose one-pass variance loses precision
+    # (tests/test_fuzz_regressions.py): the decomposed form stays.
     optimized, report = optimize_with(decomposed_group_norm(opset=opset), GN_RULES, target="onnx")
     assert report.total_rewrites == 0
     assert "InstanceNormalization" in op_types(optimized)
-    assert "needs 21" in report.rules["FuseGroupNormStandard"].near_misses[0].reason
 
 
 def test_nothing_fuses_on_ort_cpu() -> None:

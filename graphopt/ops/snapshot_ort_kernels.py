@@ -29,9 +29,17 @@ def snapshot(provider: str) -> dict[str, object]:
     import onnxruntime.capi._pybind_state as C
 
     first_input_constraint: dict[tuple[str, str], str] = {}
+    # The types the op's schema allows for that constraint: a kernel may be registered for more
+    # (SkipLayerNormalization's CPU kernel has double, its schema does not), and onnxruntime
+    # refuses a model whose types the schema does not allow before it looks for a kernel.
+    schema_allows: dict[tuple[str, str], tuple[int, set[str]]] = {}
     for schema in C.get_all_operator_schema():
         if schema.inputs:
-            first_input_constraint[(schema.domain, schema.name)] = schema.inputs[0].typeStr
+            op = (schema.domain, schema.name)
+            first_input_constraint[op] = schema.inputs[0].typeStr
+            allowed = {t for c in schema.type_constraints if c.type_param_str == schema.inputs[0].typeStr for t in c.allowed_type_strs}
+            if allowed and schema.since_version >= schema_allows.get(op, (-1, set()))[0]:
+                schema_allows[op] = (schema.since_version, allowed)
     newest: dict[str, int] = {}  # (domain::op) -> first opset of its newest kernel range
     table: dict[str, set[str]] = {}
     for kernel in C.get_all_opkernel_def():
@@ -41,6 +49,8 @@ def snapshot(provider: str) -> dict[str, object]:
         key = f"{domain}::{kernel.op_name}"
         constraint = first_input_constraint.get((kernel.domain, kernel.op_name), "T")
         types: list[str] = kernel.type_constraints.get(constraint) or kernel.type_constraints.get("T") or next(iter(kernel.type_constraints.values()), [])
+        if (kernel.domain, kernel.op_name) in schema_allows and constraint in kernel.type_constraints:
+            types = [t for t in types if t in schema_allows[(kernel.domain, kernel.op_name)][1]]
         since = kernel.version_range[0]
         if since > newest.get(key, -1):  # keep only the newest opset range
             newest[key], table[key] = since, set()
