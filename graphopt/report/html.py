@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 from collections.abc import Mapping
 from html import escape
 from pathlib import Path
@@ -92,20 +91,9 @@ def check_document(document: Any, where: str = "report") -> None:
 
 def write_html(report: Report | Mapping[str, Any], path: str | os.PathLike[str], *, dot: str | None = "dot") -> None:
     """Render the report (a Report, or its JSON form) and write it atomically."""
-    text = render_html(report, dot=dot)  # before touching the disk: a failure leaves nothing behind
-    path = Path(path)
-    folder = path.parent if str(path.parent) else Path(".")
-    fd, staged = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(staged, path)
-    except BaseException:
-        try:
-            os.unlink(staged)
-        except OSError:
-            pass
-        raise
+    from graphopt.report.render import write_text_atomically
+
+    write_text_atomically(render_html(report, dot=dot), path)  # rendered first: a failure leaves nothing behind
 
 
 def render_html(report: Report | Mapping[str, Any], *, dot: str | None = "dot") -> str:

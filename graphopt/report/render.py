@@ -49,8 +49,12 @@ def _fallback(obj: Any) -> Any:
 
 def write_json(report: Report, path: str | os.PathLike[str]) -> None:
     """Write the report as JSON atomically: a reader never sees half a file."""
+    write_text_atomically(report_to_json(report), path)  # rendered first: a bug leaves nothing behind
+
+
+def write_text_atomically(text: str, path: str | os.PathLike[str]) -> None:
+    """Write `text` to a temporary file beside `path`, then rename it into place."""
     path = Path(path)
-    text = report_to_json(report)  # before touching the disk: a bug here leaves nothing behind
     folder = path.parent if str(path.parent) else Path(".")
     fd, staged = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
     try:
