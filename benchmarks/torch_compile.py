@@ -14,6 +14,7 @@ another (each behind its own torch._dynamo.reset()), and is timed:
                           kernels only where measured faster than inductor (kernels="auto")
   graphopt+inductor-all   the same with every custom kernel (kernels="all")
   graphopt+inductor-ro    graphopt+inductor with mode="reduce-overhead" (CUDA graphs)
+  graphopt+inductor-all-ro  graphopt+inductor-all with mode="reduce-overhead"
 
 Models (random weights from configs, no hub): BERT-base b8 s128, GPT-2 (LM head) b1 s512,
 ViT-base b8 224x224, ResNet-50 b32 224x224 (torchvision.models.resnet50 when importable, else
@@ -52,9 +53,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 VARIANTS = ("eager", "inductor", "inductor-ro", "graphopt", "graphopt-cg", "graphopt+inductor", "graphopt+inductor-all",
-            "graphopt+inductor-ro")
+            "graphopt+inductor-ro", "graphopt+inductor-all-ro")
 MODELS = ("bert", "gpt2", "vit", "resnet50")
-CUDA_ONLY = {"inductor-ro", "graphopt-cg", "graphopt+inductor-ro"}
+CUDA_ONLY = {"inductor-ro", "graphopt-cg", "graphopt+inductor-ro", "graphopt+inductor-all-ro"}
 
 
 # --------------------------------------------------------------------------- models
@@ -137,6 +138,7 @@ def compile_variant(model: Any, variant: str) -> Any:
         "graphopt+inductor": {},
         "graphopt+inductor-all": {"kernels": "all"},
         "graphopt+inductor-ro": {"mode": "reduce-overhead"},
+        "graphopt+inductor-all-ro": {"kernels": "all", "mode": "reduce-overhead"},
     }[variant]
     _ensure_backend_registered()
     return torch.compile(model, backend="graphopt", options=options)
@@ -176,6 +178,29 @@ def time_calls(call: Callable[[], Any], warmup: int, iters: int, cuda: bool) -> 
     times.sort()
     return {"median_ms": statistics.median(times), "p10_ms": times[len(times) // 10], "p90_ms": times[(9 * len(times)) // 10],
             "iters": iters}
+
+
+def kernel_profile(call: Callable[[], Any], runs: int = 10, top: int = 25) -> dict[str, Any]:
+    """The GPU kernels of `runs` calls, recorded by CUPTI through torch.profiler (kernels
+    replayed from CUDA graphs included): per run, the kernel count, the summed kernel time,
+    and the kernels that take the most time."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(runs):
+            call()
+        torch.cuda.synchronize()
+    by_name: dict[str, list[float]] = {}
+    for event in prof.events():
+        if event.device_type.name == "CUDA" and event.device_time_total > 0:
+            by_name.setdefault(event.name, []).append(event.device_time_total)
+    total_us = sum(sum(v) for v in by_name.values())
+    rows = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))
+    return {"kernels_per_run": round(sum(len(v) for v in by_name.values()) / runs, 1),
+            "gpu_ms_per_run": round(total_us / runs / 1e3, 4),
+            "top": [{"name": name[:120], "calls_per_run": round(len(v) / runs, 1), "ms_per_run": round(sum(v) / runs / 1e3, 4)}
+                    for name, v in rows[:top]]}
 
 
 def graphopt_summary() -> dict[str, Any]:
@@ -229,6 +254,11 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
                 entry["max_rel_diff"] = diff / scale
                 entry["numerics_ok"] = bool(diff / scale <= args.tolerance)
                 entry.update(time_calls(call, args.warmup, args.iters, cuda))
+                if args.kernels and cuda:
+                    try:
+                        entry["kernels"] = kernel_profile(call)
+                    except Exception as error:  # the profile is extra information, never fatal
+                        entry["kernels"] = {"error": f"{type(error).__name__}: {error}"[:300]}
                 if variant.startswith("graphopt"):
                     entry["graphopt"] = graphopt_summary()
                 entry["status"] = "ok" if entry["numerics_ok"] else "numerics differ"
@@ -308,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iters", type=int, default=None, help="default 50 (10 with --tiny)")
     parser.add_argument("--tolerance", type=float, default=None, help="max rel diff to eager (default 2e-2 fp16/bf16, 1e-4 fp32)")
     parser.add_argument("--out", default=None, help="JSON file, or a folder (existing, or ending in /)")
+    parser.add_argument("--kernels", action="store_true", help="also record each variant's GPU kernels (torch.profiler/CUPTI): "
+                        "count, summed time and the top kernels per call, in the JSON")
     args = parser.parse_args(argv)
 
     if str(REPO) not in sys.path:  # run as a script: graphopt from this checkout
@@ -331,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
         results.append(run_model(name, args))
     data = {"benchmark": "torch_compile", "environment": environment(args.device), "settings": {
         "device": args.device, "dtype": args.dtype, "tiny": args.tiny, "warmup": args.warmup, "iters": args.iters,
-        "tolerance": args.tolerance, "variants": args.variants}, "results": results}
+        "tolerance": args.tolerance, "variants": args.variants, "kernels": args.kernels}, "results": results}
     if args.out is not None:
         print(f"wrote {write_json(data, args.out, models, args.tiny)}")
     print()
