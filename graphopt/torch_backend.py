@@ -414,8 +414,7 @@ def _summary(view: FxView) -> GraphSummary:
 def _wants_channels_last(gm: fx.GraphModule, layout: str) -> bool:
     if layout == "nchw":
         return False
-    convs = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is aten.convolution.default
-             and isinstance(n.meta.get("val"), torch.Tensor) and n.meta["val"].dim() == 4]
+    convs = [n for n in gm.graph.nodes if fx_passes.is_conv2d(n)]
     if not convs:
         return False
     return layout == "nhwc" or convs[0].meta["val"].device.type == "cuda"
@@ -468,6 +467,7 @@ def optimize_fx(gm: fx.GraphModule, fake_mode: Any, rules: RuleSet, target: Any,
     timed("views_to_reshapes", lambda: fx_passes.views_to_reshapes(gm))
     if _wants_channels_last(gm, opts.layout):
         timed("layout", lambda: fx_passes.to_channels_last(gm, new_constant))
+    timed("pad_gemms", lambda: fx_passes.pad_unaligned_gemms(gm, new_constant, fake_mode))
     timed("dce", lambda: fx_passes.remove_dead_code(gm))
     assert not any(is_neutral(n) for n in gm.graph.nodes), "every graphopt op is lowered"
     gm.graph.lint()

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from graphopt.ir.symbolic import SymbolicShapes, dims_equal, static_int
-from graphopt.pattern.native import native_constraint
+from graphopt.pattern.native import native_constraint, native_rewrite
 
 
 @native_constraint("SdpaShapes")
@@ -37,3 +39,40 @@ def sdpa_shapes(ctx, q, k, v, mask):
         if ctx.dtype(mask) not in ("bool", ctx.dtype(q)):
             return f"the mask is {ctx.dtype(mask)}, q is {ctx.dtype(q)}"
     return True
+
+
+def _shape_operand(ctx, shape):
+    """A Reshape's target shape as a comparable tuple (constant ints, or the symbolic list)."""
+    array = ctx.array(shape)
+    if array is not None:
+        return tuple(int(d) for d in array.reshape(-1))
+    raw = getattr(shape, "raw", None)
+    return tuple(raw) if isinstance(raw, (list, tuple)) else None
+
+
+@native_constraint("PackableGemms")
+def packable_gemms(ctx, x, fq, wq, bq, fk, wk, bk, fv, wv, bv):
+    """The three projections flatten x the same way; weights [hidden, n_i] with one hidden
+    size and biases [n_i], all of one dtype."""
+    flat = [_shape_operand(ctx, f) for f in (fq, fk, fv)]
+    if flat[0] is None or flat.count(flat[0]) != 3:
+        return f"the projections flatten the input differently ({flat})"
+    weights = [ctx.array(w) for w in (wq, wk, wv)]
+    biases = [ctx.array(b) for b in (bq, bk, bv)]
+    if any(w is None or w.ndim != 2 for w in weights) or len({w.shape[0] for w in weights}) != 1:
+        return f"the weights are {[None if w is None else list(w.shape) for w in weights]}, not [hidden, n] with one hidden size"
+    if any(b is None or b.shape != (w.shape[1],) for b, w in zip(biases, weights)):
+        return "each bias is not one value per output column of its weight"
+    if len({a.dtype for a in (*weights, *biases)}) != 1:
+        return "the weights and biases do not share one dtype"
+    return True
+
+
+@native_rewrite("PackGemms")
+def pack_gemms(ctx, wq, bq, wk, bk, wv, bv):
+    weights = [ctx.array(w) for w in (wq, wk, wv)]
+    return {
+        "w": np.concatenate(weights, axis=1),
+        "b": np.concatenate([ctx.array(b) for b in (bq, bk, bv)]),
+        "sizes": np.array([w.shape[1] for w in weights], dtype=np.int64),
+    }

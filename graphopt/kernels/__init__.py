@@ -13,8 +13,10 @@ Importing this package registers the ops (it needs torch; triton is optional):
 | ``rms_norm(x, residual, weight, eps)`` | (RMSNorm(s), s) | ``norms`` |
 | ``swiglu(gate, up)`` / ``geglu(gate, up, approximate=False)`` | act(gate) * up | ``gates`` |
 | ``rotary(x, cos, sin, interleaved=False)`` | HF rotary embedding | ``rotary`` |
+| ``conv_relu(x, w, bias, z, stride, padding, dilation, groups)`` | relu(conv2d(x, w, bias) + z) | ``conv`` |
 
-CUDA tensors run the Triton kernels; other devices run the plain-torch reference.
+CUDA tensors run the Triton kernels (conv_relu: cuDNN's fused convolution); other devices
+run the plain-torch reference.
 """
 
 from graphopt.kernels import ops

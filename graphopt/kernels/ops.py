@@ -11,16 +11,17 @@ it needs torch, not triton.
 """
 
 from torch import Tensor
-from torch.library import triton_op
+from torch.library import custom_op, triton_op
 
 from graphopt.kernels._triton import use_triton
 from graphopt.kernels.attention import attention_fake, attention_reference, attention_triton
+from graphopt.kernels.conv import conv_relu_cudnn, conv_relu_fake, conv_relu_reference, uses_cudnn
 from graphopt.kernels.gates import gate_fake, geglu_reference, geglu_triton, swiglu_reference, swiglu_triton
 from graphopt.kernels.matmul import linear_act_fake, linear_act_reference, linear_act_triton
 from graphopt.kernels.norms import layer_norm_reference, layer_norm_triton, norm_fake, rms_norm_reference, rms_norm_triton
 from graphopt.kernels.rotary import rotary_fake, rotary_reference, rotary_triton
 
-__all__ = ["attention", "linear_act", "layer_norm", "rms_norm", "swiglu", "geglu", "rotary"]
+__all__ = ["attention", "linear_act", "layer_norm", "rms_norm", "swiglu", "geglu", "rotary", "conv_relu"]
 
 
 @triton_op("graphopt::attention", mutates_args=())
@@ -77,6 +78,18 @@ def rotary(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = False) -> Te
     if use_triton(x, cos, sin):
         return rotary_triton(x, cos, sin, interleaved)
     return rotary_reference(x, cos, sin, interleaved)
+
+
+@custom_op("graphopt::conv_relu", mutates_args=())
+def conv_relu(x: Tensor, w: Tensor, bias: Tensor | None, z: Tensor | None, stride: list[int], padding: list[int],
+              dilation: list[int], groups: int) -> Tensor:
+    """relu(conv2d(x, w, bias) + z): cuDNN's fused kernel on CUDA (see graphopt.kernels.conv)."""
+    if uses_cudnn(x):
+        return conv_relu_cudnn(x, w, bias, z, stride, padding, dilation, groups)
+    return conv_relu_reference(x, w, bias, z, stride, padding, dilation, groups)
+
+
+conv_relu.register_fake(conv_relu_fake)
 
 
 # CPU: the reference, without the dispatch above.

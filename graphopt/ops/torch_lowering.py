@@ -360,6 +360,20 @@ def _concat(b: FxBuilder, args: list[Any], attrs: dict[str, Any], n: int) -> Any
     return b.call(aten.cat.default, [b.tensor(a, like=like) for a in args], int(attrs["axis"]))
 
 
+@_emits("Split")
+def _split(b: FxBuilder, args: list[Any], attrs: dict[str, Any], n: int) -> Any:
+    x = b.tensor(args[0])
+    axis = int(attrs.get("axis", 0))
+    sizes = _ints(b, _arg(args, 1)) if _arg(args, 1) is not None else None
+    if sizes is None:
+        width = b.size(x, axis)
+        parts = int(attrs.get("num_outputs", n))
+        if not isinstance(width, int) or width % parts:
+            raise RewriteDeclined(f"Split of {width} into {parts} equal parts")
+        sizes = [width // parts] * parts
+    return b.call(aten.split_with_sizes.default, x, [int(s) for s in sizes], axis)
+
+
 @_emits("Slice")
 def _slice(b: FxBuilder, args: list[Any], attrs: dict[str, Any], n: int) -> Any:
     x = b.tensor(args[0])
@@ -514,8 +528,13 @@ class GraphoptLowering:
     #: The custom ops it calls ("graphopt::attention"); empty when it lowers to ATen only.
     custom_ops: tuple[str, ...] = ()
     dtypes: frozenset[str] = _FLOATS
+    #: Why the ATen ops it emits have no derivative (None: they have one); such a lowering is
+    #: left out where gradients flow.
+    no_gradient: str | None = None
 
     def problem(self, training: bool) -> str | None:
+        if training and self.no_gradient:
+            return self.no_gradient
         for qualname in self.custom_ops:
             reason = custom_op_problem(qualname, training)
             if reason is not None:
@@ -526,9 +545,10 @@ class GraphoptLowering:
 GRAPHOPT: dict[str, GraphoptLowering] = {}
 
 
-def _lowers(op_type: str, custom_ops: tuple[str, ...] = (), dtypes: frozenset[str] = _FLOATS) -> Callable[[LoweringFn], LoweringFn]:
+def _lowers(op_type: str, custom_ops: tuple[str, ...] = (), dtypes: frozenset[str] = _FLOATS,
+            no_gradient: str | None = None) -> Callable[[LoweringFn], LoweringFn]:
     def register(fn: LoweringFn) -> LoweringFn:
-        GRAPHOPT[op_type] = GraphoptLowering(op_type, fn, custom_ops, dtypes)
+        GRAPHOPT[op_type] = GraphoptLowering(op_type, fn, custom_ops, dtypes, no_gradient)
         return fn
 
     return register
@@ -684,6 +704,44 @@ def _rotary(b: FxBuilder, args: list[Any], attrs: dict[str, Any], wanted: set[in
     return [b.call(_graphopt("rotary"), x, hf_form(cos_cache), hf_form(sin_cache), interleaved)]
 
 
+@_lowers("GemmActivation", dtypes=_FLOATS | {"f64"}, no_gradient="aten._addmm_activation has no derivative formula")
+def _gemm_activation(b: FxBuilder, args: list[Any], attrs: dict[str, Any], wanted: set[int]) -> list[Any]:
+    """graphopt.GemmActivation(a, b, bias) {activation = Relu | GeluTanh} -> aten._addmm_activation
+    (cuBLASLt's bias + activation epilogue on CUDA; addmm then ReLU in place on the CPU)."""
+    activation = attrs.get("activation")
+    activation = activation.decode() if isinstance(activation, bytes) else activation
+    if activation not in ("Relu", "GeluTanh"):
+        raise RewriteDeclined(f"aten._addmm_activation applies Relu or GeluTanh, not {activation}")
+    a, m, c = (b.tensor(x) for x in args[:3])
+    if activation == "GeluTanh" and b.meta(a).device.type != "cuda":
+        # The CPU kernel of aten._addmm_activation applies the erf GELU (CUDA's, the tanh one).
+        raise RewriteDeclined("aten._addmm_activation applies the tanh GELU on CUDA tensors only")
+    return [b.call(aten._addmm_activation.default, c, a, m, use_gelu=activation == "GeluTanh")]
+
+
+@_lowers("FusedConv", ("graphopt::conv_relu",))
+def _fused_conv(b: FxBuilder, args: list[Any], attrs: dict[str, Any], wanted: set[int]) -> list[Any]:
+    """graphopt.FusedConv(x, w, b, z) {activation = "Relu"}, 2-D -> graphopt::conv_relu (cuDNN's fused
+    conv-bias-(add-)ReLU on CUDA). Other activations have no fused torch kernel and stay unfused."""
+    if attrs.get("activation") not in ("Relu", b"Relu"):
+        raise RewriteDeclined(f"graphopt::conv_relu fuses ReLU only, not {attrs.get('activation')}")
+    x, w = b.tensor(args[0]), b.tensor(args[1])
+    if b.meta(x).device.type != "cuda":  # elsewhere there is no fused kernel to gain: the conv stays as it is
+        raise RewriteDeclined("graphopt::conv_relu runs cuDNN's fused kernel, on CUDA tensors only")
+    if b.rank(w) != 4:
+        raise RewriteDeclined("graphopt::conv_relu takes 2-D convolutions")
+    if attrs.get("auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET"):
+        raise RewriteDeclined("graphopt::conv_relu takes explicit pads only")
+    pads = [int(p) for p in attrs.get("pads", [0] * 4)]
+    if pads[:2] != pads[2:]:
+        raise RewriteDeclined(f"graphopt::conv_relu pads both sides equally, not {pads}")
+    bias = b.tensor(_arg(args, 2), like=x) if _arg(args, 2) is not None else None
+    z = b.tensor(_arg(args, 3), like=x) if _arg(args, 3) is not None else None
+    strides = [int(v) for v in attrs.get("strides", [1, 1])]
+    dilations = [int(v) for v in attrs.get("dilations", [1, 1])]
+    return [b.call(_graphopt("conv_relu"), x, w, bias, z, strides, pads[:2], dilations, int(attrs.get("group", 1)))]
+
+
 def neutral_node(b: FxBuilder, op_type: str, args: list[Any], attrs: dict[str, Any], num_outputs: int) -> fx.Node:
     """A graphopt op as one FX node that rules can match; lowered by `lower_neutral_nodes`."""
     lowering = GRAPHOPT.get(op_type)
@@ -744,9 +802,13 @@ def lower_neutral_nodes(
 
 
 #: graphopt ops whose custom kernels beat what inductor generates for the ops they replace,
-#: measured on the GPU (benchmarks/torch_compile.py): with inductor and kernels="auto" only these
-#: are used, so that graphopt + inductor is never slower than inductor alone. Empty until measured.
-PREFERRED_OVER_INDUCTOR: frozenset[str] = frozenset()
+#: measured on the GPU: with inductor and kernels="auto" only these are used, so that
+#: graphopt + inductor is never slower than inductor alone. FusedConv: cuDNN's fused
+#: conv + bias + (add +) ReLU against the convolution and inductor's fused pointwise kernel,
+#: 1.12 ms against 1.82 ms for ResNet-50's 49 such convolutions on an H200
+#: (benchmarks/torch_op_choices.py). The Triton kernels (attention, norms, ...) lose to or tie
+#: with inductor's code (benchmarks/RESULTS.md) and are left to the no-inductor path.
+PREFERRED_OVER_INDUCTOR: frozenset[str] = frozenset({"FusedConv"})
 
 
 def torch_target(training: bool = False, kernels: str = "all") -> Target:

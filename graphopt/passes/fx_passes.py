@@ -26,6 +26,7 @@ __all__ = [
     "drop_clones",
     "views_to_reshapes",
     "to_channels_last",
+    "pad_unaligned_gemms",
     "remove_dead_code",
     "attr_tensor",
 ]
@@ -169,6 +170,18 @@ def views_to_reshapes(gm: fx.GraphModule) -> int:
     return changed
 
 
+def is_conv2d(node: fx.Node) -> bool:
+    """A 2-D, not transposed convolution: aten.convolution, or graphopt::conv_relu (same x, w positions)."""
+    if node.op != "call_function":
+        return False
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor) or val.dim() != 4:
+        return False
+    if node.target is aten.convolution.default:
+        return not node.args[6]
+    return str(node.target) == "graphopt.conv_relu.default"
+
+
 def to_channels_last(gm: fx.GraphModule, new_constant: NewConstant) -> int:
     """2-D convolutions in channels-last (NHWC) memory format: constant weights are stored
     channels-last, and each input is made channels-last (a no-op at run time when its
@@ -176,12 +189,9 @@ def to_channels_last(gm: fx.GraphModule, new_constant: NewConstant) -> int:
     graph = gm.graph
     changed = 0
     for node in list(graph.nodes):
-        if node.op != "call_function" or node.target is not aten.convolution.default:
+        if not is_conv2d(node):
             continue
         x, w = node.args[0], node.args[1]
-        val = node.meta.get("val")
-        if not isinstance(val, torch.Tensor) or val.dim() != 4 or node.args[6]:  # 2-D, not transposed
-            continue
         if isinstance(w, fx.Node) and w.op == "get_attr":
             weight = attr_tensor(gm, str(w.target))
             if isinstance(weight, torch.Tensor) and not weight.is_contiguous(memory_format=torch.channels_last):
@@ -196,6 +206,104 @@ def to_channels_last(gm: fx.GraphModule, new_constant: NewConstant) -> int:
             node.replace_input_with(x, x_cl)
         changed += 1
     return changed
+
+
+#: Half-precision GEMMs whose output row length N is not a multiple of this run on slow
+#: unaligned kernels: GPT-2's LM head (N = 50257) takes 0.42 ms on an H200, 0.07 ms padded
+#: to 50264 (benchmarks/torch_op_choices.py, "lm_head").
+GEMM_N_ALIGNMENT = 8
+_PADDED_GEMM_MIN_N = 256  # below this the GEMM is too small for the padding to matter
+_GEMMS = (aten.mm.default, aten.matmul.default, aten.addmm.default)
+
+
+def _transposed_constant(gm: fx.GraphModule, node: Any) -> tuple[fx.Node, torch.Tensor] | None:
+    """(get_attr node, its tensor W [N, K]) when `node` is W transposed (t / permute / transpose)."""
+    if not isinstance(node, fx.Node) or node.op != "call_function":
+        return None
+    args: list[Any] = list(node.args)
+    is_t = node.target is aten.t.default or (node.target is aten.permute.default and list(args[1]) == [1, 0]) or (
+        node.target is aten.transpose.int and sorted(int(d) % 2 for d in args[1:3]) == [0, 1])
+    source = node.args[0]
+    if not is_t or not isinstance(source, fx.Node) or source.op != "get_attr":
+        return None
+    tensor = attr_tensor(gm, str(source.target))
+    return (source, tensor) if isinstance(tensor, torch.Tensor) and tensor.dim() == 2 else None
+
+
+def _constant_2d(gm: fx.GraphModule, node: Any) -> torch.Tensor | None:
+    if not isinstance(node, fx.Node) or node.op != "get_attr":
+        return None
+    tensor = attr_tensor(gm, str(node.target))
+    return tensor if isinstance(tensor, torch.Tensor) and tensor.dim() == 2 else None
+
+
+def _padded_right_operand(gm: fx.GraphModule, operand: Any, n: int, padded_n: int,
+                          new_constant: NewConstant, fake_mode: Any) -> fx.Node | None:
+    """The GEMM's constant right operand [K, N] as a node of the padded one [K, padded_n]."""
+    transposed = _transposed_constant(gm, operand)
+    if transposed is not None:  # B = W^T with W [N, K] (nn.Linear): pad W's rows, transpose again
+        source, weight = transposed
+        w_node = new_constant(torch.nn.functional.pad(weight, (0, 0, 0, padded_n - n)), f"{source.name}_padded")
+        t_node = gm.graph.call_function(aten.t.default, (w_node,))
+        t_node.meta["val"] = _fake_call(fake_mode, aten.t.default, (w_node.meta.get("val"),))
+        return t_node
+    matrix = _constant_2d(gm, operand)
+    if matrix is None:
+        return None
+    return new_constant(torch.nn.functional.pad(matrix, (0, padded_n - n)), f"{operand.name}_padded")
+
+
+def pad_unaligned_gemms(gm: fx.GraphModule, new_constant: NewConstant, fake_mode: Any,
+                        devices: tuple[str, ...] = ("cuda",)) -> int:
+    """A half-precision GEMM (on one of `devices`) with a constant right operand whose N is
+    unaligned gets that operand (and a constant bias) zero-padded to a multiple of
+    GEMM_N_ALIGNMENT, once, at compile time; the result is the padded product sliced back to N
+    (a view: the extra columns are computed and never read). The values are the same; the
+    kernel is an aligned one."""
+    graph = gm.graph
+    changed = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target not in _GEMMS:
+            continue
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor) or val.device.type not in devices or val.dtype not in (torch.float16, torch.bfloat16):
+            continue
+        n = val.shape[-1]
+        if not isinstance(n, int) or n % GEMM_N_ALIGNMENT == 0 or n < _PADDED_GEMM_MIN_N:
+            continue
+        args = list(node.args)
+        is_addmm = node.target is aten.addmm.default
+        padded_n = -(-n // GEMM_N_ALIGNMENT) * GEMM_N_ALIGNMENT
+        bias: torch.Tensor | None = None
+        if is_addmm:  # addmm(bias, x, B): the bias must be a constant [N] to be padded too
+            bias_node = args[0]
+            bias = attr_tensor(gm, str(bias_node.target)) if isinstance(bias_node, fx.Node) and bias_node.op == "get_attr" else None
+            if not isinstance(bias, torch.Tensor) or bias.dim() != 1 or bias.shape[0] != n:
+                continue
+        right = 2 if is_addmm else 1
+        with graph.inserting_before(node):
+            new_right = _padded_right_operand(gm, args[right], n, padded_n, new_constant, fake_mode)
+            if new_right is None:
+                continue
+            args[right] = new_right
+            if bias is not None:
+                args[0] = new_constant(torch.nn.functional.pad(bias, (0, padded_n - n)), f"{node.name}_bias_padded")
+            product = graph.call_function(node.target, tuple(args), dict(node.kwargs))
+            arg_vals = tuple(a.meta.get("val") if isinstance(a, fx.Node) else a for a in args)
+            product.meta["val"] = _fake_call(fake_mode, node.target, arg_vals, dict(node.kwargs))
+            sliced = graph.call_function(aten.slice.Tensor, (product, val.dim() - 1, 0, n))
+            sliced.meta["val"] = _fake_call(fake_mode, aten.slice.Tensor, (product.meta["val"], val.dim() - 1, 0, n))
+        node.replace_all_uses_with(sliced)
+        graph.erase_node(node)
+        changed += 1
+    return changed
+
+
+def _fake_call(fake_mode: Any, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> Any:
+    if fake_mode is None:
+        return target(*args, **(kwargs or {}))
+    with fake_mode:
+        return target(*args, **(kwargs or {}))
 
 
 def remove_dead_code(gm: fx.GraphModule) -> int:
