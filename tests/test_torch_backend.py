@@ -254,7 +254,10 @@ def test_modes_and_kernel_policy() -> None:
     torch.compile(model, backend="graphopt", mode="max-autotune-no-cudagraphs")  # accepted (used once it runs)
     with pytest.raises(GraphoptError, match="mode 'fastest'"):
         TorchOptions.parse(None, "fastest")
-    assert TorchOptions.parse({"inductor": True}).kernel_policy() == "inductor"
+    # With inductor, custom kernels only where CUDA graphs replay them (no Python dispatch per call).
+    assert TorchOptions.parse({"inductor": True}).kernel_policy() == "none"
+    assert TorchOptions.parse({"inductor": True, "mode": "reduce-overhead"}).kernel_policy() == "inductor"
+    assert TorchOptions.parse({"inductor": True, "kernels": "all"}).kernel_policy() == "all"
     assert TorchOptions.parse({"inductor": False}).kernel_policy() == "all"
     # With inductor, "auto" keeps only the custom kernels measured faster than inductor's code.
     with_inductor = torch_lowering.torch_target(kernels="inductor")
