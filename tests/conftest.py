@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -222,3 +222,31 @@ def cli(tmp_path: Path) -> Callable[..., CliResult]:
         return run_cli(*args, cwd=tmp_path)
 
     return call
+
+
+# --------------------------------------------------------------------------- torch.compile tests
+
+
+@pytest.fixture
+def fresh_torch_compile() -> Iterator[None]:
+    """dynamo's caches and graphopt's torch reports cleared before and after the test."""
+    import torch
+
+    from graphopt.torch_backend import clear_reports
+
+    torch._dynamo.reset()
+    clear_reports()
+    yield
+    torch._dynamo.reset()
+    clear_reports()
+
+
+@pytest.fixture
+def graphopt_never_falls_back(fresh_torch_compile: None) -> Iterator[None]:
+    """Fails the test if graphopt fell back to the traced graph on any graph it compiled
+    (by default it does so with only a warning)."""
+    from graphopt.torch_backend import torch_reports
+
+    yield
+    fell_back = [w for r in torch_reports() for w in r.warnings if "graphopt failed" in w]
+    assert not fell_back, fell_back

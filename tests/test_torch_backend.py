@@ -30,14 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 aten = torch.ops.aten
 
 
-@pytest.fixture(autouse=True)
-def _fresh() -> Any:
-    torch._dynamo.reset()
-    clear_reports()
-    yield
-    torch._dynamo.reset()
-    fell_back = [w for r in torch_reports() for w in r.warnings if "graphopt failed" in w]
-    assert not fell_back, fell_back  # graphopt ran on every graph (it falls back silently otherwise)
+pytestmark = pytest.mark.usefixtures("graphopt_never_falls_back")  # tests/conftest.py
 
 
 def _applied(report: Any) -> dict[str, int]:

@@ -11,16 +11,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from graphopt.torch_backend import clear_reports, torch_reports
+from graphopt.torch_backend import torch_reports
 
-
-@pytest.fixture(autouse=True)
-def _fresh() -> Any:
-    torch._dynamo.reset()
-    clear_reports()
-    yield
-    torch._dynamo.reset()
-    clear_reports()
+pytestmark = pytest.mark.usefixtures("fresh_torch_compile")  # tests/conftest.py
 
 
 class Block(nn.Module):

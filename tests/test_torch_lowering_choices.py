@@ -19,18 +19,13 @@ from graphopt.ir.fx_view import FxView
 from graphopt.ops.torch_lowering import GRAPHOPT, FxBuilder
 from graphopt.passes import fx_passes
 from graphopt.pattern.native import RewriteDeclined
-from graphopt.torch_backend import clear_reports, last_graph, trace_to_aten
+from graphopt.torch_backend import last_graph, trace_to_aten
 
 aten = torch.ops.aten
 NO_INDUCTOR = {"inductor": False}
 
 
-@pytest.fixture(autouse=True)
-def _fresh() -> Any:
-    torch._dynamo.reset()
-    clear_reports()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("graphopt_never_falls_back")  # tests/conftest.py
 
 
 def _applied() -> dict[str, int]:
