@@ -70,6 +70,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_profile import kernel_profile  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_WORK = Path("/tmp/gpu_fusions")
 SCRIPT_VERSION = 1  # part of every cache fingerprint
@@ -606,31 +609,10 @@ def _time_variant(variant: dict[str, Any], job: dict[str, Any], feeds: dict[str,
                min_ms=round(min(times), 4), iters=len(times))
     if job.get("kernels") and job["provider"] == "cuda":
         try:
-            res["kernels"] = _kernel_profile(run)
+            res["kernels"] = kernel_profile(run, top=15)
         except Exception as e:  # noqa: BLE001 - the profile is extra information, never fatal
             res["kernels"] = {"error": _first_line(e)}
     return res, outs
-
-
-def _kernel_profile(run: Any, runs: int = 10, top: int = 15) -> dict[str, Any]:
-    """GPU kernels of `runs` calls, recorded by CUPTI through torch.profiler (it sees every
-    library's kernels in the process, onnxruntime's included): per run, the kernel count, the
-    summed kernel time, and the kernels that take the most time."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(runs):
-            run()
-    by_name: dict[str, list[float]] = {}
-    for event in prof.events():
-        if event.device_type.name == "CUDA" and event.device_time_total > 0:
-            by_name.setdefault(event.name, []).append(event.device_time_total)
-    total_us = sum(sum(v) for v in by_name.values())
-    rows = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))
-    return {"kernels_per_run": round(sum(len(v) for v in by_name.values()) / runs, 1),
-            "gpu_ms_per_run": round(total_us / runs / 1e3, 4),
-            "top": [{"name": name[:110], "calls_per_run": round(len(v) / runs, 1), "ms_per_run": round(sum(v) / runs / 1e3, 4)}
-                    for name, v in rows[:top]]}
 
 
 def _compare(outs: dict[str, Any], ref: dict[str, Any]) -> dict[str, Any]:

@@ -51,6 +51,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_profile import kernel_profile  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 VARIANTS = ("eager", "inductor", "inductor-ro", "graphopt", "graphopt-cg", "graphopt+inductor", "graphopt+inductor-all",
             "graphopt+inductor-ro", "graphopt+inductor-all-ro")
@@ -178,29 +181,6 @@ def time_calls(call: Callable[[], Any], warmup: int, iters: int, cuda: bool) -> 
     times.sort()
     return {"median_ms": statistics.median(times), "p10_ms": times[len(times) // 10], "p90_ms": times[(9 * len(times)) // 10],
             "iters": iters}
-
-
-def kernel_profile(call: Callable[[], Any], runs: int = 10, top: int = 25) -> dict[str, Any]:
-    """The GPU kernels of `runs` calls, recorded by CUPTI through torch.profiler (kernels
-    replayed from CUDA graphs included): per run, the kernel count, the summed kernel time,
-    and the kernels that take the most time."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(runs):
-            call()
-        torch.cuda.synchronize()
-    by_name: dict[str, list[float]] = {}
-    for event in prof.events():
-        if event.device_type.name == "CUDA" and event.device_time_total > 0:
-            by_name.setdefault(event.name, []).append(event.device_time_total)
-    total_us = sum(sum(v) for v in by_name.values())
-    rows = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))
-    return {"kernels_per_run": round(sum(len(v) for v in by_name.values()) / runs, 1),
-            "gpu_ms_per_run": round(total_us / runs / 1e3, 4),
-            "top": [{"name": name[:120], "calls_per_run": round(len(v) / runs, 1), "ms_per_run": round(sum(v) / runs / 1e3, 4)}
-                    for name, v in rows[:top]]}
 
 
 def graphopt_summary() -> dict[str, Any]:
