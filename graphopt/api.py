@@ -80,6 +80,8 @@ class OptimizeOptions:
     layout: Any = "auto"
     #: Called with every rule attempt (a `graphopt.match.driver.Attempt`); used by `graphopt explain`.
     observe: Callable[[Any], None] | None = None
+    #: A rule whose own code raises stops the run (an error) instead of being skipped at that site.
+    strict: bool = False
 
 
 _BUILTIN_CACHE: list[Rule] | None = None
@@ -187,7 +189,7 @@ def _run_pipeline(model: ir.Model, rules: RuleSet, target: Any, report: Report, 
     view = OnnxView(model)
     driver_options = DriverOptions(
         max_rewrites=options.max_rewrites, allow=options.allow, blocked=set(options.blocked), trace_all=options.trace, precision=plan,
-        observe=options.observe,
+        observe=options.observe, strict=options.strict,
     )
     if options.trace:
         report.trace = []

@@ -204,6 +204,9 @@ def optimize(
     trace: Annotated[bool, typer.Option("--trace", help="Put every failed rule attempt (node, failing check) in the JSON report.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing on success.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Allow the output to be the input model (replaced atomically).")] = False,
+    strict: Annotated[
+        bool, typer.Option("--strict", help="A rule whose own code fails stops the run (exit 2) instead of being skipped there with a warning.")
+    ] = False,
     seed: Annotated[int, typer.Option(help="Seed of --verify's random inputs.")] = 0,
     max_repairs: Annotated[int, typer.Option(help="Rewrites --verify may leave out before giving up.", min=0)] = 5,
 ) -> None:
@@ -246,6 +249,7 @@ def optimize(
                 precision=precision_name,
                 keep_fp32=list(keep_fp32 or []),
                 layout=layout,
+                strict=strict,
             )
             say("loading")
             t0 = time.perf_counter()

@@ -100,3 +100,30 @@ def is_one(ctx, form, one):
 def is_absent(ctx, x):
     """The optional input is not there (the op has no bias yet)."""
     return True if x is None else "the op already has this input"
+
+
+# How far `NotComputedFrom` looks back before it stops trusting the answer.
+_ANCESTOR_BUDGET = 512
+
+
+@native_constraint("NotComputedFrom")
+def not_computed_from(ctx, x, source):
+    """`x` (e.g. a norm's scale) is not computed from `source` (the sum the fused op returns):
+    the fused op would then read its own output. Constants and graph inputs pass at once."""
+    if x is None or ctx.array(x) is not None:
+        return True
+    view = ctx.view
+    stack, seen = [x], set()
+    while stack:
+        value = stack.pop()
+        if value is source:
+            return f"{getattr(x, 'name', 'the value')} is computed from the sum the fused op would replace"
+        if id(value) in seen:
+            continue
+        seen.add(id(value))
+        if len(seen) > _ANCESTOR_BUDGET:
+            return f"cannot prove {getattr(x, 'name', 'the value')} independent of the sum (more than {_ANCESTOR_BUDGET} ancestors)"
+        node = view.producer(value)
+        if node is not None:
+            stack.extend(v for v in view.inputs(node) if v is not None)
+    return True

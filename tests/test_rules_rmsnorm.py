@@ -186,12 +186,13 @@ def test_add_rms_norm_at_opset_23_is_not_skip_fused_for_plain_onnx() -> None:
     assert op_types(optimized) == ["Add", "RMSNormalization"]
 
 
-def test_add_with_another_user_does_not_skip_fuse() -> None:
+def test_add_with_another_user_skip_fuses_keeping_the_sum() -> None:
     model = decomposed_rms_norm(skip=True, add_escapes=True)
     optimized, report = optimize_with(model, _SKIP_RULES, target="ort-cpu")
     assert rewrites(report, "FuseRMSNorm") == 1
-    assert rewrites(report, "FuseSkipRMSNorm") == 0
-    assert _ops(optimized) == [("", "Add"), ("", "SimplifiedLayerNormalization")]
+    assert rewrites(report, "FuseSkipRMSNorm") == 1
+    assert _ops(optimized) == [("com.microsoft", "SkipSimplifiedLayerNormalization")]
+    assert len(optimized.graph.node[0].output) == 4 and optimized.graph.node[0].output[3]  # the sum, used elsewhere
     assert_same_outputs(model, optimized, rtol=1e-4, atol=1e-4)
 
 
@@ -232,13 +233,13 @@ def test_tiny_llama_rms_norm_fusions(tmp_path, target: str) -> None:
     _export_tiny_llama(source)
     # every rule: the exporter's no-op Casts to float32 go first, then RMSNorm fuses
     optimized, report = graphopt.optimize(onnx.load(source), target=target)
-    rules = ["FuseRMSNorm", "FuseRMSNormStandard", "FuseSkipRMSNorm", "FuseSkipRMSNormKeepSum"]
+    rules = ["FuseRMSNorm", "FuseRMSNormStandard", "FuseSkipRMSNorm"]
     ops = {(n.domain, n.op_type) for n in optimized.graph.node}
     # 5 RMSNorms (2 per layer + final). Only the last residual Add feeds nothing but
     # its norm; the other three are also the next residual, so their sum stays an output.
     # The first norm reads the embeddings (no residual Add). Opset 17: nothing for plain ONNX.
     if target == "ort-cpu":
-        assert {r: rewrites(report, r) for r in rules} == {"FuseRMSNorm": 5, "FuseRMSNormStandard": 0, "FuseSkipRMSNorm": 1, "FuseSkipRMSNormKeepSum": 3}
+        assert {r: rewrites(report, r) for r in rules} == {"FuseRMSNorm": 5, "FuseRMSNormStandard": 0, "FuseSkipRMSNorm": 4}
         counts = [(n.domain, n.op_type) for n in optimized.graph.node]
         assert counts.count(("", "SimplifiedLayerNormalization")) == 1
         assert counts.count((MS, "SkipSimplifiedLayerNormalization")) == 4

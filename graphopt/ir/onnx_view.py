@@ -228,6 +228,23 @@ class OnnxView:
     def raw_attrs(self, node: ir.Node) -> Mapping[str, ir.Attr]:
         return node.attributes
 
+    def implicit_inputs(self, node: ir.Node) -> list[ir.Value]:
+        """Values of enclosing scopes that the subgraphs of `node` (If/Loop/Scan bodies) read."""
+        inner = _inner_nodes(node)
+        if not inner:
+            return []
+        inner_graphs = {id(n.graph) for n in inner}
+        found: list[ir.Value] = []
+        for n in inner:
+            for value in n.inputs:
+                if value is None:
+                    continue
+                producer = value.producer()
+                owner = producer.graph if producer is not None else value.graph
+                if owner is not None and id(owner) not in inner_graphs:
+                    found.append(value)
+        return found
+
     def label(self, node: ir.Node) -> str:
         if node.name:
             return node.name

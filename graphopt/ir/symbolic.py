@@ -24,6 +24,7 @@ a Reshape's -1 needs.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any, TypeAlias
 
@@ -32,7 +33,7 @@ import sympy
 
 from graphopt.ir.view import GraphView
 
-__all__ = ["Dim", "value_dims", "shape_tensor", "dims_equal", "static_int", "broadcast_dims", "SymbolicShapes"]
+__all__ = ["Dim", "dim_from_text", "value_dims", "shape_tensor", "dims_equal", "static_int", "broadcast_dims", "SymbolicShapes"]
 
 # A dim: a sympy expression (sympy ships no type hints, so Any for mypy).
 Dim: TypeAlias = Any
@@ -62,6 +63,76 @@ def static_int(d: Any) -> int | None:
     if isinstance(d, sympy.Integer):
         return int(d)
     return None
+
+
+_TOKEN = re.compile(r"\s*(?:(\d+)|([A-Za-z_][A-Za-z0-9_.]*)|(//|[-+*/()]))")
+
+
+def dim_from_text(text: str) -> Dim:
+    """A dim name as shape inference and exporters write it ("batch", "unk__4", "past + seq",
+    "2*seq", "(s0 + 1)//2") as an expression over positive integer symbols, so that
+    "past + seq" written by the exporter equals past + seq derived from the graph.
+    Text that is not such an expression is one opaque symbol, as before. A small parser,
+    not sympy's parse_expr: the text comes from the model, and parse_expr evaluates it."""
+    tokens: list[tuple[str, str]] = []
+    pos = 0
+    while pos < len(text):
+        m = _TOKEN.match(text, pos)
+        if m is None or m.end() == pos:
+            return _symbol(text)
+        pos = m.end()
+        if m.group(1):
+            tokens.append(("int", m.group(1)))
+        elif m.group(2):
+            tokens.append(("name", m.group(2)))
+        elif m.group(3):
+            tokens.append(("op", m.group(3)))
+    if not tokens or not any(kind == "op" for kind, _ in tokens):
+        return _symbol(text.strip())
+    try:
+        expr, rest = _parse_sum(tokens)
+    except (IndexError, ValueError, ZeroDivisionError):
+        return _symbol(text)
+    return expr if not rest else _symbol(text)
+
+
+def _symbol(name: str) -> Dim:
+    return sympy.Symbol(name, positive=True, integer=True)
+
+
+def _parse_sum(tokens: list[tuple[str, str]]) -> tuple[Dim, list[tuple[str, str]]]:
+    left, tokens = _parse_product(tokens)
+    while tokens and tokens[0] in (("op", "+"), ("op", "-")):
+        op = tokens[0][1]
+        right, tokens = _parse_product(tokens[1:])
+        left = left + right if op == "+" else left - right
+    return left, tokens
+
+
+def _parse_product(tokens: list[tuple[str, str]]) -> tuple[Dim, list[tuple[str, str]]]:
+    left, tokens = _parse_atom(tokens)
+    while tokens and tokens[0] in (("op", "*"), ("op", "/"), ("op", "//")):
+        op = tokens[0][1]
+        right, tokens = _parse_atom(tokens[1:])
+        left = left * right if op == "*" else sympy.floor(left / right) if op == "//" else left / right
+    return left, tokens
+
+
+def _parse_atom(tokens: list[tuple[str, str]]) -> tuple[Dim, list[tuple[str, str]]]:
+    kind, text = tokens[0]
+    if kind == "int":
+        return sympy.Integer(int(text)), tokens[1:]
+    if kind == "name":
+        return _symbol(text), tokens[1:]
+    if text == "(":
+        inner, rest = _parse_sum(tokens[1:])
+        if not rest or rest[0] != ("op", ")"):
+            raise ValueError("unbalanced parenthesis")
+        return inner, rest[1:]
+    if text == "-":
+        inner, rest = _parse_atom(tokens[1:])
+        return -inner, rest
+    raise ValueError(f"unexpected {text}")
 
 
 def dims_equal(a: Sequence[Any] | None, b: Sequence[Any] | None) -> bool:
@@ -138,7 +209,7 @@ class SymbolicShapes:
         if isinstance(d, int) and d >= 0:
             return sympy.Integer(d)
         if isinstance(d, str) and d:
-            return sympy.Symbol(d, positive=True, integer=True)
+            return dim_from_text(d)
         return self._fresh(value, i)
 
     def _fresh(self, value: Any, i: int) -> Dim:

@@ -8,6 +8,11 @@
   counts dropped). Matched nodes left without users are erased at once. No rewrite
   causes a rescan of the graph, so cost grows linearly with its size.
 * A rewrite budget bounds the work; reaching it is reported, not fatal.
+* Before a commit, the driver proves the rewrite keeps the graph acyclic
+  (graphopt.match.cycles); one that would not is declined as a near-miss.
+* A rule whose own code fails (its matcher, a native helper, its rewrite) is declined
+  at that site with a warning naming rule and node, and counted in the report;
+  `strict` makes it fatal instead. One faulty rule never takes the run down.
 """
 
 from __future__ import annotations
@@ -17,8 +22,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from graphopt.errors import GraphoptError
 from graphopt.ir import provenance
 from graphopt.ir.view import GraphView
+from graphopt.match.cycles import TopoOrder, cycle_through
 from graphopt.match.matcher import Failure, Match, Matcher, OpBinding
 from graphopt.match.rewrite import plan_rewrite
 from graphopt.ops.targets import Target
@@ -27,7 +34,11 @@ from graphopt.pattern.native import RewriteDeclined
 from graphopt.report.model import NearMiss, Report, RewriteRecord
 from graphopt.report.snapshot import capture_snapshot
 
-__all__ = ["RuleSet", "DriverOptions", "Attempt", "apply_rules"]
+__all__ = ["RuleSet", "DriverOptions", "Attempt", "RuleFailed", "apply_rules"]
+
+
+class RuleFailed(GraphoptError):
+    """A rule's own code raised (with `DriverOptions.strict`): names the rule and the node."""
 
 
 class RuleSet:
@@ -66,6 +77,8 @@ class DriverOptions:
     observe: Callable[[Attempt], None] | None = None
     #: Record on each inserted node which rule and rewrite made it (graphopt.ir.provenance).
     provenance: bool = True
+    #: A rule whose code raises stops the run (RuleFailed) instead of being declined at that site.
+    strict: bool = False
 
 
 @dataclass(frozen=True)
@@ -102,6 +115,7 @@ def apply_rules(view: GraphView, rules: RuleSet, target: Target, report: Report,
     for scope in view.scopes():
         scope_label = view.scope_label(scope)
         worklist = _Worklist(view, scope)
+        order = TopoOrder(view, scope)
         push = worklist.push
         while worklist:
             node = worklist.pop()
@@ -113,10 +127,14 @@ def apply_rules(view: GraphView, rules: RuleSet, target: Target, report: Report,
             for rule in bucket:
                 stats = report.rules[rule.name]
                 started = time.perf_counter()
+                trace_into = report if options.trace_all else None
                 try:
-                    outcome = matcher.attempt(rule, node)
+                    try:
+                        outcome = matcher.attempt(rule, node)
+                    except Exception as error:  # a bug in the rule's match or a constraint helper
+                        _rule_failed(view, report, stats, rule, node, scope_label, "matching", error, options, trace_into)
+                        continue
                     stats.attempts += 1
-                    trace_into = report if options.trace_all else None
                     if isinstance(outcome, Failure):
                         if options.trace or options.observe is not None:
                             _near_miss(view, stats, rule, node, scope_label, outcome, trace_into, options.observe)
@@ -134,11 +152,18 @@ def apply_rules(view: GraphView, rules: RuleSet, target: Target, report: Report,
                         return applied
                     try:
                         planned = plan_rewrite(view, outcome)
+                        problem = _target_problem(view, target, planned.new_nodes, options.precision, outcome.nodes)
+                        if problem is None:
+                            problem = cycle_through(view, order, planned.new_nodes, planned.replacements)
                     except RewriteDeclined as declined:
+                        view.discard_pending()
                         declined_at = Failure(len(outcome.nodes) + 2, node, str(declined), outcome.nodes)
                         _near_miss(view, stats, rule, node, scope_label, declined_at, trace_into, options.observe)
                         continue
-                    problem = _target_problem(view, target, planned.new_nodes, options.precision, outcome.nodes)
+                    except Exception as error:  # a bug in the rule's rewrite or a native rewrite helper
+                        view.discard_pending()
+                        _rule_failed(view, report, stats, rule, node, scope_label, "rewriting", error, options, trace_into, outcome.nodes)
+                        continue
                     if problem is not None:
                         view.discard_pending()
                         refused = Failure(len(outcome.nodes) + 2, node, problem, outcome.nodes)
@@ -151,7 +176,10 @@ def apply_rules(view: GraphView, rules: RuleSet, target: Target, report: Report,
                     tried = tuple(view.label(n) for n in outcome.nodes) if options.observe is not None else ()
                     index = report.next_index()
                     made_by = {provenance.RULE_KEY: rule.name, provenance.REWRITE_KEY: str(index)} if options.provenance else None
+                    root_outputs = set(map(id, view.outputs(node)))
+                    resorted = any(id(old) not in root_outputs for old, _ in planned.replacements)
                     touched = view.commit(node, planned.new_nodes, planned.replacements, outcome.nodes, provenance=made_by)
+                    order.place(node, planned.new_nodes, resorted)
                     applied += 1
                     stats.applications += 1
                     stats.rewrites.append(
@@ -254,6 +282,30 @@ def _target_problem(view: GraphView, target: Target, new_nodes: list[Any], preci
             return reason
     return None
 
+
+
+def _rule_failed(
+    view: GraphView,
+    report: Report,
+    stats: Any,
+    rule: Rule,
+    root: Any,
+    scope_label: str,
+    stage: str,
+    error: Exception,
+    options: DriverOptions,
+    trace_into: Report | None,
+    nodes: tuple[Any, ...] = (),
+) -> None:
+    """A rule's own code raised at `root`: decline it there, say so, count it (or stop, when strict)."""
+    where = f"{rule.name} at {view.label(root)} ({scope_label})"
+    message = f"{type(error).__name__}: {error}".splitlines()[0] if str(error) else type(error).__name__
+    if options.strict:
+        raise RuleFailed(f"rule {where} failed while {stage}: {message} (from {rule.loc or 'an unknown file'})") from error
+    stats.errors += 1
+    report.warnings.append(f"rule {where} failed while {stage} and was skipped there: {message}")
+    failure = Failure(len(nodes) + 2, root, f"the rule's code failed while {stage}: {message}", nodes)
+    _near_miss(view, stats, rule, root, scope_label, failure, trace_into, options.observe)
 
 
 def _near_miss(

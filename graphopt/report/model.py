@@ -123,6 +123,8 @@ class RuleStats:
     attempts: int = 0
     matches: int = 0
     applications: int = 0
+    #: Sites where the rule's own code (matcher, native helper, rewrite) raised and the rule was skipped.
+    errors: int = 0
     time_s: float = 0.0
     rewrites: list[RewriteRecord] = field(default_factory=list)
     near_misses: list[NearMiss] = field(default_factory=list)

@@ -1,0 +1,248 @@
+"""The engine never crashes on a valid model (issue 12).
+
+* A rewrite whose new nodes would read a value computed from what they replace
+  (a cycle) is declined before the commit and shows up as a near-miss.
+* The skip-norm rules state what they need: the norm's scale and shift are not
+  computed from the residual sum the fused op returns.
+* A bug in one rule (its matcher, a helper, its rewrite) is declined at that site
+  with a warning naming rule and node; `--strict` makes it fatal.
+* Dims that exporters write as expressions ("past + seq") equal the same expression
+  derived from the graph, so attention fuses on decoders with a KV cache.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto
+from rule_testing import assert_same_outputs, helper, init, make_model, op_types, rand, rewrites
+
+import graphopt
+from graphopt.errors import GraphoptError
+from graphopt.ir.symbolic import dim_from_text
+
+H = 8
+F = TensorProto.FLOAT
+
+
+def _ln(x: str, out: str, gamma: str, beta: str) -> onnx.NodeProto:
+    return helper.make_node("LayerNormalization", [x, gamma, beta], [out], axis=-1, epsilon=1e-5)
+
+
+def _adaptive_scale(sum_name: str, out: str) -> list[onnx.NodeProto]:
+    """A LayerNorm scale computed from the residual sum itself (as adaptive norms do)."""
+    return [helper.make_node("ReduceMean", [sum_name, "axes01"], [out + "_raw"], keepdims=0),
+            helper.make_node("Add", [out + "_raw", "one"], [out])]
+
+
+def residual_block_model(structure: str) -> onnx.ModelProto:
+    """Blocks whose residual sum feeds both a LayerNorm (with a scale computed from that
+    sum) and the next block; the three structures of the real exports that crashed."""
+    nodes = [_ln("x", "h0", "g0", "b0"), helper.make_node("MatMul", ["h0", "w0"], ["f0"])]
+    inputs = [helper.make_tensor_value_info("x", F, [2, 3, H])]
+    outputs = []
+    inits = [init("g0", rand(H)), init("b0", rand(H)), init("w0", rand(H, H)), init("w1", rand(H, H)),
+             init("b1", rand(H)), init("axes01", np.array([0, 1], np.int64)), init("one", np.ones(H, np.float32))]
+    if structure == "pre-ln-encoder":
+        nodes += [helper.make_node("Add", ["x", "f0"], ["s"])]
+    elif structure == "kv-cache-decoder":
+        # the block's key is concatenated to the cache, read by the next block
+        inputs.append(helper.make_tensor_value_info("past", F, [2, 4, H]))
+        nodes += [helper.make_node("Concat", ["past", "f0"], ["present"], axis=1),
+                  helper.make_node("ReduceMean", ["present", "axis1"], ["ctx"], keepdims=1),
+                  helper.make_node("Add", ["f0", "ctx"], ["attn"]),
+                  helper.make_node("Add", ["x", "attn"], ["s"])]
+        inits.append(init("axis1", np.array([1], np.int64)))
+        outputs.append(helper.make_tensor_value_info("present", F, [2, 7, H]))
+    elif structure == "parallel-residual":
+        # attention and MLP branches read the same norm; x + attn + mlp is the residual
+        nodes += [helper.make_node("MatMul", ["h0", "w1"], ["m0"]), helper.make_node("Relu", ["m0"], ["m1"]),
+                  helper.make_node("Add", ["f0", "m1"], ["both"]), helper.make_node("Add", ["both", "x"], ["s"])]
+    else:
+        raise ValueError(structure)
+    nodes += _adaptive_scale("s", "g1")
+    nodes += [_ln("s", "h1", "g1", "b1"), helper.make_node("MatMul", ["h1", "w1"], ["f1"]),
+              helper.make_node("Add", ["s", "f1"], ["y"])]  # the sum feeds the next block
+    outputs.insert(0, helper.make_tensor_value_info("y", F, [2, 3, H]))
+    return make_model(nodes, inputs, outputs, inits, opset=18)
+
+
+@pytest.mark.parametrize("structure", ["pre-ln-encoder", "kv-cache-decoder", "parallel-residual"])
+@pytest.mark.parametrize("target", ["ort-cpu", "ort-cuda"])
+def test_skip_norm_never_reads_its_own_sum(structure: str, target: str) -> None:
+    # On the code before this fix, these raised "Graph contains a cycle" from the commit.
+    model = residual_block_model(structure)
+    optimized, report = graphopt.optimize(model, target=target)
+    onnx.checker.check_model(optimized)
+    stats = report.rules["FuseSkipLayerNorm"]
+    reasons = [m.reason for m in stats.near_misses]
+    assert any("NotComputedFrom" in r and "computed from the sum" in r for r in reasons), reasons
+    # the norm with the adaptive scale stays a LayerNormalization; the first one has no residual Add
+    assert "LayerNormalization" in op_types(optimized)
+    if target == "ort-cpu":
+        assert_same_outputs(model, optimized, rtol=1e-4, atol=1e-5)
+
+
+_CYCLE_RULE = """
+// A deliberately careless user rule: it replaces the residual sum with an Add that reads
+// `g`, which the model computes from that very sum.
+Pattern CarelessRewrite {
+  let s = shared op<Add>(a, b);
+  let out = op<Mul>(s, g);
+  rewrite out with {
+    let n = op<Add>(a, g);
+    replace s with n;
+    replace out with op<Mul>(n, b);
+  };
+}
+"""
+
+
+def _cycle_model() -> onnx.ModelProto:
+    nodes = [helper.make_node("Add", ["a", "b"], ["s"]),
+             helper.make_node("Relu", ["s"], ["g"]),
+             helper.make_node("Mul", ["s", "g"], ["out"])]
+    vi = [helper.make_tensor_value_info(n, F, [4]) for n in ("a", "b")]
+    return make_model(nodes, vi, [helper.make_tensor_value_info("out", F, [4])])
+
+
+def test_driver_declines_a_rewrite_that_would_create_a_cycle(tmp_path: Path) -> None:
+    (tmp_path / "careless.pdll").write_text(_CYCLE_RULE)
+    model = _cycle_model()
+    optimized, report = graphopt.optimize(model, patterns=[str(tmp_path)], enable=["CarelessRewrite"])
+    stats = report.rules["CarelessRewrite"]
+    assert stats.matches == 1 and stats.applications == 0
+    (miss,) = stats.near_misses
+    assert miss.reason.startswith("would create a cycle"), miss.reason
+    assert "s" in miss.reason
+    assert op_types(optimized) == ["Add", "Relu", "Mul"]  # untouched
+    onnx.checker.check_model(optimized)
+    assert_same_outputs(model, optimized)
+
+
+def _failing_rule_folder(tmp_path: Path, where: str) -> Path:
+    folder = tmp_path / "rules"
+    folder.mkdir()
+    (folder / "boom.pdll").write_text(textwrap.dedent("""
+        Constraint Explodes(x);
+        Rewrite Twice(x) -> (y);
+        /// Relu(Relu(x)) -> Relu(x), with helpers that can fail
+        Pattern BuggyRule {
+          let inner = op<Relu>(x);
+          let outer = op<Relu>(inner);
+          Explodes(x);
+          rewrite outer with {
+            let t = Twice(x);
+            replace outer with op<Relu>(t.y);
+          };
+        }
+        """))
+    (folder / "boom.py").write_text(textwrap.dedent(f"""
+        from graphopt.pattern.native import native_constraint, native_rewrite
+
+        @native_constraint("Explodes")
+        def explodes(ctx, x):
+            if {where == "match"!r}:
+                raise ZeroDivisionError("helper bug")
+            return True
+
+        @native_rewrite("Twice")
+        def twice(ctx, x):
+            if {where == "rewrite"!r}:
+                raise KeyError("rewrite bug")
+            return {{"y": x}}
+        """))
+    return folder
+
+
+def _relu_chain() -> onnx.ModelProto:
+    nodes = [helper.make_node("Relu", ["x"], ["r1"]), helper.make_node("Relu", ["r1"], ["r2"]),
+             helper.make_node("Neg", ["r2"], ["n"]), helper.make_node("Relu", ["n"], ["r3"]), helper.make_node("Relu", ["r3"], ["y"])]
+    return make_model(nodes, [helper.make_tensor_value_info("x", F, [4])], [helper.make_tensor_value_info("y", F, [4])])
+
+
+@pytest.mark.parametrize("where", ["match", "rewrite"])
+def test_a_failing_rule_is_skipped_with_a_warning(tmp_path: Path, where: str) -> None:
+    folder = _failing_rule_folder(tmp_path, where)
+    model = _relu_chain()
+    optimized, report = graphopt.optimize(model, patterns=[str(folder)])
+    stats = report.rules["BuggyRule"]
+    assert stats.errors == 2 and stats.applications == 0  # both Relu pairs, each declined
+    assert len([w for w in report.warnings if "BuggyRule" in w]) == 2
+    assert any(("ZeroDivisionError" if where == "match" else "KeyError") in w for w in report.warnings)
+    assert report.to_dict()["rules"][0]["errors"] >= 0  # serialized
+    assert_same_outputs(model, optimized)
+
+
+def test_strict_makes_a_failing_rule_fatal(tmp_path: Path) -> None:
+    folder = _failing_rule_folder(tmp_path, "match")
+    with pytest.raises(GraphoptError, match=r"BuggyRule at .* failed while matching: ZeroDivisionError: helper bug"):
+        graphopt.optimize(_relu_chain(), patterns=[str(folder)], strict=True)
+
+
+def test_cli_strict_is_one_error_line_and_exit_2(tmp_path: Path) -> None:
+    folder = _failing_rule_folder(tmp_path, "rewrite")
+    src = tmp_path / "m.onnx"
+    onnx.save(_relu_chain(), src)
+    base = [sys.executable, "-m", "graphopt", "optimize", str(src), "-o", str(tmp_path / "o.onnx"), "--patterns", str(folder)]
+    lenient = subprocess.run(base, capture_output=True, text=True)
+    assert lenient.returncode == 0, lenient.stderr
+    assert "BuggyRule" in lenient.stdout + lenient.stderr
+    strict_out = tmp_path / "strict.onnx"
+    strict = subprocess.run([*base[:5], "-o", str(strict_out), *base[7:], "--strict"], capture_output=True, text=True)
+    assert strict.returncode == 2
+    assert "Traceback" not in strict.stderr
+    lines = [line for line in strict.stderr.splitlines() if line.strip()]
+    assert lines[-1].startswith("error:") and "BuggyRule" in lines[-1], strict.stderr
+    assert not strict_out.exists()
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("batch", "batch"), ("unk__4", "unk__4"), ("past + seq", "past + seq"), ("2*seq", "2*seq"),
+    ("(s0 + 1)//2", "floor(s0/2 + 1/2)"), ("s0 - 1", "s0 - 1"),
+])
+def test_exporter_dim_expressions_are_expressions(text: str, expected: str) -> None:
+    assert str(dim_from_text(text)) == expected
+
+
+def test_dim_text_is_never_evaluated() -> None:
+    # Dim names come from the model: anything that is not plain arithmetic stays one opaque symbol.
+    for hostile in ("__import__('os')", "a b", "x+", "lambda: 1", "1e9**1e9"):
+        d = dim_from_text(hostile)
+        assert d.is_Symbol and str(d) == hostile
+    assert dim_from_text("past + seq") == dim_from_text("past") + dim_from_text("seq")
+
+
+def test_attention_fuses_when_the_mask_dim_is_written_as_an_expression() -> None:
+    # An exporter names the key length "past + seq" on the mask; the same length derived from
+    # Concat(past, k) is past + seq: they are one dim, and attention fuses.
+    heads, size = 2, 4
+    q = helper.make_tensor_value_info("q", F, ["batch", heads, "seq", size])
+    k = helper.make_tensor_value_info("k", F, ["batch", heads, "seq", size])
+    v = helper.make_tensor_value_info("v", F, ["batch", heads, "seq", size])
+    pk = helper.make_tensor_value_info("past_k", F, ["batch", heads, "past", size])
+    pv = helper.make_tensor_value_info("past_v", F, ["batch", heads, "past", size])
+    mask = helper.make_tensor_value_info("mask", F, ["batch", 1, "seq", "past + seq"])
+    nodes = [
+        helper.make_node("Concat", ["past_k", "k"], ["kk"], axis=2),
+        helper.make_node("Concat", ["past_v", "v"], ["vv"], axis=2),
+        helper.make_node("Transpose", ["kk"], ["kt"], perm=[0, 1, 3, 2]),
+        helper.make_node("MatMul", ["q", "kt"], ["scores"]),
+        helper.make_node("Mul", ["scores", "scale"], ["scaled"]),
+        helper.make_node("Add", ["scaled", "mask"], ["masked"]),
+        helper.make_node("Softmax", ["masked"], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "vv"], ["o"]),
+    ]
+    out = helper.make_tensor_value_info("o", F, ["batch", heads, "seq", size])
+    model = make_model(nodes, [q, k, v, pk, pv, mask], [out], [init("scale", np.array(size ** -0.5, np.float32))])
+    optimized, report = graphopt.optimize(model, target="ort-cpu", enable=["FuseAttention"])
+    assert rewrites(report, "FuseAttention") == 1, [m.reason for m in report.rules["FuseAttention"].near_misses]
+    shapes = {"q": (2, heads, 3, size), "k": (2, heads, 3, size), "v": (2, heads, 3, size), "past_k": (2, heads, 5, size),
+              "past_v": (2, heads, 5, size), "mask": (2, 1, 3, 8)}
+    assert_same_outputs(model, optimized, shapes=shapes, rtol=1e-4, atol=1e-5)
