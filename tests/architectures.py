@@ -252,7 +252,9 @@ ARCHITECTURES: dict[str, _Arch] = {
     "bart-encoder": _Arch(_bart_encoder, ["hidden"], {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}}),
     "t5": _Arch(_t5, ["hidden"], {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"},
                                   "decoder_input_ids": {0: "batch", 1: "dec"}}),
-    "whisper-decoder": _Arch(_whisper_decoder(False), ["hidden"], {"input_ids": {0: "batch"}, "encoder_hidden_states": {0: "batch"}}),
+    # TorchScript cannot export transformers' decoder mask helpers (aten::diff)
+    "whisper-decoder": _Arch(_whisper_decoder(False), ["hidden"], {"input_ids": {0: "batch"}, "encoder_hidden_states": {0: "batch"}},
+                             exporters=("dynamo",)),
     "whisper-decoder-kv": _Arch(
         _whisper_decoder(True), ["hidden", "present_k0", "present_v0", "present_k1", "present_v1"],
         {"input_ids": {0: "batch"}, "encoder_hidden_states": {0: "batch"},
