@@ -76,3 +76,45 @@ def test_unknown_dims_are_not_equal_to_anything_else() -> None:
     sym, v = _shapes(model)
     assert dims_equal(sym.dims(v["y"]), sym.dims(v["x"]))  # the same value's dims
     assert not dims_equal(sym.dims(v["y"]), sym.dims(v["w"]))  # two unknown batch sizes
+
+
+def test_chunk_slices_with_run_time_bounds() -> None:
+    # torch's chunk(3, dim=-1) as TorchScript exports it: each third ends at ((n + 2) / 3) * k,
+    # computed from Shape(x) at run time; the partial-rotary pass-through part is x[..., r:n].
+    nodes = [
+        helper.make_node("Shape", ["x"], ["sh"]),
+        helper.make_node("Gather", ["sh", "last"], ["n"], axis=0),
+        helper.make_node("Add", ["n", "two"], ["n2"]),
+        helper.make_node("Div", ["n2", "three"], ["third"]),
+        helper.make_node("Mul", ["third", "one"], ["end1"]),
+        helper.make_node("Slice", ["x", "zero", "end1", "last"], ["q"]),
+        helper.make_node("Slice", ["q", "rot", "big", "last"], ["q_pass"]),
+        helper.make_node("Shape", ["q"], ["qsh"]),
+        helper.make_node("Gather", ["qsh", "last"], ["qn"], axis=0),
+        helper.make_node("Slice", ["q", "rot", "qn", "last"], ["q_pass2"]),
+        helper.make_node("Slice", ["y", "rot", "big", "last"], ["y_pass"]),
+    ]
+    inits = [init("last", np.array([-1])), init("two", np.array([2])), init("three", np.array([3])), init("one", np.array([1])),
+             init("zero", np.array([0])), init("rot", np.array([4])), init("big", np.array([2**63 - 1]))]
+    model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 4, "s", 48]),
+                               helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", "d"])],
+                       [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("q_pass", "q_pass2", "y_pass")], inits)
+    sym, v = _shapes(model)
+    b, s, d = _sym("b"), _sym("s"), _sym("d")
+    assert sym.tensor(v["third"]) == [16]  # (48 + 2) / 3 truncates, as onnxruntime's integer Div does
+    assert sym.dims(v["q"]) == [b, 4, s, 16]
+    assert sym.dims(v["q_pass"]) == [b, 4, s, 12]
+    assert sym.dims(v["q_pass2"]) == [b, 4, s, 12]
+    assert dims_equal(sym.dims(v["y_pass"]), [b, d - 4])
+
+
+def test_symbolic_division_only_where_it_is_the_floor() -> None:
+    nodes = [helper.make_node("Shape", ["x"], ["sh"]), helper.make_node("Gather", ["sh", "i0"], ["n"], axis=0),
+             helper.make_node("Div", ["n", "two"], ["half"]), helper.make_node("Sub", ["zero", "n"], ["neg"]),
+             helper.make_node("Div", ["neg", "two"], ["neg_half"])]
+    inits = [init("i0", np.array([0])), init("two", np.array([2])), init("zero", np.array([0]))]
+    model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])],
+                       [helper.make_tensor_value_info(n, TensorProto.INT64, None) for n in ("half", "neg_half")], inits)
+    sym, v = _shapes(model)
+    assert sym.tensor(v["half"]) == [sympy.floor(_sym("n") / 2)]
+    assert sym.tensor(v["neg_half"]) is None  # -n / 2 truncates toward zero: not the floor, so unknown

@@ -116,6 +116,8 @@ EXPECTED_FUSIONS = {
     "smollm-kv-dynamo": {"Attention|MultiHeadAttention": 2, "SkipSimplifiedLayerNormalization": 4, "RotaryEmbedding": 4},
     "phi2-kv-dynamo": {"Attention|MultiHeadAttention": 2, "RotaryEmbedding": 4},
     "gpt-neox-dynamo": {"Attention|MultiHeadAttention": 2, "RotaryEmbedding": 4},
+    "gpt-neox-torchscript": {"Attention|MultiHeadAttention": 2, "SkipLayerNormalization": 2},
+    "t5-dynamo": {"Attention|MultiHeadAttention": 6, "SkipSimplifiedLayerNormalization": 10},
 }
 
 

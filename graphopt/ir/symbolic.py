@@ -320,6 +320,8 @@ class SymbolicShapes:
             else:
                 return None
             return out3
+        if op == "Slice":
+            return self._slice(node, ins, d)
         if op == "Shape":
             t = self.tensor(value, d)
             return None if t is None else [sympy.Integer(len(t))]
@@ -331,6 +333,30 @@ class SymbolicShapes:
             axis = (axis if isinstance(axis, int) else 0) % len(data)
             return [*data[:axis], *idx, *data[axis + 1:]]
         return None
+
+    def _slice(self, node: Any, ins: list[Any], depth: int) -> list[Dim] | None:
+        """Dims of a Slice (opset 10+: starts, ends, axes, steps as inputs) with step 1, where the
+        bounds may be computed at run time (``x[..., 4:Shape(x)[-1]]``, as exporters write it)."""
+        src = self.dims(ins[0], depth)
+        if src is None or len(ins) < 3:
+            return None
+        starts, ends = self.tensor(ins[1], depth), self.tensor(ins[2], depth)
+        axes = self.tensor(ins[3], depth) if len(ins) > 3 and ins[3] is not None else [sympy.Integer(i) for i in range(len(starts or []))]
+        steps = self.tensor(ins[4], depth) if len(ins) > 4 and ins[4] is not None else None
+        if starts is None or ends is None or axes is None or not len(starts) == len(ends) == len(axes):
+            return None
+        if steps is not None and any(static_int(x) != 1 for x in steps):
+            return None
+        out = list(src)
+        for start, end, axis in zip(starts, ends, axes, strict=True):
+            a = static_int(axis)
+            if a is None or not -len(src) <= a < len(src):
+                return None
+            size = _sliced_size(src[a % len(src)], start, end)
+            if size is None:
+                return None
+            out[a % len(src)] = size
+        return out
 
     def _reshape(self, node: Any, ins: list[Any], depth: int) -> list[Dim] | None:
         src = self.dims(ins[0], depth)
@@ -470,12 +496,45 @@ class SymbolicShapes:
                 elif op == "Mul":
                     out.append(x * y)
                 else:
-                    q = x / y
-                    if not (q.is_integer or static_int(q) is not None):
+                    q = _int_div(x, y)
+                    if q is None:
                         return None
                     out.append(q)
             return out
         return None
+
+
+def _int_div(x: Dim, y: Dim) -> Dim | None:
+    """Division of shape-tensor elements, which are integers: ONNX's Div truncates toward
+    zero (torch's chunk writes ceil(n / k) as (n + k - 1) / k). Symbolic only where the
+    result is provably the floor (a nonnegative dividend, a positive static divisor)."""
+    a, b = static_int(x), static_int(y)
+    if b == 0:
+        return None
+    if a is not None and b is not None:
+        q = abs(a) // abs(b)
+        return sympy.Integer(q if (a >= 0) == (b > 0) else -q)
+    q = x / y
+    if q.is_integer:
+        return q
+    if b is not None and b > 0 and x.is_nonnegative:
+        return sympy.floor(q)
+    return None
+
+
+def _sliced_size(dim: Dim, start: Dim, end: Dim) -> Dim | None:
+    """Length of dim[start:end] (step 1) when it is known: all static, or a static start
+    and an end that is at least the dim (INT_MAX, or the dim itself read through Shape)."""
+    n, s, e = static_int(dim), static_int(start), static_int(end)
+    if n is not None and s is not None and e is not None:
+        return sympy.Integer(len(range(n)[slice(s, e)]))
+    if s is None:
+        return None
+    if e is not None and e >= 2**31 - 1 or e is None and sympy.simplify(end - dim) == 0:
+        if s >= 0:
+            return dim - s if s else dim  # (a dim below the start gives 0 at run time: a degenerate model)
+        return sympy.Min(-s, dim) if n is None else sympy.Integer(min(-s, n))
+    return None
 
 
 def _opaque(d: Dim) -> bool:
