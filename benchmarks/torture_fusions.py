@@ -27,8 +27,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
-import graphopt  # noqa: E402
 from architectures import build, cases  # noqa: E402
+
+import graphopt  # noqa: E402
 
 FUSED = {
     "attention": ("Attention", "MultiHeadAttention", "GroupQueryAttention"),
