@@ -40,6 +40,7 @@ type that conversion itself made.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections import Counter
@@ -64,6 +65,9 @@ __all__ = [
     "parse_precision",
     "convert_precision",
     "remove_cast_pairs",
+    "range_checked_plan",
+    "FP16_SAFE_MAX",
+    "FP16_SMALLEST_NORMAL",
 ]
 
 #: Accepted values of `--precision`; "fp32" (or None) leaves the model's precision alone.
@@ -182,6 +186,8 @@ class PrecisionPlan:
     precision: str  # "fp16" or "bf16"
     #: The user's additions to the block list: op types ("Gemm", "com.microsoft.Gelu"), node or output names.
     keep: frozenset[str] = frozenset()
+    #: Node or output names the range check keeps in float32 (`range_checked_plan`).
+    range_keep: frozenset[str] = frozenset()
 
     @classmethod
     def make(cls, precision: str | None, keep: Iterable[str] = ()) -> PrecisionPlan | None:
@@ -401,6 +407,8 @@ class _Converter:
         domain = "" if node.domain == "ai.onnx" else node.domain
         if has_subgraphs(node):
             return "subgraph", None
+        if self.plan.range_keep and ({node.name or "", *(v.name or "" for v in node.outputs)} & self.plan.range_keep):
+            return "range", None
         if self._user_keeps(node):
             return "keep_fp32", None
         if shape_derived and f32_out:
@@ -711,3 +719,166 @@ def _live_uses(value: ir.Value) -> list[Any]:
 
 def _op_name(node: ir.Node) -> str:
     return node.op_type if node.domain in ONNX_DOMAINS else f"{node.domain}.{node.op_type}"
+
+
+# ---------------------------------------------------------------- range check (fp16)
+
+#: A value whose magnitude exceeds this (half of float16's largest, 65504) keeps the nodes
+#: that read or write it in float32: headroom for inputs larger than the calibration's.
+FP16_SAFE_MAX = 0.5 * 65504.0
+#: A tensor whose every non-zero value is below float16's smallest normal number would be
+#: held in subnormals (a few bits of precision) or flushed to zero.
+FP16_SMALLEST_NORMAL = 2.0**-14
+#: Rounds of "convert, run, keep the nodes that made a finite value non-finite".
+MAX_RANGE_ROUNDS = 6
+
+
+def _node_key(node: ir.Node) -> str:
+    """The name a plan keeps a node by: its own, else its first output's."""
+    return node.name or next((v.name for v in node.outputs if v.name), "")
+
+
+def _copy_with_origins(model: ir.Model) -> tuple[ir.Model, dict[int, ir.Node]]:
+    """A deep copy of `model`, and for each main-graph node of the copy the original node."""
+    copy = ir.serde.deserialize_model(ir.serde.serialize_model(model))
+    return copy, {id(c): o for c, o in zip(copy.graph, model.graph)}
+
+
+def _run_exposed(model: ir.Model, feeds: dict[str, np.ndarray], dtypes: frozenset[ir.DataType]) -> dict[str, np.ndarray]:
+    """Run `model` on onnxruntime's CPU provider with every main-graph node output of one of
+    `dtypes` exposed as a graph output; returns every value by name."""
+    import onnxruntime as ort
+
+    outputs = list(model.graph.outputs)
+    names = {v.name for v in outputs}
+    for node in model.graph:
+        for value in node.outputs:
+            if value.name and value.name not in names and value.dtype in dtypes:
+                model.graph.outputs.append(value)
+                names.add(value.name)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 4
+    session = ort.InferenceSession(ir.serde.serialize_model(model).SerializeToString(), options, providers=["CPUExecutionProvider"])
+    wanted = {i.name for i in session.get_inputs()}
+    arrays = session.run(None, {k: v for k, v in feeds.items() if k in wanted})
+    result = dict(zip([o.name for o in session.get_outputs()], arrays))
+    result.update({k: v for k, v in feeds.items()})
+    return result
+
+
+def _calibration_feeds(model: ir.Model, path: Any) -> tuple[dict[str, np.ndarray], str]:
+    from graphopt.verify import _inputs, _resolve_shapes, make_inputs
+
+    if path is None:
+        return make_inputs(model, _resolve_shapes(model.graph, {}), seed=0), "random inputs from the input specs"
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            feeds = {k: np.asarray(data[k]) for k in data.files}
+    except (OSError, ValueError) as error:
+        raise GraphoptError(f"--calibration-data {path}: cannot read it as an .npz of input arrays: {error}") from None
+    expected = {name for name, _ in _inputs(model.graph)}
+    if set(feeds) != expected:
+        raise GraphoptError(
+            f"--calibration-data {path}: it holds {', '.join(sorted(feeds)) or 'no arrays'}; the model's inputs are {', '.join(sorted(expected))}"
+        )
+    return feeds, f"calibration inputs from {path}"
+
+
+def _max_abs(array: np.ndarray) -> float:
+    finite = np.asarray(array, dtype=np.float64)
+    finite = finite[np.isfinite(finite)]
+    return float(np.abs(finite).max(initial=0.0))
+
+
+def range_checked_plan(
+    model: ir.Model, target: Target, plan: PrecisionPlan, calibration: Any = None, *, say: Callable[[str], None] | None = None
+) -> tuple[PrecisionPlan, list[Any], str]:
+    """The plan with `range_keep` set: the nodes whose float32 values, measured on the
+    calibration inputs, do not fit float16 (above `FP16_SAFE_MAX`, or wholly below its
+    smallest normal number), and then, converting a copy and running it, every node that
+    turned a finite value non-finite, until the model's outputs are finite wherever the
+    float32 model's are. Returns (plan, the kept nodes as RangeKeep records, a note on the
+    inputs used, or why the check could not run)."""
+    from graphopt.ops.lowering import lower_fused_ops
+    from graphopt.report.model import RangeKeep
+
+    say = say or (lambda message: None)
+    say("precision: range check (float32 run)")
+    try:
+        feeds, note = _calibration_feeds(model, calibration)
+    except GraphoptError:
+        raise
+    except Exception as error:  # noqa: BLE001 - e.g. an input whose shape cannot be resolved
+        return plan, [], f"range check skipped: no inputs to run the model on ({str(error).splitlines()[0][:200]})"
+    reference, _ = _copy_with_origins(model)
+    lower_fused_ops(reference, target)
+    try:
+        values = _run_exposed(reference, feeds, frozenset({_FLOAT}))
+    except Exception as error:  # noqa: BLE001 - onnxruntime raises its own types
+        return plan, [], f"range check skipped: the float32 model does not run on onnxruntime's CPU provider ({str(error).splitlines()[0][:200]})"
+    peak = {name: _max_abs(a) for name, a in values.items() if np.asarray(a).dtype.kind == "f"}
+    kept: dict[str, RangeKeep] = {}
+    for node in model.graph:
+        floats = [v for v in (*node.inputs, *node.outputs) if v is not None and v.name in peak and not _Converter.is_const(v)]
+        if not floats:
+            continue
+        biggest = max(peak[v.name or ""] for v in floats)
+        tiny = [v for v in node.outputs if v.name in peak and 0.0 < peak[v.name or ""] < FP16_SMALLEST_NORMAL]
+        if biggest > FP16_SAFE_MAX:
+            kept[_node_key(node)] = RangeKeep(_node_key(node), _op_name(node), "overflow", biggest)
+        elif tiny:
+            kept[_node_key(node)] = RangeKeep(_node_key(node), _op_name(node), "underflow", max(peak[v.name or ""] for v in tiny))
+    outputs_finite = {v.name: np.isfinite(values[v.name or ""]) for v in model.graph.outputs if v.name in values}
+    for round_ in range(MAX_RANGE_ROUNDS):
+        say(f"precision: range check ({plan.precision} run {round_ + 1})")
+        trial_plan = dataclasses.replace(plan, range_keep=frozenset(kept))
+        copy, origin = _copy_with_origins(model)
+        convert_precision(copy, target, trial_plan)
+        lower_fused_ops(copy, target)
+        try:
+            low_values = _run_exposed(copy, feeds, frozenset({_FLOAT, plan.low_type}))
+        except Exception as error:  # noqa: BLE001
+            return trial_plan, list(kept.values()), f"{note}; the {plan.precision} check did not run on onnxruntime's CPU provider ({str(error).splitlines()[0][:200]})"
+        broken = [
+            name for name, finite in outputs_finite.items()
+            if name in low_values and bool(np.any(finite & ~np.isfinite(np.asarray(low_values[name or ""], dtype=np.float64))))
+        ]
+        if not broken:
+            return trial_plan, list(kept.values()), note
+        culprits = _culprits(copy, origin, low_values, values)
+        new = [n for n in culprits if _node_key(n) not in kept]
+        if not new:
+            return trial_plan, list(kept.values()), f"{note}; outputs {', '.join(map(str, broken))} are still not finite in {plan.precision} (no node left to keep)"
+        for node in new:
+            read = [_max_abs(values[v.name]) for v in node.inputs if v is not None and v.name in values and np.asarray(values[v.name]).dtype.kind == "f"]
+            kept[_node_key(node)] = RangeKeep(_node_key(node), _op_name(node), "non_finite", max(read, default=None))
+    return dataclasses.replace(plan, range_keep=frozenset(kept)), list(kept.values()), f"{note}; gave up after {MAX_RANGE_ROUNDS} rounds"
+
+
+def _culprits(copy: ir.Model, origin: dict[int, ir.Node], low: dict[str, np.ndarray], reference: dict[str, np.ndarray]) -> list[ir.Node]:
+    """Original nodes where a value became non-finite in the low type though its float32
+    value is finite and the node's own float inputs are finite. A Cast the conversion
+    made (a value too large for the low type) points at the nodes reading it."""
+
+    def finite(value: ir.Value | None) -> bool:
+        return value is None or value.name not in low or bool(np.isfinite(np.asarray(low[value.name or ""], dtype=np.float64)).all())
+
+    found: list[ir.Node] = []
+    for node in copy.graph:
+        turned = [
+            v for v in node.outputs
+            if v.name in low and not finite(v) and (v.name not in reference or np.isfinite(np.asarray(reference[v.name or ""], dtype=np.float64)).all())
+        ]
+        if not turned or not all(finite(v) for v in node.inputs):
+            continue
+        original = origin.get(id(node))
+        if original is not None:
+            found.append(original)
+            continue
+        for value in turned:  # a Cast made by the conversion: keep its readers instead
+            for use in value.uses():
+                reader = origin.get(id(use.node))
+                if reader is not None and reader not in found:
+                    found.append(reader)
+    return found
