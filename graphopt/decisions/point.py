@@ -98,7 +98,7 @@ class DecisionPoint:
             self._measure(record, kind, candidates, baseline, build, signature)
             return record
         self._from_table(record, candidates, baseline, worlds, missing)
-        if self.tune and build is not None and not self.can_tune:
+        if self.tune and not self.can_tune:
             record.reason += f" (--tune: {self.ep or 'no execution provider'} is not available here, so nothing was timed)"
         return record
 

@@ -68,6 +68,7 @@ __all__ = [
     "range_checked_plan",
     "FP16_SAFE_MAX",
     "FP16_SMALLEST_NORMAL",
+    "emulate_low_precision",
 ]
 
 #: Accepted values of `--precision`; "fp32" (or None) leaves the model's precision alone.
@@ -836,8 +837,9 @@ def range_checked_plan(
         copy, origin = _copy_with_origins(model)
         convert_precision(copy, target, trial_plan)
         lower_fused_ops(copy, target)
+        _emulate_low(copy, plan.low_type, origin)
         try:
-            low_values = _run_exposed(copy, feeds, frozenset({_FLOAT, plan.low_type}))
+            low_values = _run_exposed(copy, feeds, frozenset({_FLOAT}))
         except Exception as error:  # noqa: BLE001
             return trial_plan, list(kept.values()), f"{note}; the {plan.precision} check did not run on onnxruntime's CPU provider ({str(error).splitlines()[0][:200]})"
         broken = [
@@ -856,6 +858,57 @@ def range_checked_plan(
     return dataclasses.replace(plan, range_keep=frozenset(kept)), list(kept.values()), f"{note}; gave up after {MAX_RANGE_ROUNDS} rounds"
 
 
+def _emulate_low(model: ir.Model, low: ir.DataType, origin: dict[int, ir.Node]) -> None:
+    """Make the converted model run its low-type arithmetic on onnxruntime's CPU provider
+    faithfully: every node computes in float32 and each value it writes in the low type is
+    rounded through Cast(low) -> Cast(float) (the CPU provider would otherwise run whole
+    regions in float32 without rounding in between, hiding overflows). The rounded value
+    keeps the name; `origin` maps the rounding Casts to the node they round for."""
+    np_low = np.float16 if low == ir.DataType.FLOAT16 else None
+    graph = model.graph
+    for value in list(graph.initializers.values()):
+        if value.dtype == low and value.const_value is not None:
+            value.const_value = ir.tensor(value.const_value.numpy().astype(np.float32), name=value.name)
+            value.type = ir.TensorType(_FLOAT)
+    for value in graph.inputs:
+        if value.dtype == low:
+            return  # a model whose inputs are low-type already: nothing to emulate against
+    for node in list(graph):
+        if node.op_type == "Constant" and "value" in node.attributes:
+            tensor = node.attributes["value"].value
+            if isinstance(tensor, ir.TensorProtocol) and tensor.dtype == low:
+                node.attributes["value"] = ir.AttrTensor("value", ir.tensor(tensor.numpy().astype(np.float32)))
+        if node.op_type == "Cast" and node.domain in ONNX_DOMAINS and node.attributes.get_int("to") == int(low):
+            node.attributes["to"] = ir.AttrInt64("to", int(_FLOAT))
+        for out in node.outputs:
+            if out.dtype != low:
+                continue
+            out.type = ir.TensorType(_FLOAT)
+            down = ir.Node("", "Cast", [out], [ir.AttrInt64("to", int(low))], name=f"{node.name}__round_low")
+            up = ir.Node("", "Cast", [down.outputs[0]], [ir.AttrInt64("to", int(_FLOAT))], name=f"{node.name}__round_up")
+            down.outputs[0].type = ir.TensorType(low)
+            up.outputs[0].type = ir.TensorType(_FLOAT)
+            name = out.name
+            out.name = f"{name}__unrounded"
+            out.replace_all_uses_with(up.outputs[0], replace_graph_outputs=True)
+            down.replace_input_with(0, out)
+            up.outputs[0].name = name
+            graph.insert_after(node, [down, up])
+            if id(node) in origin:
+                origin[id(down)] = origin[id(up)] = origin[id(node)]
+    del np_low
+
+
+def emulate_low_precision(model: ir.Model, low: ir.DataType = ir.DataType.FLOAT16) -> ir.Model:
+    """A copy of a converted model that onnxruntime's CPU provider runs with the low type's
+    rounding and range after every node (see `_emulate_low`): what a GPU computing in the
+    low type would store. The CPU provider's own float16 support computes regions of ops
+    in float32 without rounding in between, so it does not show float16 overflow."""
+    copy, _ = _copy_with_origins(model)
+    _emulate_low(copy, low, {})
+    return copy
+
+
 def _culprits(copy: ir.Model, origin: dict[int, ir.Node], low: dict[str, np.ndarray], reference: dict[str, np.ndarray]) -> list[ir.Node]:
     """Original nodes where a value became non-finite in the low type though its float32
     value is finite and the node's own float inputs are finite. A Cast the conversion
@@ -863,6 +916,20 @@ def _culprits(copy: ir.Model, origin: dict[int, ir.Node], low: dict[str, np.ndar
 
     def finite(value: ir.Value | None) -> bool:
         return value is None or value.name not in low or bool(np.isfinite(np.asarray(low[value.name or ""], dtype=np.float64)).all())
+
+    def readers(value: ir.Value) -> list[ir.Node]:
+        """The first nodes with an origin downstream of `value`, through nodes that have none."""
+        found, stack, seen = [], [value], set()
+        while stack:
+            for use in stack.pop().uses():
+                if id(use.node) in seen:
+                    continue
+                seen.add(id(use.node))
+                if id(use.node) in origin:
+                    found.append(origin[id(use.node)])
+                else:
+                    stack.extend(use.node.outputs)
+        return found
 
     found: list[ir.Node] = []
     for node in copy.graph:
@@ -872,13 +939,6 @@ def _culprits(copy: ir.Model, origin: dict[int, ir.Node], low: dict[str, np.ndar
         ]
         if not turned or not all(finite(v) for v in node.inputs):
             continue
-        original = origin.get(id(node))
-        if original is not None:
-            found.append(original)
-            continue
-        for value in turned:  # a Cast made by the conversion: keep its readers instead
-            for use in value.uses():
-                reader = origin.get(id(use.node))
-                if reader is not None and reader not in found:
-                    found.append(reader)
+        candidates = [origin[id(node)]] if id(node) in origin else [r for v in turned for r in readers(v)]
+        found.extend(c for c in candidates if c not in found)
     return found
