@@ -905,6 +905,13 @@ def emulate_low_precision(model: ir.Model, low: ir.DataType = ir.DataType.FLOAT1
     low type would store. The CPU provider's own float16 support computes regions of ops
     in float32 without rounding in between, so it does not show float16 overflow."""
     copy, _ = _copy_with_origins(model)
+    if any(v.dtype is None for n in copy.graph for v in n.outputs):
+        from graphopt.passes.shapes import infer_shapes
+
+        try:
+            infer_shapes(copy)  # only values of a known type can be rounded
+        except Exception:  # noqa: BLE001, S110 - what stays untyped is run as it is
+            pass
     _emulate_low(copy, low, {})
     return copy
 
