@@ -73,6 +73,10 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.1f}"
 
 
+#: Above this many decisions, the terminal shows one row per (kind, choice, basis).
+MAX_DECISION_ROWS = 8
+
+
 def _decision_ms(ms: float | None) -> str:
     return "?" if ms is None else f"{ms:.3g}"
 
@@ -163,15 +167,22 @@ def print_summary(report: Report, console: Console) -> None:
             console.print(f"  range check: {escape(conversion.calibration)}", highlight=False)
 
     if report.decisions:
+        # One row per decision; many alike (a FusedConv decision per node) share one row with a count.
+        groups: dict[tuple[str, str, str], list[Any]] = {}
+        for d in report.decisions:
+            groups.setdefault((d.kind, d.chosen, d.basis), []).append(d)
+        rows = [[d] for d in report.decisions] if len(report.decisions) <= MAX_DECISION_ROWS else list(groups.values())
         table = Table(title="Decisions (graphopt.decisions)", title_justify="left")
         table.add_column("decision")
         table.add_column("site")
         table.add_column("chosen")
         table.add_column("candidates: predicted / measured ms")
         table.add_column("why")
-        for d in report.decisions:
+        for same in rows:
+            d = same[0]
+            site = d.site if len(same) == 1 else f"{len(same)} sites, e.g. {d.site}"
             times = ", ".join(f"{escape(a.candidate)} {_decision_ms(a.predicted_ms)} / {_decision_ms(a.measured_ms)}" for a in d.alternatives)
-            table.add_row(escape(d.kind), escape(d.site), f"{escape(d.chosen)} [dim]({escape(d.basis)})[/]", times, escape(d.reason))
+            table.add_row(escape(d.kind), escape(site), f"{escape(d.chosen)} [dim]({escape(d.basis)})[/]", times, escape(d.reason))
         console.print(table)
 
     for warning in report.warnings:
