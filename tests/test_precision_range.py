@@ -142,3 +142,21 @@ def test_values_held_in_subnormals_stay_float32() -> None:
     assert kept.get("shrink") == "underflow"
     x = np.random.default_rng(0).standard_normal((2, 8)).astype(np.float32)
     np.testing.assert_allclose(run(converted, x), run(model, x), rtol=1e-2, atol=1e-3)
+
+
+def test_the_report_lists_the_kept_nodes_in_valid_json() -> None:
+    import json
+
+    jsonschema = pytest.importorskip("jsonschema")
+    from graphopt.verify import verify_and_repair
+
+    model = scaled_square_normalized()
+    options = graphopt.OptimizeOptions(target="onnx", precision="fp16", enable=[])
+    converted, report = graphopt.optimize(ir.serde.deserialize_model(model), options)
+    verify_and_repair(lambda: ir.serde.deserialize_model(model), converted, report, options)
+    document = report.to_dict()
+    schema = json.loads((Path(graphopt.__file__).parent / "report" / "schema.json").read_text())
+    jsonschema.validate(document, schema)
+    kept = document["precision_conversion"]["kept_for_range"]
+    assert {k["node"] for k in kept} >= {"square", "normalize"} and all(k["max_abs"] > 65504 / 2 for k in kept)
+    assert document["verification"]["passed"] and document["verification"]["provider"] == "CPUExecutionProvider"
