@@ -270,6 +270,8 @@ def _convert_precision(model: ir.Model, target: Any, report: Report, plan: Any, 
         kept, note = [], ""
     summary = convert_precision(model, target, plan, stats=report.pass_stats("precision"))
     summary.kept_for_range, summary.calibration = kept, note
+    if "range check skipped" in note or "did not run" in note or "still not finite" in note:
+        report.warnings.append(f"{plan.precision}: {note}")
     cast_rule_names = ("DropNoOpCast", "CollapseCastChain")
     cast_rules = RuleSet([r for r in builtin_rules() if r.name in cast_rule_names])
 

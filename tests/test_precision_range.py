@@ -160,3 +160,10 @@ def test_the_report_lists_the_kept_nodes_in_valid_json() -> None:
     kept = document["precision_conversion"]["kept_for_range"]
     assert {k["node"] for k in kept} >= {"square", "normalize"} and all(k["max_abs"] > 65504 / 2 for k in kept)
     assert document["verification"]["passed"] and document["verification"]["provider"] == "CPUExecutionProvider"
+
+
+def test_a_skipped_range_check_is_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(precision, "RANGE_CHECK_MAX_BYTES", 0)
+    _, report = fp16(scaled_square_normalized())
+    assert "range check skipped" in report.precision_conversion.calibration
+    assert any("range check skipped" in w for w in report.warnings)

@@ -730,6 +730,8 @@ FP16_SAFE_MAX = 0.5 * 65504.0
 #: A tensor whose every non-zero value is below float16's smallest normal number would be
 #: held in subnormals (a few bits of precision) or flushed to zero.
 FP16_SMALLEST_NORMAL = 2.0**-14
+#: The range check runs the model (twice, on copies) on the CPU: not for models with more weights than this.
+RANGE_CHECK_MAX_BYTES = 4 << 30
 #: Rounds of "convert, run, keep the nodes that made a finite value non-finite".
 MAX_RANGE_ROUNDS = 6
 
@@ -805,6 +807,9 @@ def range_checked_plan(
     from graphopt.report.model import RangeKeep
 
     say = say or (lambda message: None)
+    weights = sum(v.const_value.nbytes for v in model.graph.initializers.values() if v.const_value is not None)
+    if weights > RANGE_CHECK_MAX_BYTES:
+        return plan, [], f"range check skipped: the model's {weights / 2**30:.1f} GiB of weights are more than it runs on the CPU ({RANGE_CHECK_MAX_BYTES / 2**30:.0f} GiB)"
     say("precision: range check (float32 run)")
     try:
         feeds, note = _calibration_feeds(model, calibration)
