@@ -869,7 +869,6 @@ def _emulate_low(model: ir.Model, low: ir.DataType, origin: dict[int, ir.Node]) 
     rounded through Cast(low) -> Cast(float) (the CPU provider would otherwise run whole
     regions in float32 without rounding in between, hiding overflows). The rounded value
     keeps the name; `origin` maps the rounding Casts to the node they round for."""
-    np_low = np.float16 if low == ir.DataType.FLOAT16 else None
     graph = model.graph
     for value in list(graph.initializers.values()):
         if value.dtype == low and value.const_value is not None:
@@ -901,7 +900,6 @@ def _emulate_low(model: ir.Model, low: ir.DataType, origin: dict[int, ir.Node]) 
             graph.insert_after(node, [down, up])
             if id(node) in origin:
                 origin[id(down)] = origin[id(up)] = origin[id(node)]
-    del np_low
 
 
 def emulate_low_precision(model: ir.Model, low: ir.DataType = ir.DataType.FLOAT16) -> ir.Model:
