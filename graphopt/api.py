@@ -82,6 +82,21 @@ class OptimizeOptions:
     observe: Callable[[Any], None] | None = None
     #: A rule whose own code raises stops the run (an error) instead of being skipped at that site.
     strict: bool = False
+    #: Decisions (layout, conv bias form, FusedConv; graphopt.decisions) are made by timing
+    #: their candidates on the target's execution provider when it is present, not only
+    #: from the shipped cost table.
+    tune: bool = False
+    #: Where --tune keeps its measurements (None: the user's cache folder, see graphopt.decisions.tune).
+    tune_cache: str | os.PathLike[str] | None = None
+    #: --tune's timer (tests inject a fake one): (model bytes, feeds, provider) -> median ms.
+    tune_timer: Callable[..., float] | None = None
+    #: A cost table (a path or a `graphopt.decisions.CostTable`) instead of the shipped one.
+    cost_table: Any = None
+    #: With `precision`: an .npz of calibration inputs (input name -> array) for the range check
+    #: (None: random inputs from the input specs); see graphopt.passes.precision.
+    calibration_data: str | os.PathLike[str] | None = None
+    #: With `precision` "fp16": keep in float32 the nodes whose measured values do not fit (see docs/precision.md).
+    range_check: bool = True
 
 
 _BUILTIN_CACHE: list[Rule] | None = None
@@ -214,24 +229,51 @@ def _run_pipeline(model: ir.Model, rules: RuleSet, target: Any, report: Report, 
     if plan is not None:
         say(f"precision: {plan.precision}")
         with tag_new_nodes(model, "precision"):
-            _convert_precision(model, target, report, plan)
+            _convert_precision(model, target, report, plan, options)
     say("cleanup")
     timed("cse", lambda: passes.eliminate_common_subexpressions(model))
     timed("dce", lambda: passes.eliminate_dead_code(model))
     timed("lowering", lambda: lower_fused_ops(model, target))
+    decider = _decision_point(target.name, options)
+    if decider.ep is not None:
+        from graphopt.passes.fused_conv import decide_fused_convs
+
+        say("decisions: FusedConv")
+        timed("fused_conv_decisions", lambda: decide_fused_convs(model, decider))
     if target.name == "ort-cuda":
         from graphopt.passes.layout import convert_layout
 
         say(f"layout: {options.layout}")
         with tag_new_nodes(model, "layout"):
-            report.layout = convert_layout(model, target, options.layout, stats=report.pass_stats("layout"))
+            report.layout = convert_layout(model, target, options.layout, stats=report.pass_stats("layout"), decider=decider)
+    report.decisions = decider.records
 
 
-def _convert_precision(model: ir.Model, target: Any, report: Report, plan: Any) -> None:
+def _decision_point(target: str, options: OptimizeOptions) -> Any:
+    from graphopt.decisions import CostTable, DecisionPoint, TuneCache, default_table
+
+    table = options.cost_table
+    if table is None:
+        table = default_table()
+    elif not isinstance(table, CostTable):
+        table = CostTable.load(table)
+    return DecisionPoint(
+        target, table=table, tune=options.tune, timer=options.tune_timer, cache=TuneCache(options.tune_cache) if options.tune_cache else None
+    )
+
+
+def _convert_precision(model: ir.Model, target: Any, report: Report, plan: Any, options: OptimizeOptions) -> None:
     """Fusion rules ran in float32; now convert, then collapse the Casts that are left."""
-    from graphopt.passes.precision import convert_precision, remove_cast_pairs
+    from graphopt.passes.precision import convert_precision, range_checked_plan, remove_cast_pairs
 
+    if plan.precision == "fp16" and options.range_check:
+        plan, kept, note = range_checked_plan(model, target, plan, options.calibration_data, say=options.progress)
+    else:
+        kept, note = [], ""
     summary = convert_precision(model, target, plan, stats=report.pass_stats("precision"))
+    summary.kept_for_range, summary.calibration = kept, note
+    if "range check skipped" in note or "did not run" in note or "still not finite" in note:
+        report.warnings.append(f"{plan.precision}: {note}")
     cast_rule_names = ("DropNoOpCast", "CollapseCastChain")
     cast_rules = RuleSet([r for r in builtin_rules() if r.name in cast_rule_names])
 

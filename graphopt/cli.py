@@ -2,7 +2,7 @@
 
     graphopt optimize IN -o OUT [--target T] [--patterns DIR]... [--enable RULE]...
                      [--disable RULE]... [--precision fp16|bf16] [--keep-fp32 OP_OR_NODE]...
-                     [--layout auto|nchw|nhwc]
+                     [--layout auto|nchw|nhwc] [--tune] [--calibration-data FILE.npz]
                      [--verify] [--input-shape NAME=D1,D2]... [--report FILE.json|FILE.html] [--quiet] [--force]
     graphopt report REPORT.json [-o REPORT.html]
     graphopt explain MODEL [--rule NAME]... [--node NAME]... [--target T] [--patterns DIR]...
@@ -185,9 +185,24 @@ def optimize(
         str,
         typer.Option(
             metavar="auto|nchw|nhwc",
-            help="ort-cuda only: run Convs in NHWC (com.microsoft.NhwcConv, layout propagated) or keep NCHW; auto: NHWC for float16 CNNs.",
+            help="ort-cuda only: run Convs in NHWC (com.microsoft.NhwcConv, layout propagated) or keep NCHW; auto: decided per model from the cost table (or timed, with --tune).",
         ),
     ] = "auto",
+    tune: Annotated[
+        bool,
+        typer.Option(
+            "--tune",
+            help="Time the candidates of each decision (layout, conv bias form, FusedConv) on the target's execution provider when present, and keep the faster (cached).",
+        ),
+    ] = False,
+    calibration_data: Annotated[
+        Path | None,
+        typer.Option(
+            "--calibration-data",
+            metavar="FILE.npz",
+            help="With --precision fp16: inputs (name -> array) on which the range check measures the float32 values (default: random inputs).",
+        ),
+    ] = None,
     verify: Annotated[
         bool, typer.Option("--verify", help="Compare original and optimized outputs in onnxruntime; leave out rewrites that change them.")
     ] = False,
@@ -230,6 +245,10 @@ def optimize(
             raise GraphoptError(f"unknown layout '{layout}' (known: auto, nchw, nhwc)")
         if layout != "auto" and target != "ort-cuda":
             raise GraphoptError("--layout only applies with --target ort-cuda")
+        if calibration_data is not None and precision_name != "fp16":
+            raise GraphoptError("--calibration-data only applies with --precision fp16")
+        if calibration_data is not None and not calibration_data.is_file():
+            raise GraphoptError(f"{calibration_data}: no such file")
         shapes = _parse_shapes(input_shape or [])
         if shapes and not verify:
             raise GraphoptError("--input-shape only applies with --verify")
@@ -250,6 +269,8 @@ def optimize(
                 keep_fp32=list(keep_fp32 or []),
                 layout=layout,
                 strict=strict,
+                tune=tune,
+                calibration_data=str(calibration_data) if calibration_data is not None else None,
             )
             say("loading")
             t0 = time.perf_counter()

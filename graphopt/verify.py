@@ -365,7 +365,12 @@ def compare_outputs(
         diffs[name] = float(delta.max(initial=0.0))
         scale = max(1.0, float(np.abs(e[finite]).max(initial=0.0)))
         bad = delta > tol.atol * scale + tol.rtol * np.abs(e[finite])
-        if not same_special:
+        broken = np.isfinite(e) & ~np.isfinite(a)
+        if broken.any():
+            problems.append(
+                f"output '{name}' is not finite where the original's is: {int(broken.sum())} of {e.size} elements NaN or infinity"
+            )
+        elif not same_special:
             problems.append(f"output '{name}' has NaN or infinity in different places")
         elif bad.any():
             problems.append(
@@ -390,6 +395,11 @@ class _Reference:
     cpu_only: bool = False
     #: The precision's tolerance for float outputs (see PRECISION_TOLERANCES), if any.
     floor: Tolerance | None = None
+    #: Applied to a copy of each optimized model before it runs (emulations of what the
+    #: target runs and this provider does not; see `_stand_ins`).
+    prepare: Callable[[ir.Model], ir.Model] | None = None
+    #: What the check does not prove here ("" when it runs on the target's provider).
+    caveat: str = ""
 
 
 def _as_model(model: ir.Model | onnx.ModelProto | str | os.PathLike[str]) -> ir.Model:
@@ -455,10 +465,13 @@ def _dtype_name(dtype: ir.DataType) -> str | None:
 def _check(reference: _Reference, candidate: ir.Model) -> Verification:
     def result(passed: bool, diffs: dict[str, float], message: str) -> Verification:
         return Verification(
-            passed, len(reference.feeds), diffs, reference.tolerance.rtol, reference.tolerance.atol, dict(reference.shapes), message=message
+            passed, len(reference.feeds), diffs, reference.tolerance.rtol, reference.tolerance.atol, dict(reference.shapes), message=message,
+            provider=_provider_name(reference.providers), caveat=reference.caveat,
         )
 
     try:
+        if reference.prepare is not None:
+            candidate = reference.prepare(candidate)
         outputs = _run(candidate, reference.feeds, reference.providers)
     except _LoadFailed as error:
         if reference.cpu_only and _MISSING_KERNEL.search(str(error)):
@@ -476,11 +489,61 @@ def _check(reference: _Reference, candidate: ir.Model) -> Verification:
             diffs[name] = max(diffs.get(name, 0.0), diff)
         if problems:
             return result(False, diffs, "; ".join(problems))
-    return result(True, diffs, f"all {len(diffs)} outputs match on {len(reference.feeds)} random inputs")
+    return result(True, diffs, f"all {len(diffs)} outputs match on {len(reference.feeds)} random inputs (on {_provider_name(reference.providers)})")
 
 
 def _providers(providers: Providers | None) -> Providers:
     return list(providers) if providers else ["CPUExecutionProvider"]
+
+
+def _provider_name(providers: Providers) -> str:
+    first = providers[0] if providers else "CPUExecutionProvider"
+    return str(first[0] if isinstance(first, tuple) else first)
+
+
+#: The execution provider each target's models are built for.
+TARGET_PROVIDERS = {"ort-cuda": "CUDAExecutionProvider", "ort-cpu": "CPUExecutionProvider"}
+
+
+def _low_precision(model: ir.Model) -> bool:
+    return any(v.dtype == ir.DataType.FLOAT16 for n in model.graph for v in n.outputs)
+
+
+def _stand_ins(target: str, precision: str | None, providers: Providers) -> tuple[Callable[[ir.Model], ir.Model] | None, str]:
+    """Where the check does not run on the target's provider: how an optimized model is
+    made runnable here (NHWC-only CUDA ops through standard ops; float16 rounded after
+    every op, as a GPU stores it, since the CPU provider computes float16 regions in float32),
+    and what such a check does not prove."""
+    where = _provider_name(providers)
+    wanted = TARGET_PROVIDERS.get(target)
+    fp16 = str(precision).lower() == "fp16"
+    if wanted is None or wanted == where:
+        if where == "CPUExecutionProvider" and fp16:
+            return _emulated(nhwc=False, fp16=True), ""
+        return None, ""
+    caveat = (
+        f"checked on {where}, not on the target's {wanted} (absent here): this does not prove the target's own kernels"
+        " (cuDNN/cuBLAS algorithms, TF32, the accumulation order of its float16 kernels); CUDA-only ops ran through"
+        " onnxruntime's CPU contrib kernels or as standard-op emulations (NhwcConv, channels-last GroupNorm)"
+    )
+    if fp16:
+        caveat += "; float16 was emulated by rounding every op's result to float16"
+    return _emulated(nhwc=target == "ort-cuda", fp16=fp16), caveat
+
+
+def _emulated(nhwc: bool, fp16: bool) -> Callable[[ir.Model], ir.Model]:
+    def prepare(model: ir.Model) -> ir.Model:
+        from graphopt.passes.layout import emulate_nhwc_ops
+        from graphopt.passes.precision import emulate_low_precision
+
+        copy = ir.serde.deserialize_model(ir.serde.serialize_model(model))
+        if nhwc:
+            emulate_nhwc_ops(copy)
+        if fp16 and _low_precision(copy):
+            copy = emulate_low_precision(copy)
+        return copy
+
+    return prepare
 
 
 def providers_for(target: str) -> Providers:
@@ -502,15 +565,21 @@ def verify(
     runs: int = 2,
     providers: Providers | None = None,
     precision: str | None = None,
+    target: str | None = None,
 ) -> Verification:
     """Run both models on the same random inputs and compare every output (with
-    `precision` "fp16" or "bf16", float outputs get that precision's tolerance).
+    `precision` "fp16" or "bf16", float outputs get that precision's tolerance). With
+    `target`, the check runs on that target's provider when present (`providers_for`), and
+    elsewhere says what it does not prove (`Verification.caveat`).
 
     Raises VerificationError when the comparison cannot be made (the original does
     not run, an input shape cannot be resolved); a difference, or an optimized model
     that does not load, is a failed Verification, not an exception.
     """
-    reference = _reference(_as_model(original), input_shapes, seed, runs, _providers(providers), precision)
+    chosen = _providers(providers) if providers or target is None else providers_for(target)
+    reference = _reference(_as_model(original), input_shapes, seed, runs, chosen, precision)
+    if target is not None:
+        reference.prepare, reference.caveat = _stand_ins(target, precision, chosen)
     return _check(reference, _as_model(optimized))
 
 
@@ -554,6 +623,8 @@ def verify_and_repair(
     on_cpu = chosen == ["CPUExecutionProvider"]
     # onnxruntime's CPU provider has few bfloat16 kernels: only ort-cpu models are built for it.
     reference.cpu_only = on_cpu and (target == "ort-cuda" or (str(precision).lower() == "bf16" and target != "ort-cpu"))
+    reference.prepare, reference.caveat = _stand_ins(target, precision, chosen)
+    say(f"verify: on {_provider_name(chosen)}" + (" (not the target's provider)" if reference.caveat else ""))
     say("verify: running the optimized model")
     verification = _check(reference, optimized)
     dropped: list[str] = []

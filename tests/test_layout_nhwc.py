@@ -104,12 +104,37 @@ def test_other_targets_do_not_run_the_pass(target: str) -> None:
     assert report.layout is None and ops(optimized)["Conv"] == 3
 
 
-def test_auto_picks_nhwc_for_convs_of_the_auto_dtypes() -> None:
-    # float32 goes NHWC too (with the bias as an Add it beat NCHW FusedConv on the H200,
-    # benchmarks/RESULTS.md); auto_dtypes can keep float32 models NCHW.
-    _, report = optimize_with(cnn_block(), [], target="ort-cuda")
-    assert report.layout.mode == "nhwc"
-    _, report = optimize_with(cnn_block(), [], target="ort-cuda", layout=LayoutOptions(auto_dtypes=frozenset({"f16", "bf16"})))
+def dense_block(channels: int = 64, batch: int = 32, dtype=np.float32) -> onnx.ModelProto:
+    """Three dense 3x3 convolutions with bias and Relu at a size the cost table has measured
+    (ResNet-50's convolutions: dense, 33+ channels, batch 32)."""
+    elem = TensorProto.FLOAT16 if dtype == np.float16 else TensorProto.FLOAT
+    inits = []
+    nodes = []
+    for i, src in enumerate(["x", "r0", "r1"]):
+        inits += [init(f"w{i}", (rand(channels, channels, 3, 3) * 0.05).astype(dtype)), init(f"b{i}", rand(channels).astype(dtype))]
+        nodes += [helper.make_node("Conv", [src, f"w{i}", f"b{i}"], [f"c{i}"], pads=[1, 1, 1, 1]), helper.make_node("Relu", [f"c{i}"], [f"r{i}"])]
+    nodes.append(helper.make_node("Identity", ["r2"], ["y"]))
+    return make_model(nodes, [helper.make_tensor_value_info("x", elem, [batch, channels, 8, 8])], [helper.make_tensor_value_info("y", elem, None)], inits)
+
+
+def test_auto_is_decided_by_the_cost_table() -> None:
+    # Dense 64-channel convolutions at batch 32: the shipped table (ResNet-50 on the H200)
+    # predicts NHWC with the bias as an Add faster in float32 and float16.
+    for dtype in (np.float32, np.float16):
+        _, report = optimize_with(dense_block(dtype=dtype), [], target="ort-cuda")
+        assert report.layout.mode == "nhwc"
+        [decision] = [d for d in report.decisions if d.kind == "layout"]
+        assert decision.chosen == "nhwc-add" and decision.basis == "table"
+        times = {a.candidate: a.predicted_ms for a in decision.alternatives}
+        assert times["nhwc-add"] < times["nchw"]
+    # 4 channels at batch 2 (cnn_block) and batch 1: nobody measured them, so nothing changes.
+    for model in (cnn_block(), dense_block(batch=1)):
+        _, report = optimize_with(model, [], target="ort-cuda")
+        assert report.layout.mode == "nchw"
+        [decision] = [d for d in report.decisions if d.kind == "layout"]
+        assert decision.chosen == "nchw" and decision.basis == "no_entry" and "no measured entry" in decision.reason
+    # auto_dtypes keeps float32 models NCHW whatever the table says.
+    _, report = optimize_with(dense_block(), [], target="ort-cuda", layout=LayoutOptions(auto_dtypes=frozenset({"f16", "bf16"})))
     assert report.layout.mode == "nchw"
     gemm = make_model(
         [helper.make_node("Gemm", ["x", "w"], ["y"])],
@@ -118,7 +143,7 @@ def test_auto_picks_nhwc_for_convs_of_the_auto_dtypes() -> None:
         [init("w", rand(4, 4))],
     )
     _, report = optimize_with(gemm, [], target="ort-cuda")
-    assert report.layout.mode == "nchw"
+    assert report.layout.mode == "nchw" and not [d for d in report.decisions if d.kind == "layout"]
 
 
 def test_auto_dtypes_flip_float32_models_to_nchw() -> None:
@@ -138,7 +163,7 @@ def test_fused_conv_is_split_in_nhwc_or_kept_between_transposes() -> None:
     ]
     model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
                        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
-    optimized, report = optimize_with(model, None, target="ort-cuda", layout="nhwc")
+    optimized, report = optimize_with(model, None, target="ort-cuda", layout=LayoutOptions(mode="nhwc", conv_bias="add"))
     # FuseConvRelu and FuseConvAddRelu made two FusedConvs; NHWC splits them again.
     assert report.layout.fused_convs_split == 2
     assert ops(optimized) == Counter({"NhwcConv": 2, "Relu": 2, "Add": 3, "Transpose": 2})  # 2 biases + the residual
@@ -179,10 +204,10 @@ def test_internal_nhwc_pools_are_opt_in() -> None:
         assert_same_outputs(model, emulated(m))
 
 
-def test_conv_bias_is_a_separate_add_unless_asked() -> None:
+def test_conv_bias_form_is_forced_or_decided() -> None:
     model = cnn_block()
     kernel, _ = optimize_with(model, [], target="ort-cuda", layout=LayoutOptions(mode="nhwc", conv_bias="kernel"))
-    separate, _ = optimize_with(model, [], target="ort-cuda", layout="nhwc")
+    separate, _ = optimize_with(model, [], target="ort-cuda", layout=LayoutOptions(mode="nhwc", conv_bias="add"))
     convs = [n for n in kernel.graph.node if n.op_type == "NhwcConv"]
     assert len(convs) == 3 and all(len(n.input) == 3 for n in convs)
     bias_free = [n for n in separate.graph.node if n.op_type == "NhwcConv"]
@@ -190,17 +215,28 @@ def test_conv_bias_is_a_separate_add_unless_asked() -> None:
     assert ops(separate)["Add"] == ops(kernel)["Add"] + 3
     for m in (kernel, separate):
         assert_same_outputs(model, emulated(m))
+    # --layout nhwc alone: the bias form is a decision. 4-channel convolutions were never
+    # measured, so the bias stays in the kernel; 64 channels at batch 32 were: an Add.
+    decided, report = optimize_with(model, [], target="ort-cuda", layout="nhwc")
+    assert ops(decided) == ops(kernel)
+    [decision] = report.decisions
+    assert decision.kind == "layout" and decision.chosen == "nhwc-kernel" and decision.basis == "no_entry"
+    dense, report = optimize_with(dense_block(), [], target="ort-cuda", layout="nhwc")
+    assert all(len(n.input) == 2 for n in dense.graph.node if n.op_type == "NhwcConv")
+    assert [d.chosen for d in report.decisions] == ["nhwc-add"]
 
 
 # ------------------------------------------------------------------ exported CNNs
 
 EXPORTED = [
-    # builder, mode "auto" picks, NhwcConv, Transposes left: ResNet keeps one at the input and
+    # builder, mode "auto" picks (NCHW: their few channels have no cost-table entry, and
+    # MobileNetV2's depthwise convolutions none at any size), NhwcConv, Transposes left with
+    # --layout nhwc: ResNet keeps one at the input and
     # a pair around its MaxPool; MobileNetV2 (no MaxPool) only the input's; the small CNN one
     # at the input, a pair around its ConvTranspose and one before the NCHW flatten (4
     # Transposes for 4 Convs: "auto" leaves it NCHW).
-    ("resnet_tiny", "nhwc", 53, 3),
-    ("mobilenet_tiny", "nhwc", 52, 1),
+    ("resnet_tiny", "nchw", 53, 3),
+    ("mobilenet_tiny", "nchw", 52, 1),
     ("small_cnn", "nchw", 4, 4),
 ]
 
@@ -229,7 +265,7 @@ def test_transposes_already_in_the_model_cancel_with_the_pass_own() -> None:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
         inits,
     )
-    optimized, report = optimize_with(model, [], target="ort-cuda", layout="nhwc")
+    optimized, report = optimize_with(model, [], target="ort-cuda", layout=LayoutOptions(mode="nhwc", conv_bias="add"))
     assert ops(optimized) == Counter({"NhwcConv": 1, "Add": 1, "Relu": 1})  # the bias as an Add
     assert report.layout.transposes == 0 and report.layout.transposes_cancelled == 4
     assert optimized.graph.node[0].input[0] == "x" and optimized.graph.output[0].name == "y"
@@ -245,7 +281,7 @@ def test_float16_convs_become_nhwc_convs() -> None:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT16, None)],
         inits,
     )
-    optimized, report = optimize_with(model, None, target="ort-cuda", layout="nhwc")
+    optimized, report = optimize_with(model, None, target="ort-cuda", layout=LayoutOptions(mode="nhwc", conv_bias="add"))
     assert [n.op_type for n in optimized.graph.node] == ["Transpose", "NhwcConv", "Add", "Relu", "Transpose"]
     # One Conv is not worth two Transposes: "auto" leaves it alone.
     _, report = optimize_with(model, None, target="ort-cuda")

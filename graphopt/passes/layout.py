@@ -28,19 +28,22 @@ pair unless `LayoutOptions.internal_nhwc_pools` puts them in onnxruntime's inter
 registered by the CUDA provider when built with NHWC ops). That domain is not a
 public contract, so it is off by default until checked on the GPU machine.
 
-**NhwcConv or FusedConv, and where the bias goes.** onnxruntime's CUDA Conv
-adds its bias with cudnnAddTensor, a separate kernel that took 1.25 ms of the
+**NhwcConv or FusedConv, and where the bias goes: decisions, not rules.** onnxruntime's
+CUDA Conv adds its bias with cudnnAddTensor, a separate kernel that took 1.25 ms of the
 2.9 ms GPU time of ResNet-50 b32 in float16 (CUPTI kernel profile, H200,
-onnxruntime-gpu 1.31.1). A bias-free NhwcConv followed by an ordinary Add of the
-bias runs the same arithmetic through onnxruntime's broadcast kernel, about three
-times faster. Measured in one run (benchmarks/RESULTS.md, ResNet-50 b32, medians):
-float16 2.60 ms against 3.25 ms with the bias in the conv and 3.09 ms for the CUDA
-provider's own prefer_nhwc; float32 4.05 ms against 4.31 ms for the NCHW graph with
-FusedConv (Conv + bias + Z + Relu in one cuDNN call). So "auto" converts float32
-models too, and `conv_bias="add"` is the default; `conv_bias="kernel"` keeps the
-bias in NhwcConv, `auto_dtypes` limits the dtypes "auto" converts, `layout="nhwc"`
-forces NHWC, and `fused_conv="keep"` keeps FusedConv inside an NHWC graph, between
-Transposes.
+onnxruntime-gpu 1.31.1); a bias-free NhwcConv followed by an ordinary Add of the bias ran
+ResNet-50 b32 in 2.60 ms against 3.25 ms with the bias in the conv (float32: 4.05 ms
+against 4.31 ms for the NCHW graph with FusedConv). But the same NHWC + Add form cost
+6-21 % on MobileNetV3-style models (depthwise convolutions, decomposed HardSwish,
+squeeze-excite; issue 14). So "auto" is a decision (graphopt.decisions): the candidates
+"nchw" (the baseline), "nhwc-add" and "nhwc-kernel" are compared on the shipped cost
+table by the shape class of every convolution (dense / depthwise / grouped, kernel size,
+channels, batch, dtype) and NHWC is chosen only where the table predicts it faster for
+all of them; a convolution class nobody measured keeps the model NCHW. With `--tune`
+and the CUDA provider present, the whole model is timed in each form instead.
+`conv_bias="add"`/`"kernel"` and `layout="nhwc"` force the choice; `auto_dtypes` limits
+the dtypes "auto" considers, and `fused_conv="keep"` keeps FusedConv inside an NHWC
+graph, between Transposes.
 
 `emulate_nhwc_ops` rewrites the NHWC-only ops into standard ops (Transpose +
 NCHW op + Transpose) so the result can be checked on onnxruntime's CPU provider,
@@ -49,6 +52,7 @@ which has none of them.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -76,13 +80,13 @@ _ONNX = ("", "ai.onnx")
 @dataclass(frozen=True)
 class LayoutOptions:
     #: "nhwc": convert; "nchw": keep NCHW (only ops that exist solely in NHWC, GroupNorm,
-    #: get Transposes around them); "auto": "nhwc" when the model has Convs the target runs
-    #: in NHWC for their dtype (`auto_dtypes`), more of them than the Transposes the NHWC
-    #: region needs at its boundaries (`AUTO_CONVS_PER_TRANSPOSE`), else "nchw".
+    #: get Transposes around them); "auto": a decision (graphopt.decisions) between NCHW
+    #: and NHWC for the model's Convs of the `auto_dtypes`, from the cost table (or timed,
+    #: with --tune); NHWC also needs more Convs than the Transposes the NHWC region adds at
+    #: its boundaries (`AUTO_CONVS_PER_TRANSPOSE`).
     mode: str = "auto"
-    #: The dtypes for which "auto" picks NHWC (measured: NHWC with the bias as an Add
-    #: beats NCHW FusedConv in float32 too, see the module's docstring). Set to
-    #: {"f16", "bf16"} to keep float32 models NCHW with FusedConv.
+    #: The dtypes whose Convs "auto" considers for NHWC (the cost table decides which of
+    #: them win). Set to {"f16", "bf16"} to keep float32 models NCHW with FusedConv.
     auto_dtypes: frozenset[str] = frozenset({"f32", "f16", "bf16"})
     #: What NHWC does with a com.microsoft.FusedConv (NCHW-only kernel): "unfuse" into
     #: NhwcConv + Add(Z) + activation, or "keep" it NCHW between Transposes.
@@ -90,9 +94,10 @@ class LayoutOptions:
     #: Run MaxPool/AveragePool/GlobalMaxPool in onnxruntime's internal NHWC domain.
     internal_nhwc_pools: bool = False
     #: Where NhwcConv's bias is added: "kernel" (its bias input: the CUDA kernel adds it
-    #: with cudnnAddTensor, a separate and slow kernel) or "add" (a bias-free NhwcConv
-    #: followed by an elementwise Add of the bias, onnxruntime's own broadcast kernel).
-    conv_bias: str = "add"
+    #: with cudnnAddTensor, a separate kernel), "add" (a bias-free NhwcConv followed by an
+    #: elementwise Add of the bias, onnxruntime's own broadcast kernel) or "auto" (a
+    #: decision from the cost table; "kernel", which changes nothing, where it has no entry).
+    conv_bias: str = "auto"
 
 
 # ----------------------------------------------------------------------------- op classes
@@ -664,44 +669,120 @@ def _count_transposes(model: ir.Model) -> int:
     return sum(1 for n in model.graph if n.op_type == "Transpose" and n.domain in _ONNX)
 
 
-def _resolve_mode(model: ir.Model, target: Target, options: LayoutOptions) -> str:
-    if options.mode in ("nchw", "nhwc"):
-        return options.mode
-    if options.mode != "auto":
-        raise ValueError(f"layout must be 'auto', 'nchw' or 'nhwc', not {options.mode!r}")
-    if options.conv_bias not in ("add", "kernel"):
-        raise ValueError(f"conv_bias must be 'add' or 'kernel', not {options.conv_bias!r}")
+#: The layout decision's candidates: NCHW as the model is (the baseline), or NHWC with each
+#: convolution's bias added by an elementwise Add or inside NhwcConv.
+LAYOUT_CANDIDATES = ("nchw", "nhwc-add", "nhwc-kernel")
+
+
+def _conv_sites(model: ir.Model, target: Target, options: LayoutOptions) -> list[tuple[str, list[Any], list[Any], int]]:
+    """(dtype, input shape, weight shape, group) of every 2-D convolution the target could run in NHWC."""
     kernels = target.kernels.get((MS_DOMAIN, "NhwcConv"), frozenset())
+    sites = []
     for node in model.graph:
-        if node.op_type == "GroupNorm" and node.domain == MS_DOMAIN:
-            return "nhwc"  # its CUDA kernel is NHWC only: NCHW would wrap each in Transposes
-        if node.op_type in ("Conv", "FusedConv") and _rank(node.inputs[0]) == 4:
-            dtype = _dtype(node.inputs[0])
-            if dtype in kernels and dtype in options.auto_dtypes:
-                return "nhwc"
-    return "nchw"
+        if node.op_type not in ("Conv", "FusedConv") or node.domain not in (*_ONNX, MS_DOMAIN) or _rank(node.inputs[0]) != 4:
+            continue
+        x, w = _x(node), node.inputs[1]
+        dtype = _dtype(x)
+        if dtype not in kernels or dtype not in options.auto_dtypes:
+            continue
+        w_shape = w.const_value.shape if w is not None and w.const_value is not None else (w.shape if w is not None else None)
+        sites.append((dtype, list(x.shape or []), list(w_shape) if w_shape is not None else [], int(_attr(node, "group", 1))))
+    return sites
 
 
-def convert_layout(model: ir.Model, target: Target, options: LayoutOptions | str | None = None, *, stats: Any = None) -> LayoutSummary:
+def _decide_layout(model: ir.Model, target: Target, options: LayoutOptions, decider: Any) -> tuple[str, str, Any]:
+    """(mode, conv_bias, the decision's record or None) for this model: "auto" and
+    conv_bias="auto" are decisions (graphopt.decisions); explicit options are taken as they are."""
+    from graphopt.decisions import conv_worlds
+
+    if options.mode not in ("auto", "nchw", "nhwc"):
+        raise ValueError(f"layout must be 'auto', 'nchw' or 'nhwc', not {options.mode!r}")
+    if options.conv_bias not in ("auto", "add", "kernel"):
+        raise ValueError(f"conv_bias must be 'auto', 'add' or 'kernel', not {options.conv_bias!r}")
+    if options.mode == "nchw":
+        return "nchw", "kernel", None
+    sites = _conv_sites(model, target, options)
+    worlds = conv_worlds(sites) if sites else None
+    if options.mode == "nhwc":
+        if options.conv_bias != "auto":
+            return "nhwc", options.conv_bias, None
+        if not sites:
+            return "nhwc", "kernel", None
+        chosen = decider.choose("layout", "model (--layout nhwc)", ["nhwc-kernel", "nhwc-add"], "nhwc-kernel", worlds)
+        return "nhwc", chosen.chosen.split("-", 1)[1], chosen
+    if not sites:
+        return "nchw", "kernel", None  # nothing to decide: no convolution NHWC could speed up
+    candidates = ["nchw", *(c for c in LAYOUT_CANDIDATES[1:] if options.conv_bias in ("auto", c.split("-", 1)[1]))]
+    build, signature = None, ""
+    if decider.can_tune:
+        build, signature = _tune_builder(model, target, options)
+    chosen = decider.choose("layout", "model", candidates, "nchw", worlds, build=build, signature=signature)
+    if chosen.chosen == "nchw":
+        return "nchw", "kernel", chosen
+    return "nhwc", chosen.chosen.split("-", 1)[1], chosen
+
+
+def _tune_builder(model: ir.Model, target: Target, options: LayoutOptions) -> tuple[Any, str]:
+    """For --tune: each layout candidate as the whole model in that layout, with random inputs."""
+    import dataclasses
+
+    from graphopt.decisions import DecisionPoint, signature_of
+    from graphopt.verify import _resolve_shapes, make_inputs
+
+    proto = ir.serde.serialize_model(model)
+    data = proto.SerializeToString()
+    feeds = make_inputs(model, _resolve_shapes(model.graph, {}), seed=0)
+
+    def build(candidate: str) -> tuple[bytes, dict[str, np.ndarray]]:
+        copy = ir.serde.deserialize_model(onnx_proto_copy(data))
+        mode, bias = ("nchw", "kernel") if candidate == "nchw" else ("nhwc", candidate.split("-", 1)[1])
+        convert_layout(copy, target, dataclasses.replace(options, mode=mode, conv_bias=bias), decider=DecisionPoint(target.name))
+        return ir.serde.serialize_model(copy).SerializeToString(), feeds
+
+    return build, signature_of("layout", data, options)
+
+
+def onnx_proto_copy(data: bytes) -> Any:
+    import onnx
+
+    proto = onnx.ModelProto()
+    proto.ParseFromString(data)
+    return proto
+
+
+def convert_layout(
+    model: ir.Model, target: Target, options: LayoutOptions | str | None = None, *, stats: Any = None, decider: Any = None
+) -> LayoutSummary:
     """Run the layout pass on the main graph for `target` (a no-op for targets without
-    NhwcConv and GroupNorm kernels); returns what it did, transposes left included."""
+    NhwcConv and GroupNorm kernels); returns what it did, transposes left included.
+    `decider` (a graphopt.decisions.DecisionPoint; by default one on the shipped cost
+    table) makes the "auto" choices and keeps their records."""
+    from graphopt.decisions import DecisionPoint
+
     started = time.perf_counter()
     if options is None or isinstance(options, str):
         options = LayoutOptions(mode=options or "auto")
+    decider = decider if decider is not None else DecisionPoint(target.name)
     nhwc_capable = (MS_DOMAIN, "NhwcConv") in target.kernels
-    mode = _resolve_mode(model, target, options) if nhwc_capable else "nchw"
+    mode, conv_bias, decision = _decide_layout(model, target, options, decider) if nhwc_capable else ("nchw", "kernel", None)
+    options = dataclasses.replace(options, conv_bias=conv_bias)
     summary = LayoutSummary(mode=mode)
     if (MS_DOMAIN, "NhwcConv") in target.kernels or (MS_DOMAIN, "GroupNorm") in target.kernels:
         layout = _Layout(model, target, options, summary)
         chosen = layout.plan(nhwc=mode == "nhwc")
-        if mode == "nhwc" and options.mode == "auto":
+        measured = decision is not None and decision.basis == "measured"
+        if mode == "nhwc" and options.mode == "auto" and not measured:
             # Worth it only where the convolutions outnumber the Transposes NHWC adds (over
             # those NCHW needs anyway, around GroupNorm).
             convs = sum(1 for n in chosen if n.op_type in ("Conv", "FusedConv"))
             nchw = layout.plan(nhwc=False)
-            if convs <= AUTO_CONVS_PER_TRANSPOSE * (layout.boundary(chosen) - layout.boundary(nchw)):
+            added = layout.boundary(chosen) - layout.boundary(nchw)
+            if convs <= AUTO_CONVS_PER_TRANSPOSE * added:
                 summary.mode = "nchw"
                 chosen = nchw
+                if decision is not None:
+                    decision.chosen = "nchw"
+                    decision.reason += f"; but NHWC would add {added} Transposes for {convs} convolutions: kept NCHW"
         changed = layout.run(chosen)
         if changed:
             before = _count_transposes(model)

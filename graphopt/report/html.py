@@ -113,6 +113,10 @@ def render_html(report: Report | Mapping[str, Any], *, dot: str | None = "dot") 
 # with a default instead of trusted.
 
 
+def _fmt_ms(ms: Any) -> str:
+    return f"{ms:.3g} ms" if isinstance(ms, (int, float)) else "?"
+
+
 def _e(value: Any) -> str:
     return escape(str(value), quote=True)
 
@@ -317,6 +321,24 @@ class _Page:
                 f"precision {_str(conversion, 'precision')}: {_int(conversion, 'nodes_converted')} nodes converted, "
                 f"{_int(conversion, 'nodes_kept')} kept in fp32 ({kept}), {_int(conversion, 'casts_inserted')} casts inserted"
             )
+            for keep in conversion.get("kept_for_range") or []:
+                if isinstance(keep, dict):
+                    size = keep.get("max_abs")
+                    shown = f"max |value| {size:.3g}" if isinstance(size, (int, float)) else "value not measured"
+                    lines.append(f"kept in fp32: {_str(keep, 'node')} ({_str(keep, 'op')}): {_str(keep, 'reason')}, {shown}")
+        for decision in self.doc.get("decisions") or []:
+            if isinstance(decision, dict):
+                times = ", ".join(
+                    f"{_str(a, 'candidate')} {_fmt_ms(a.get('predicted_ms'))} predicted / {_fmt_ms(a.get('measured_ms'))} measured"
+                    for a in decision.get("alternatives") or [] if isinstance(a, dict)
+                )
+                lines.append(
+                    f"decision {_str(decision, 'kind')} at {_str(decision, 'site')}: {_str(decision, 'chosen')} "
+                    f"({_str(decision, 'basis')}; {_str(decision, 'reason')}) — {times}"
+                )
+        verification = self.doc.get("verification")
+        if isinstance(verification, dict) and verification.get("caveat"):
+            lines.append(f"verification caveat: {_str(verification, 'caveat')}")
         return "".join(f'<p class="extra">{_e(line)}</p>' for line in lines)
 
     def _op_histogram(self) -> str:

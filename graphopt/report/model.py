@@ -26,6 +26,9 @@ __all__ = [
     "LayoutSummary",
     "PrecisionSummary",
     "Latency",
+    "Alternative",
+    "DecisionRecord",
+    "RangeKeep",
     "SnapshotNode",
     "SnapshotValue",
     "SnapshotEdge",
@@ -178,6 +181,10 @@ class Verification:
     input_shapes: dict[str, list[int]]
     dropped: list[str] = field(default_factory=list)  # rewrites left out because they changed numbers
     message: str = ""
+    #: The onnxruntime execution provider the check ran on.
+    provider: str = ""
+    #: What the check does not prove when it ran elsewhere than the target's provider ("" when it ran there).
+    caveat: str = ""
 
 
 @dataclass
@@ -199,6 +206,10 @@ class PrecisionSummary:
     _casts: set[int] = field(default_factory=set, repr=False)
     _typed: int = 0  # untyped outputs given their type before converting
     _unmatched_keep: list[str] = field(default_factory=list, repr=False)
+    #: Nodes kept in float32 by the range check, with the value that decided it.
+    kept_for_range: list[RangeKeep] = field(default_factory=list)
+    #: Where the range check's calibration inputs came from ("synthesized", a file), or why it did not run.
+    calibration: str = ""
 
 
 @dataclass
@@ -214,6 +225,40 @@ class LayoutSummary:
     transposes_cancelled: int = 0
     transposes_as_reshape: int = 0
     transposes: int = 0  # Transpose nodes in the main graph afterwards
+
+
+@dataclass
+class Alternative:
+    """One candidate of a decision: its predicted time (cost table) and measured time (--tune)."""
+
+    candidate: str
+    predicted_ms: float | None = None
+    measured_ms: float | None = None
+    source: str = ""  # the cost-table entries or the measurement the figures come from
+
+
+@dataclass
+class DecisionRecord:
+    """A choice between forms that can cost time (graphopt.decisions): what was chosen and why."""
+
+    kind: str  # "layout", "conv_bias", "fused_conv", ...
+    site: str  # the node it is about, or "model"
+    chosen: str
+    baseline: str  # the form that changes nothing (chosen when nothing predicts a gain)
+    basis: str  # "table", "measured", "forced", "no_entry"
+    reason: str
+    alternatives: list[Alternative] = field(default_factory=list)
+
+
+@dataclass
+class RangeKeep:
+    """A node --precision kept in float32 because of the values it reads or writes
+    (measured in float32 on calibration inputs, or found non-finite in the low type)."""
+
+    node: str
+    op: str
+    reason: str  # "overflow", "underflow", "non_finite"
+    max_abs: float | None = None  # the largest |value| it reads or writes, in float32
 
 
 @dataclass
@@ -249,6 +294,8 @@ class Report:
     layout: LayoutSummary | None = None
     #: Run time before and after, when something measured it (None otherwise).
     latency: Latency | None = None
+    #: Every choice made by graphopt.decisions (layout, conv bias form, FusedConv, ...).
+    decisions: list[DecisionRecord] = field(default_factory=list)
     _applied: int = 0
 
     # ----------------------------------------------------------- recording

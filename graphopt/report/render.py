@@ -73,6 +73,14 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.1f}"
 
 
+#: Above this many decisions, the terminal shows one row per (kind, choice, basis).
+MAX_DECISION_ROWS = 8
+
+
+def _decision_ms(ms: float | None) -> str:
+    return "?" if ms is None else f"{ms:.3g}"
+
+
 def print_summary(report: Report, console: Console) -> None:
     """Nodes before/after by op, rewrites by rule, near-misses, warnings, verification, times."""
     before = report.before.ops if report.before else {}
@@ -152,6 +160,31 @@ def print_summary(report: Report, console: Console) -> None:
             highlight=False,
         )
 
+        for keep in conversion.kept_for_range:
+            size = f"max |value| {keep.max_abs:.3g}" if keep.max_abs is not None else "value not measured"
+            console.print(f"  kept in fp32: {escape(keep.node)} ({escape(keep.op)}): {keep.reason}, {size}", highlight=False)
+        if conversion.calibration:
+            console.print(f"  range check: {escape(conversion.calibration)}", highlight=False)
+
+    if report.decisions:
+        # One row per decision; many alike (a FusedConv decision per node) share one row with a count.
+        groups: dict[tuple[str, str, str], list[Any]] = {}
+        for d in report.decisions:
+            groups.setdefault((d.kind, d.chosen, d.basis), []).append(d)
+        rows = [[d] for d in report.decisions] if len(report.decisions) <= MAX_DECISION_ROWS else list(groups.values())
+        table = Table(title="Decisions (graphopt.decisions)", title_justify="left")
+        table.add_column("decision")
+        table.add_column("site")
+        table.add_column("chosen")
+        table.add_column("candidates: predicted / measured ms")
+        table.add_column("why")
+        for same in rows:
+            d = same[0]
+            site = d.site if len(same) == 1 else f"{len(same)} sites, e.g. {d.site}"
+            times = ", ".join(f"{escape(a.candidate)} {_decision_ms(a.predicted_ms)} / {_decision_ms(a.measured_ms)}" for a in d.alternatives)
+            table.add_row(escape(d.kind), escape(site), f"{escape(d.chosen)} [dim]({escape(d.basis)})[/]", times, escape(d.reason))
+        console.print(table)
+
     for warning in report.warnings:
         console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
 
@@ -159,6 +192,8 @@ def print_summary(report: Report, console: Console) -> None:
     if v is not None:
         status = "[green]passed[/]" if v.passed else "[red]FAILED[/]"
         console.print(f"verification: {status} ({escape(v.message)})", highlight=False)
+        if v.caveat:
+            console.print(f"[yellow]verification caveat:[/] {escape(v.caveat)}", highlight=False)
 
     times = ", ".join(f"{name} {_ms(t)} ms" for name, t in report.times_s.items())
     if times:

@@ -1,0 +1,96 @@
+"""Shape classes: the coarse description of an op's workload that a cost-table entry covers.
+
+A decision compares candidates per *shape class*, never per exact shape: the shipped
+table (cost_table.json) is measured on a few representative shapes, and a class says
+which shapes such a measurement stands for. For a convolution the class is its kind
+(dense, depthwise, grouped), its kernel size, a bucket of its channel count and whether
+it runs at batch 1 or more. benchmarks/decisions_bench.py measures one point per
+bucket and writes entries with these same labels, so the two always agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["OpClass", "CHANNEL_BUCKETS", "channel_bucket", "batch_buckets", "conv_kind", "conv_class", "conv_worlds"]
+
+#: (lowest, highest or None, label): the channel buckets (max of input and output channels).
+#: benchmarks/decisions_bench.py measures 16, 64, 256 and 512 channels, one per bucket.
+CHANNEL_BUCKETS: tuple[tuple[int, int | None, str], ...] = (
+    (1, 32, "c1-32"),
+    (33, 96, "c33-96"),
+    (97, 384, "c97-384"),
+    (385, None, "c385+"),
+)
+
+
+@dataclass(frozen=True)
+class OpClass:
+    """One op's shape class: op type, element type and named features (kind=dense, kernel=k3, ...)."""
+
+    op: str
+    dtype: str
+    features: tuple[tuple[str, str], ...]
+
+    def feature(self, name: str) -> str | None:
+        return dict(self.features).get(name)
+
+    def key(self) -> str:
+        return " ".join([self.op, self.dtype, *(v for _, v in self.features)])
+
+
+def channel_bucket(channels: int) -> str:
+    for low, high, label in CHANNEL_BUCKETS:
+        if channels >= low and (high is None or channels <= high):
+            return label
+    return CHANNEL_BUCKETS[0][2]
+
+
+def batch_buckets(batch: Any) -> tuple[str, ...]:
+    """b1 or bN (measured at 32); a symbolic batch may be either, so both."""
+    if isinstance(batch, int):
+        return ("b1",) if batch == 1 else ("bN",)
+    return ("b1", "bN")
+
+
+def conv_kind(group: int, in_channels: int, out_channels: int) -> str:
+    if group == 1:
+        return "dense"
+    if group == in_channels and out_channels % in_channels == 0:
+        return "depthwise"
+    return "grouped"
+
+
+def conv_class(dtype: str, x_shape: Sequence[Any], w_shape: Sequence[Any], group: int, batch: str) -> OpClass | None:
+    """The class of a 2-D convolution with input [N, C, H, W] and weights [M, C/group, kH, kW]."""
+    if len(x_shape) != 4 or len(w_shape) != 4 or not all(isinstance(d, int) for d in w_shape):
+        return None
+    in_channels = x_shape[1] if isinstance(x_shape[1], int) else int(w_shape[1]) * group
+    out_channels = int(w_shape[0])
+    kernel = max(int(w_shape[2]), int(w_shape[3]))
+    features = (
+        ("kind", conv_kind(group, in_channels, out_channels)),
+        ("kernel", f"k{kernel}"),
+        ("channels", channel_bucket(max(in_channels, out_channels))),
+        ("batch", batch),
+    )
+    return OpClass("Conv", dtype, features)
+
+
+def conv_worlds(convs: Sequence[tuple[str, Sequence[Any], Sequence[Any], int]]) -> list[list[OpClass]] | None:
+    """The classes of a model's convolutions, (dtype, x shape, w shape, group) each, in every
+    "world" its symbolic batch sizes allow (all b1, all bN); None if a class is unknowable."""
+    symbolic = any(len(x) == 4 and not isinstance(x[0], int) for _, x, _, _ in convs)
+    worlds = []
+    for assumed in ("b1", "bN") if symbolic else ("b1",):
+        classes = []
+        for dtype, x, w, group in convs:
+            batch = batch_buckets(x[0])[0] if len(x) == 4 and isinstance(x[0], int) else assumed
+            cls = conv_class(dtype, x, w, group, batch)
+            if cls is None:
+                return None
+            classes.append(cls)
+        worlds.append(classes)
+    return worlds
