@@ -28,7 +28,7 @@ import torch
 import torch.fx as fx
 
 from graphopt.ir.dtypes import onnx_enum_to_name
-from graphopt.ir.fx_view import InlineConst, is_neutral, meta_val, neutral_op, numpy_to_tensor, torch_dtype_from_name
+from graphopt.ir.fx_values import InlineConst, is_neutral, meta_val, neutral_op, numpy_to_tensor, torch_dtype_from_name
 from graphopt.ops.targets import Lowering, Target
 from graphopt.pattern.native import RewriteDeclined
 
