@@ -275,10 +275,8 @@ def _binary(op_type: str) -> Presenter:
     return present
 
 
-_PRESENTERS[aten.add.Tensor] = _binary("Add")
-_PRESENTERS[aten.sub.Tensor] = _binary("Sub")
-_PRESENTERS[aten.mul.Tensor] = _binary("Mul")
-_PRESENTERS[aten.div.Tensor] = _binary("Div")
+for _op, _name in (("add", "Add"), ("sub", "Sub"), ("mul", "Mul"), ("div", "Div")):
+    _PRESENTERS[getattr(aten, _op).Tensor] = _PRESENTERS[getattr(aten, _op).Scalar] = _binary(_name)
 
 
 @_presents(aten.rsub.Scalar)
@@ -295,6 +293,21 @@ def _where(v: FxView, node: fx.Node, a: dict[str, Any]) -> Presentation | None:
     if out is None or any(meta_val(a[k]).dtype != out.dtype for k in ("self", "other")):
         return None
     return Presentation("Where", [a["condition"], a["self"], a["other"]])
+
+
+@_presents(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
+def _masked_fill(v: FxView, node: fx.Node, a: dict[str, Any]) -> Presentation | None:
+    # masked_fill(x, mask, value) is Where(mask, value, x): the output has x's shape (mask broadcasts to it).
+    out, mask, value = meta_val(node), meta_val(a["mask"]), a["value"]
+    if out is None or mask is None or mask.dtype != torch.bool or meta_val(a["self"]).shape != out.shape:
+        return None
+    if isinstance(value, fx.Node):
+        if not isinstance(meta_val(value), torch.Tensor) or meta_val(value).dtype != out.dtype:
+            return None
+        fill: Any = value
+    else:
+        fill = v.scalar(node, "value", value, out.dtype)
+    return Presentation("Where", [a["mask"], fill, a["self"]])
 
 
 @_presents(aten.pow.Tensor_Scalar)
@@ -370,6 +383,14 @@ def _layer_norm(v: FxView, node: fx.Node, a: dict[str, Any]) -> Presentation | N
     axis = -len(a["normalized_shape"])
     attrs = {"axis": axis, "epsilon": float(a["eps"]), "stash_type": 1}
     return Presentation("LayerNormalization", [a["input"], a["weight"], a["bias"]], attrs)
+
+
+@_presents(aten.rms_norm.default)
+def _rms_norm(v: FxView, node: fx.Node, a: dict[str, Any]) -> Presentation | None:
+    if a["weight"] is None or a["eps"] is None:  # no scale, or torch's dtype-dependent default epsilon
+        return None
+    attrs = {"axis": -len(a["normalized_shape"]), "epsilon": float(a["eps"]), "stash_type": 1}
+    return Presentation("RMSNormalization", [a["input"], a["weight"]], attrs)
 
 
 @_presents(aten._native_batch_norm_legit_no_training.default, aten.native_batch_norm.default)
