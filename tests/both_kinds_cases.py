@@ -116,6 +116,16 @@ def _rotary(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return x * m.cos + _rotate_half(x) * m.sin
 
 
+def _rotary_bsnh(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    cos, sin = m.cos.transpose(1, 2), m.sin.transpose(1, 2)  # [1, seq, 1, head]: x is [batch, seq, heads, head] (GPT-J)
+    return x * cos + _rotate_half(x) * sin
+
+
+def _rotary_batched(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    cos, sin = m.cos.expand(2, 1, -1, -1) * m.scale, m.sin.expand(2, 1, -1, -1) * m.scale  # [batch, 1, seq, head]: one row per batch
+    return x * cos + _rotate_half(x) * sin
+
+
 class ConvBnOfWeights(nn.Module):
     """A Conv whose weights come in as an input, then BatchNorm."""
 
@@ -187,4 +197,8 @@ CASES: list[Case] = [
     # rotary.pdll
     Case("FuseRotaryEmbedding", lambda: Fn(_rotary, **dict(zip(("cos", "sin"), _rotary_caches(5, 8))))
          , rand(2, 2, 5, 8), 1, onnx_target="ort-cpu"),
+    Case("FuseRotaryEmbeddingBSNH", lambda: Fn(_rotary_bsnh, **dict(zip(("cos", "sin"), _rotary_caches(5, 8)))), rand(2, 5, 3, 8), 1,
+         onnx_target="ort-cpu"),
+    Case("FuseRotaryEmbeddingBatched", lambda: Fn(_rotary_batched, scale=torch.tensor([1.0, 0.5]).reshape(2, 1, 1, 1),
+                                                  **dict(zip(("cos", "sin"), _rotary_caches(5, 8)))), rand(2, 2, 5, 8), 1, onnx_target="ort-cpu"),
 ]

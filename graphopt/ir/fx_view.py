@@ -239,6 +239,20 @@ def _expand(v: FxView, node: fx.Node, a: dict[str, Any]) -> Presentation | None:
     return Presentation("Expand", [a["self"], v.const_list(node, "size", list(out.shape))])
 
 
+@_presents(aten._shape_as_tensor.default)
+def _shape(v: FxView, node: fx.Node, a: dict[str, Any]) -> Presentation | None:
+    return Presentation("Shape", [a["self"]])
+
+
+@_presents(aten.arange.default, aten.arange.start, aten.arange.start_step)
+def _range(v: FxView, node: fx.Node, a: dict[str, Any]) -> Presentation | None:
+    out = meta_val(node)
+    bounds = [a.get("start", 0), a["end"], a.get("step", 1)]
+    if out is None or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in bounds):
+        return None  # symbolic bounds stay aten's
+    return Presentation("Range", [v.scalar(node, key, x, out.dtype) for key, x in zip(("start", "end", "step"), bounds)])
+
+
 @_presents(aten.unsqueeze.default)
 def _unsqueeze(v: FxView, node: fx.Node, a: dict[str, Any]) -> Presentation | None:
     return Presentation("Unsqueeze", [a["self"], v.const_list(node, "dim", [int(a["dim"])])])
