@@ -69,6 +69,8 @@ def run_pass(report: Report, name: str, fn: Callable[[], int], tag: Callable[[st
 
 @dataclass
 class Pipeline:
+    """The rule sweeps over one graph, and the passes its front door runs around them."""
+
     kind: GraphKind
     rules: RuleSet
     target: Target
