@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import sys
 
-__version__ = "0.1.0"
-
-from graphopt.api import OptimizeOptions, optimize, optimize_file  # noqa: E402
-from graphopt.errors import GraphoptError, ModelError, PatternError, RuleNameError  # noqa: E402
-from graphopt.report.model import Report  # noqa: E402
+from graphopt._version import __version__
+from graphopt.api import OptimizeOptions, optimize, optimize_file
+from graphopt.errors import GraphoptError, ModelError, PatternError, RuleNameError
+from graphopt.report.model import Report
 
 
 def load_patterns(path: str):  # type: ignore[no-untyped-def]

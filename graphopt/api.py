@@ -27,6 +27,7 @@ from graphopt.match.driver import DriverOptions, RuleSet, apply_rules
 from graphopt.ops.lowering import lower_fused_ops
 from graphopt.ops.targets import get_target
 from graphopt.pattern.ir import Rule
+from graphopt.pipeline import GraphKind, Pipeline, run_pass
 from graphopt.report.model import GraphSummary, Report
 
 __all__ = ["OptimizeOptions", "optimize", "optimize_file", "builtin_rules", "select_rules", "BUILTIN_PATTERNS_DIR"]
@@ -187,59 +188,43 @@ def _run_pipeline(model: ir.Model, rules: RuleSet, target: Any, report: Report, 
 
     say = options.progress or (lambda message: None)
 
-    def timed(name: str, fn: Callable[[], int]) -> int:
-        stats = report.pass_stats(name)
-        with tag_new_nodes(model, name):  # nodes a pass makes say so (graphopt.ir.provenance)
-            t0 = time.perf_counter()
-            changes = fn()
-            elapsed = time.perf_counter() - t0
-        stats.runs += 1
-        stats.changes += changes
-        stats.time_s += elapsed
-        return changes
+    def tag(pass_name: str) -> Any:
+        return tag_new_nodes(model, pass_name)  # nodes a pass makes say so (graphopt.ir.provenance)
 
     if options.shape_inference is True or (options.shape_inference == "auto" and not _fully_typed(model)):
         say("shape inference")
-        timed("shape_inference", lambda: passes.infer_shapes(model))
+        run_pass(report, "shape_inference", lambda: passes.infer_shapes(model), tag)
     view = OnnxView(model)
+    kind = GraphKind(
+        view=view,
+        fold=[
+            ("inline_constant_ifs", lambda: passes.inline_constant_ifs(view)),
+            ("constant_folding", lambda: passes.fold_constants(view, size_limit_bytes=options.fold_size_limit)),
+        ],
+        tag=tag,
+    )
     driver_options = DriverOptions(
         max_rewrites=options.max_rewrites, allow=options.allow, blocked=set(options.blocked), trace_all=options.trace, precision=plan,
         observe=options.observe, strict=options.strict,
     )
-    if options.trace:
-        report.trace = []
-    for sweep in range(1, options.max_sweeps + 1):
-        report.sweeps = sweep
-        say(f"sweep {sweep}: constant folding")
-        folded = timed("inline_constant_ifs", lambda: passes.inline_constant_ifs(view))
-        folded += timed("constant_folding", lambda: passes.fold_constants(view, size_limit_bytes=options.fold_size_limit))
-        say(f"sweep {sweep}: rules")
-        t0 = time.perf_counter()
-        rewritten = apply_rules(view, rules, target, report, driver_options)
-        report.times_s["rules"] = report.times_s.get("rules", 0.0) + time.perf_counter() - t0
-        if report.limit_reached or (folded == 0 and rewritten == 0):
-            break
-        if driver_options.max_rewrites is not None:
-            driver_options.max_rewrites = max(0, driver_options.max_rewrites - rewritten)
-    else:
-        report.limit_reached = True
-        report.warnings.append(f"stopped after {options.max_sweeps} sweeps without reaching a fixpoint")
-    if report.limit_reached and not report.warnings:
-        report.warnings.append("rewrite limit reached; the result is valid but may not be fully optimized")
+    pipeline = Pipeline(kind, rules, target, report, driver_options, max_sweeps=options.max_sweeps, say=say)
+    pipeline.sweep()
     if plan is not None:
         say(f"precision: {plan.precision}")
         with tag_new_nodes(model, "precision"):
             _convert_precision(model, target, report, plan, options)
     say("cleanup")
-    timed("cse", lambda: passes.eliminate_common_subexpressions(model))
-    timed("dce", lambda: passes.eliminate_dead_code(model))
-    timed("lowering", lambda: lower_fused_ops(model, target))
+    pipeline.run_passes([
+        ("cse", lambda: passes.eliminate_common_subexpressions(model)),
+        ("dce", lambda: passes.eliminate_dead_code(model)),
+        ("lowering", lambda: lower_fused_ops(model, target)),
+    ])
     decider = _decision_point(target.name, options)
     if decider.ep is not None:
         from graphopt.passes.fused_conv import decide_fused_convs
 
         say("decisions: FusedConv")
-        timed("fused_conv_decisions", lambda: decide_fused_convs(model, decider))
+        pipeline.run_passes([("fused_conv_decisions", lambda: decide_fused_convs(model, decider))])
     if target.name == "ort-cuda":
         from graphopt.passes.layout import convert_layout
 

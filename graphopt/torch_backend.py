@@ -41,9 +41,10 @@ import torch.fx as fx
 
 from graphopt.errors import GraphoptError
 from graphopt.ir.fx_view import FxView, is_neutral
-from graphopt.match.driver import DriverOptions, RuleSet, apply_rules
+from graphopt.match.driver import DriverOptions, RuleSet
 from graphopt.ops import torch_lowering
 from graphopt.passes import fx_passes
+from graphopt.pipeline import GraphKind, Pipeline
 from graphopt.report.model import GraphSummary, Report
 
 __all__ = [
@@ -430,51 +431,37 @@ def optimize_fx(gm: fx.GraphModule, fake_mode: Any, rules: RuleSet, target: Any,
     """Rewrite an ATen FX graph in place: the rules, constant folding, lowering to torch ops."""
     opts = opts or TorchOptions()
     started = time.perf_counter()
-
-    def timed(name: str, fn: Callable[[], int]) -> int:
-        stats = report.pass_stats(name)
-        t0 = time.perf_counter()
-        changes = fn()
-        stats.runs += 1
-        stats.changes += changes
-        stats.time_s += time.perf_counter() - t0
-        return changes
-
     view = FxView(gm, fake_mode)
     new_constant = view.add_constant
+    kind = GraphKind(
+        view=view,
+        fold=[("constant_folding", lambda: fx_passes.fold_constants(gm, new_constant, opts.fold_size_limit))],
+        refresh=view.refresh,  # the FX passes change the graph behind the view's back
+    )
+    pipeline = Pipeline(kind, rules, target, report, DriverOptions(trace_all=opts.trace), max_sweeps=opts.max_sweeps)
 
-    timed("dce", lambda: fx_passes.remove_dead_code(gm))
-    timed("split_rsqrt", lambda: fx_passes.split_rsqrt(gm))
-    timed("drop_clones", lambda: fx_passes.drop_clones(gm))
-    view.refresh()
+    pipeline.run_passes([
+        ("dce", lambda: fx_passes.remove_dead_code(gm)),
+        ("split_rsqrt", lambda: fx_passes.split_rsqrt(gm)),
+        ("drop_clones", lambda: fx_passes.drop_clones(gm)),
+    ])
     report.before = _summary(view)
-    driver_options = DriverOptions(trace_all=opts.trace)
-    if opts.trace:
-        report.trace = []
-    for sweep in range(1, opts.max_sweeps + 1):
-        report.sweeps = sweep
-        folded = timed("constant_folding", lambda: fx_passes.fold_constants(gm, new_constant, opts.fold_size_limit))
-        view.refresh()
-        t0 = time.perf_counter()
-        rewritten = apply_rules(view, rules, target, report, driver_options)
-        report.times_s["rules"] = report.times_s.get("rules", 0.0) + time.perf_counter() - t0
-        if report.limit_reached or (folded == 0 and rewritten == 0):
-            break
-    else:
-        report.limit_reached = True
-        report.warnings.append(f"stopped after {opts.max_sweeps} sweeps without reaching a fixpoint")
-    timed("dce", lambda: fx_passes.remove_dead_code(gm))
-    view.refresh()
+    pipeline.sweep()
+    pipeline.run_pass("dce", lambda: fx_passes.remove_dead_code(gm))
     report.after = _summary(view)
-    timed("merge_rsqrt", lambda: fx_passes.merge_rsqrt(gm))
-    timed("lowering", lambda: torch_lowering.lower_neutral_nodes(gm, fake_mode, new_constant, view.const_array, view.device))
-    # What the lowerings built from constants (rotary caches in their torch form) folds too.
-    timed("constant_folding", lambda: fx_passes.fold_constants(gm, new_constant, opts.fold_size_limit))
-    timed("views_to_reshapes", lambda: fx_passes.views_to_reshapes(gm))
+    pipeline.run_passes([
+        ("merge_rsqrt", lambda: fx_passes.merge_rsqrt(gm)),
+        ("lowering", lambda: torch_lowering.lower_neutral_nodes(gm, fake_mode, new_constant, view.const_array, view.device)),
+        # What the lowerings built from constants (rotary caches in their torch form) folds too.
+        ("constant_folding", lambda: fx_passes.fold_constants(gm, new_constant, opts.fold_size_limit)),
+        ("views_to_reshapes", lambda: fx_passes.views_to_reshapes(gm)),
+    ])
     if _wants_channels_last(gm, opts.layout):
-        timed("layout", lambda: fx_passes.to_channels_last(gm, new_constant))
-    timed("pad_gemms", lambda: fx_passes.pad_unaligned_gemms(gm, new_constant, fake_mode))
-    timed("dce", lambda: fx_passes.remove_dead_code(gm))
+        pipeline.run_pass("layout", lambda: fx_passes.to_channels_last(gm, new_constant))
+    pipeline.run_passes([
+        ("pad_gemms", lambda: fx_passes.pad_unaligned_gemms(gm, new_constant, fake_mode)),
+        ("dce", lambda: fx_passes.remove_dead_code(gm)),
+    ])
     assert not any(is_neutral(n) for n in gm.graph.nodes), "every graphopt op is lowered"
     gm.graph.lint()
     gm.recompile()

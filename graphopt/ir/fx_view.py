@@ -37,6 +37,18 @@ import torch
 import torch.fx as fx
 
 from graphopt.ir.dtypes import name_to_onnx_enum
+from graphopt.ir.fx_values import (
+    InlineConst,
+    NeutralOp,
+    is_neutral,
+    meta_val,
+    neutral_op,
+    numpy_to_tensor,
+    tensor_to_numpy,
+    torch_dtype_from_name,
+    torch_dtype_name,
+)
+from graphopt.ops import torch_lowering
 from graphopt.pattern.ir import MISSING
 from graphopt.pattern.native import RewriteDeclined
 
@@ -60,97 +72,7 @@ prims = torch.ops.prims
 #: The ONNX opset whose op meanings the view presents (Gelu 20, Attention 23, Swish 24 ...).
 FX_OPSET = 24
 
-_TORCH_DTYPES: dict[torch.dtype, str] = {
-    torch.float32: "f32",
-    torch.float16: "f16",
-    torch.bfloat16: "bf16",
-    torch.float64: "f64",
-    torch.int64: "i64",
-    torch.int32: "i32",
-    torch.int16: "i16",
-    torch.int8: "i8",
-    torch.uint8: "u8",
-    torch.bool: "bool",
-    torch.complex64: "c64",
-    torch.complex128: "c128",
-}
-_NAME_TO_TORCH = {v: k for k, v in _TORCH_DTYPES.items()}
 _INT64_MAX = 9223372036854775807
-
-
-def torch_dtype_name(dtype: torch.dtype | None) -> str | None:
-    return None if dtype is None else _TORCH_DTYPES.get(dtype, str(dtype).replace("torch.", ""))
-
-
-def torch_dtype_from_name(name: str) -> torch.dtype:
-    return _NAME_TO_TORCH[name]
-
-
-def tensor_to_numpy(tensor: torch.Tensor) -> np.ndarray:
-    """A CPU numpy copy of a real tensor (bfloat16 through ml_dtypes, as graphopt's ONNX side does)."""
-    t = tensor.detach()
-    if t.device.type != "cpu":
-        t = t.cpu()
-    if t.dtype == torch.bfloat16:
-        import ml_dtypes
-
-        return t.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    return t.contiguous().numpy()
-
-
-def numpy_to_tensor(array: np.ndarray, device: torch.device | str = "cpu") -> torch.Tensor:
-    array = np.asarray(array)
-    if array.dtype.name == "bfloat16":
-        return torch.from_numpy(array.view(np.int16).copy()).view(torch.bfloat16).to(device)
-    return torch.from_numpy(np.ascontiguousarray(array).copy()).to(device)
-
-
-# --------------------------------------------------------------------------- neutral graphopt ops
-
-
-class NeutralOp:
-    """The call target of a graphopt op between its rewrite and its lowering. Its
-    attributes live in ``node.meta["graphopt_attrs"]``; it is never executed."""
-
-    def __init__(self, op_type: str) -> None:
-        self.op_type = op_type
-        self.__name__ = f"graphopt_{op_type}"
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError(f"graphopt.{self.op_type} ran before it was lowered to torch ops")
-
-    def __repr__(self) -> str:
-        return f"graphopt.{self.op_type}"
-
-
-_NEUTRAL: dict[str, NeutralOp] = {}
-
-
-def neutral_op(op_type: str) -> NeutralOp:
-    if op_type not in _NEUTRAL:
-        _NEUTRAL[op_type] = NeutralOp(op_type)
-    return _NEUTRAL[op_type]
-
-
-def is_neutral(node: fx.Node) -> bool:
-    return node.op == "call_function" and isinstance(node.target, NeutralOp)
-
-
-# --------------------------------------------------------------------------- values that are not FX nodes
-
-
-class InlineConst:
-    """A constant operand written inline in a node's arguments (a Python number or int list)."""
-
-    __slots__ = ("array", "name", "raw")
-
-    def __init__(self, array: np.ndarray | None, name: str, raw: Any) -> None:
-        self.array = array  # None for an int list with symbolic entries
-        self.name = name
-        self.raw = raw  # the argument as written, for lowering it back
-
-    def __repr__(self) -> str:
-        return f"InlineConst({self.name}={self.raw!r})"
 
 
 class _Phantom:
@@ -192,11 +114,6 @@ def _arguments(node: fx.Node) -> dict[str, Any]:
     found.update(zip(names, node.args))
     found.update(node.kwargs)
     return found
-
-
-def meta_val(node: Any) -> Any:
-    """The fake tensor (or SymInt, or tuple of them) an FX node computes; None for non-nodes."""
-    return node.meta.get("val") if isinstance(node, fx.Node) else None
 
 
 def _is_tuple_valued(node: fx.Node) -> bool:
@@ -322,6 +239,20 @@ def _expand(v: FxView, node: fx.Node, a: dict[str, Any]) -> Presentation | None:
     return Presentation("Expand", [a["self"], v.const_list(node, "size", list(out.shape))])
 
 
+@_presents(aten._shape_as_tensor.default)
+def _shape(v: FxView, node: fx.Node, a: dict[str, Any]) -> Presentation | None:
+    return Presentation("Shape", [a["self"]])
+
+
+@_presents(aten.arange.default, aten.arange.start, aten.arange.start_step)
+def _range(v: FxView, node: fx.Node, a: dict[str, Any]) -> Presentation | None:
+    out = meta_val(node)
+    bounds = [a.get("start", 0), a["end"], a.get("step", 1)]
+    if out is None or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in bounds):
+        return None  # symbolic bounds stay aten's
+    return Presentation("Range", [v.scalar(node, key, x, out.dtype) for key, x in zip(("start", "end", "step"), bounds)])
+
+
 @_presents(aten.unsqueeze.default)
 def _unsqueeze(v: FxView, node: fx.Node, a: dict[str, Any]) -> Presentation | None:
     return Presentation("Unsqueeze", [a["self"], v.const_list(node, "dim", [int(a["dim"])])])
@@ -358,10 +289,8 @@ def _binary(op_type: str) -> Presenter:
     return present
 
 
-_PRESENTERS[aten.add.Tensor] = _binary("Add")
-_PRESENTERS[aten.sub.Tensor] = _binary("Sub")
-_PRESENTERS[aten.mul.Tensor] = _binary("Mul")
-_PRESENTERS[aten.div.Tensor] = _binary("Div")
+for _op, _name in (("add", "Add"), ("sub", "Sub"), ("mul", "Mul"), ("div", "Div")):
+    _PRESENTERS[getattr(aten, _op).Tensor] = _PRESENTERS[getattr(aten, _op).Scalar] = _binary(_name)
 
 
 @_presents(aten.rsub.Scalar)
@@ -378,6 +307,21 @@ def _where(v: FxView, node: fx.Node, a: dict[str, Any]) -> Presentation | None:
     if out is None or any(meta_val(a[k]).dtype != out.dtype for k in ("self", "other")):
         return None
     return Presentation("Where", [a["condition"], a["self"], a["other"]])
+
+
+@_presents(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
+def _masked_fill(v: FxView, node: fx.Node, a: dict[str, Any]) -> Presentation | None:
+    # masked_fill(x, mask, value) is Where(mask, value, x): the output has x's shape (mask broadcasts to it).
+    out, mask, value = meta_val(node), meta_val(a["mask"]), a["value"]
+    if out is None or mask is None or mask.dtype != torch.bool or meta_val(a["self"]).shape != out.shape:
+        return None
+    if isinstance(value, fx.Node):
+        if not isinstance(meta_val(value), torch.Tensor) or meta_val(value).dtype != out.dtype:
+            return None
+        fill: Any = value
+    else:
+        fill = v.scalar(node, "value", value, out.dtype)
+    return Presentation("Where", [a["mask"], fill, a["self"]])
 
 
 @_presents(aten.pow.Tensor_Scalar)
@@ -453,6 +397,14 @@ def _layer_norm(v: FxView, node: fx.Node, a: dict[str, Any]) -> Presentation | N
     axis = -len(a["normalized_shape"])
     attrs = {"axis": axis, "epsilon": float(a["eps"]), "stash_type": 1}
     return Presentation("LayerNormalization", [a["input"], a["weight"], a["bias"]], attrs)
+
+
+@_presents(aten.rms_norm.default)
+def _rms_norm(v: FxView, node: fx.Node, a: dict[str, Any]) -> Presentation | None:
+    if a["weight"] is None or a["eps"] is None:  # no scale, or torch's dtype-dependent default epsilon
+        return None
+    attrs = {"axis": -len(a["normalized_shape"]), "epsilon": float(a["eps"]), "stash_type": 1}
+    return Presentation("RMSNormalization", [a["input"], a["weight"]], attrs)
 
 
 @_presents(aten._native_batch_norm_legit_no_training.default, aten.native_batch_norm.default)
@@ -779,8 +731,6 @@ class FxView:
         num_outputs: int,
         name_hint: str = "",
     ) -> fx.Node:
-        from graphopt.ops import torch_lowering
-
         output = self._output_node()
         with self.graph.inserting_before(output):
             builder = torch_lowering.FxBuilder(

@@ -28,7 +28,7 @@ import torch
 import torch.fx as fx
 
 from graphopt.ir.dtypes import onnx_enum_to_name
-from graphopt.ir.fx_view import InlineConst, is_neutral, meta_val, neutral_op, numpy_to_tensor, torch_dtype_from_name
+from graphopt.ir.fx_values import InlineConst, is_neutral, meta_val, neutral_op, numpy_to_tensor, torch_dtype_from_name
 from graphopt.ops.targets import Lowering, Target
 from graphopt.pattern.native import RewriteDeclined
 
@@ -103,6 +103,50 @@ class FxBuilder:
         self.created.append(node)
         return node
 
+    def value_of(self, x: Any, depth: int = 0) -> torch.Tensor | None:
+        """x's value where it follows from constants and static shapes alone (the shape
+        arithmetic rewrites build: Shape, Slice, Concat, Squeeze, ...), computed on real
+        tensors; None where it depends on the graph's inputs."""
+        if isinstance(x, InlineConst):
+            return None if x.array is None else numpy_to_tensor(x.array)
+        if not isinstance(x, fx.Node) or depth > 16:
+            return None
+        array = self.const_array(x)
+        if array is not None:
+            return numpy_to_tensor(array)
+        if x.op != "call_function" or not isinstance(x.target, torch._ops.OpOverload):
+            return None
+        if x.target is aten._shape_as_tensor.default:
+            dims = self.shape(x.args[0])
+            return torch.tensor(dims, dtype=torch.int64) if all(isinstance(d, int) for d in dims) else None
+        missing = []
+
+        def value(node: fx.Node) -> Any:
+            found = self.value_of(node, depth + 1)
+            if found is None:
+                missing.append(node)
+            return found
+
+        args, kwargs = fx.node.map_arg((x.args, x.kwargs), value)
+        if missing:
+            return None
+        try:
+            result = x.target(*args, **kwargs)
+        except Exception:  # noqa: BLE001 - not computable here: treated as a run-time value
+            return None
+        return result if isinstance(result, torch.Tensor) else None
+
+    def call_with_value(self, target: Any, value: torch.Tensor, *args: Any) -> Any:
+        """A call whose result is known (`value`) and is not to be computed on fake tensors."""
+        fake = self.fake_mode.from_tensor(value, static_shapes=True) if self.fake_mode is not None else value
+        if self.evaluate:
+            return fake
+        assert self.graph is not None
+        node = self.graph.call_function(target, tuple(args), {})
+        node.meta["val"] = fake
+        self.created.append(node)
+        return node
+
     def _run(self, target: Any, args: Any, kwargs: Any) -> Any:
         if self.fake_mode is None:
             return target(*args, **kwargs)
@@ -152,12 +196,18 @@ def _number(x: Any) -> Any:
 
 
 def _ints(b: FxBuilder, x: Any) -> list[Any] | None:
-    """An int list operand: a constant vector (inline or a constant node), or the symbolic
-    list an aten node was given."""
+    """An int list operand: a constant vector (inline or a constant node), the symbolic
+    list an aten node was given, or the dims of a tensor whose Shape it is."""
     if isinstance(x, InlineConst):
         if x.array is not None:
             return [int(i) for i in x.array.reshape(-1)]
         return list(x.raw) if isinstance(x.raw, (list, tuple)) else None
+    if isinstance(x, fx.Node) and x.target is aten._shape_as_tensor.default:  # Shape(src): src's dims, symbolic ones too
+        src = x.args[0]
+        return [b.size(src, i) for i in range(b.rank(src))]
+    value = b.value_of(x)  # shape arithmetic on static dims
+    if value is not None and not value.is_floating_point() and value.dim() <= 1:
+        return [int(i) for i in value.reshape(-1).tolist()]
     array = b.const_array(x)
     if array is not None and array.dtype.kind in "iu":
         return [int(i) for i in array.reshape(-1)]
@@ -233,6 +283,31 @@ def _gemm(b: FxBuilder, args: list[Any], attrs: dict[str, Any], n: int) -> Any:
 @_emits("MatMul")
 def _matmul(b: FxBuilder, args: list[Any], attrs: dict[str, Any], n: int) -> Any:
     return b.call(aten.matmul.default, b.tensor(args[0]), b.tensor(args[1]))
+
+
+@_emits("Shape")
+def _shape(b: FxBuilder, args: list[Any], attrs: dict[str, Any], n: int) -> Any:
+    """aten._shape_as_tensor: the Reshape emitter reads the dims of its source from it (symbolic ones too);
+    its fake value is made here, since fake tensors cannot run it (it reads sizes into data)."""
+    x = b.tensor(args[0])
+    dims = [int(d) if isinstance(d, int) else None for d in b.shape(x)]
+    if None in dims:
+        raise RewriteDeclined("the torch graph takes a Shape of static dims only")
+    shape = b.call_with_value(aten._shape_as_tensor.default, torch.tensor(dims, dtype=torch.int64), x)
+    start, end = int(attrs.get("start", 0)), attrs.get("end")
+    if start == 0 and end is None:
+        return shape
+    return b.call(aten.slice.Tensor, shape, 0, start, None if end is None else int(end))
+
+
+@_emits("Range")
+def _range(b: FxBuilder, args: list[Any], attrs: dict[str, Any], n: int) -> Any:
+    """aten.arange of numbers known when the rewrite is planned (constants, static shape arithmetic)."""
+    values = [b.value_of(a) for a in args[:3]]
+    if any(v is None or v.numel() != 1 for v in values):
+        raise RewriteDeclined("Range bounds are computed at run time")
+    start, limit, delta = (v.reshape(()).item() for v in values)  # type: ignore[union-attr]
+    return b.call(aten.arange.start_step, start, limit, delta, dtype=values[0].dtype, device=b.device)  # type: ignore[union-attr]
 
 
 @_emits("Transpose")
@@ -683,8 +758,15 @@ def _rotary(b: FxBuilder, args: list[Any], attrs: dict[str, Any], wanted: set[in
     cos, sin [batch or 1, seq, rotary] (the half-width rows picked, then repeated)."""
     x, positions, cos_cache, sin_cache = (b.tensor(a) for a in args[:4])
     interleaved = bool(int(attrs.get("interleaved", 0)))
-    if b.rank(x) != 4 or attrs.get("num_heads") or attrs.get("rotary_embedding_dim"):
-        raise RewriteDeclined("graphopt::rotary takes x [batch, heads, seq, head] with the whole rotary dim in the caches")
+    if b.rank(x) not in (3, 4) or attrs.get("num_heads") or attrs.get("rotary_embedding_dim"):
+        raise RewriteDeclined("graphopt::rotary takes x [batch, heads, seq, head] or [batch, seq, hidden] with the whole rotary dim in the caches")
+    hidden_form = b.rank(x) == 3
+    if hidden_form:  # [batch, seq, heads * head] as onnxruntime takes it: heads of the caches' width, moved to [batch, heads, seq, head]
+        head, hidden = 2 * b.size(cos_cache, -1), b.size(x, 2)
+        if not isinstance(head, int) or not isinstance(hidden, int) or hidden % head:
+            raise RewriteDeclined(f"hidden size {hidden} is no multiple of the rotary head size {head}")
+        batch, length = b.size(x, 0), b.size(x, 1)
+        x = b.call(aten.permute.default, b.call(aten.reshape.default, x, [batch, length, hidden // head, head]), [0, 2, 1, 3])
     seq = b.size(x, 2)
     single = b.meta(positions).numel() == 1
 
@@ -701,7 +783,10 @@ def _rotary(b: FxBuilder, args: list[Any], attrs: dict[str, Any], wanted: set[in
             return b.call(aten.repeat_interleave.self_int, rows, 2, -1)
         return b.call(aten.cat.default, [rows, rows], -1)
 
-    return [b.call(_graphopt("rotary"), x, hf_form(cos_cache), hf_form(sin_cache), interleaved)]
+    out = b.call(_graphopt("rotary"), x, hf_form(cos_cache), hf_form(sin_cache), interleaved)
+    if hidden_form:
+        out = b.call(aten.reshape.default, b.call(aten.permute.default, out, [0, 2, 1, 3]), [batch, length, hidden])
+    return [out]
 
 
 @_lowers("GemmActivation", dtypes=_FLOATS | {"f64"}, no_gradient="aten._addmm_activation has no derivative formula")

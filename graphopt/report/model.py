@@ -329,7 +329,7 @@ class Report:
 
     # ----------------------------------------------------------- output
     def to_dict(self) -> dict[str, Any]:
-        from graphopt import __version__
+        from graphopt._version import __version__
 
         def plain(obj: Any) -> Any:
             if dataclasses.is_dataclass(obj):

@@ -1,0 +1,204 @@
+"""The table of tests/both_kinds.py: per rule, a small torch module whose ONNX export and
+whose FX graph both hold the rule's pattern, and how many rewrites it makes on each.
+
+A rule that cannot be proven on both kinds says why in its .pdll file
+(``// ONNX only: ...`` or ``// FX only: ...`` above the rule), not here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from both_kinds import Case
+
+__all__ = ["CASES"]
+
+
+class Fn(nn.Module):
+    """A module around a function of its inputs and of named constant tensors (its buffers)."""
+
+    def __init__(self, fn: Callable[..., Any], **constants: torch.Tensor) -> None:
+        super().__init__()
+        self.fn = fn
+        for name, value in constants.items():
+            self.register_buffer(name, value)
+
+    def forward(self, *xs: torch.Tensor) -> Any:
+        return self.fn(self, *xs)
+
+
+def fn(f: Callable[..., Any], **constants: Callable[[], torch.Tensor]) -> Callable[[], nn.Module]:
+    """A builder of `Fn(f, ...)`; constants are built (seeded) when the case runs."""
+    return lambda: Fn(f, **{k: make() for k, make in constants.items()})
+
+
+def rand(*shape: int) -> Callable[[], tuple[torch.Tensor, ...]]:
+    return lambda: (torch.randn(*shape),)
+
+
+def rands(*shapes: tuple[int, ...]) -> Callable[[], tuple[torch.Tensor, ...]]:
+    return lambda: tuple(torch.randn(*s) for s in shapes)
+
+
+def const(*shape: int, positive: bool = False) -> Callable[[], torch.Tensor]:
+    return lambda: torch.rand(*shape) + 0.5 if positive else torch.randn(*shape)
+
+
+def seq(*layers: Callable[[], nn.Module]) -> Callable[[], nn.Module]:
+    """nn.Sequential of the layers, BatchNorm statistics made non-trivial."""
+
+    def build() -> nn.Module:
+        module = nn.Sequential(*(make() for make in layers))
+        for m in module.modules():
+            if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                with torch.no_grad():
+                    m.running_mean.uniform_(-0.5, 0.5)
+                    m.running_var.uniform_(0.5, 1.5)
+                    m.weight.uniform_(0.5, 1.5)
+                    m.bias.uniform_(-0.5, 0.5)
+        return module
+
+    return build
+
+
+SQRT2 = math.sqrt(2.0)
+K_TANH = math.sqrt(2.0 / math.pi)
+
+
+def _gelu_erf(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return x * 0.5 * (1.0 + torch.erf(x / SQRT2))
+
+
+def _gelu_tanh(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return 0.5 * x * (1.0 + torch.tanh(K_TANH * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+def _layer_norm(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    mean = x.mean(-1, keepdim=True)
+    d = x - mean
+    var = d.pow(2.0).mean(-1, keepdim=True)
+    return d / torch.sqrt(var + 1e-5) * m.g + m.b
+
+
+def _rms_norm(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    var = x.pow(2.0).mean(-1, keepdim=True)
+    return x * torch.rsqrt(var + 1e-6) * m.w
+
+
+def _attention(m: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    return torch.matmul(torch.softmax(scores, dim=-1), v)
+
+
+def _masked_attention(m: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    return torch.matmul(torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1), v)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _rotary_caches(seq_len: int, head: int, batch: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    inv = 1.0 / (10000 ** (torch.arange(0, head, 2).float() / head))
+    angles = torch.outer(torch.arange(seq_len).float(), inv)
+    emb = torch.cat((angles, angles), dim=-1)
+    return emb.cos()[None, None], emb.sin()[None, None]
+
+
+def _rotary(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return x * m.cos + _rotate_half(x) * m.sin
+
+
+def _rotary_bsnh(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    cos, sin = m.cos.transpose(1, 2), m.sin.transpose(1, 2)  # [1, seq, 1, head]: x is [batch, seq, heads, head] (GPT-J)
+    return x * cos + _rotate_half(x) * sin
+
+
+def _rotary_batched(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    cos, sin = m.cos.expand(2, 1, -1, -1) * m.scale, m.sin.expand(2, 1, -1, -1) * m.scale  # [batch, 1, seq, head]: one row per batch
+    return x * cos + _rotate_half(x) * sin
+
+
+class ConvBnOfWeights(nn.Module):
+    """A Conv whose weights come in as an input, then BatchNorm."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bn = seq(lambda: nn.BatchNorm2d(4))()
+
+    def forward(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return self.bn(F.conv2d(x, w, padding=1))
+
+
+CASES: list[Case] = [
+    # activations.pdll
+    Case("FuseGeluErf", fn(_gelu_erf), rand(2, 8), 1, opset=20),
+    Case("FuseGeluTanhStandard", fn(_gelu_tanh), rand(2, 8), 1, opset=20),
+    Case("FuseBiasGeluStandard", fn(lambda m, x: F.gelu(x + m.b), b=const(8)), rand(2, 3, 8), 1, opset=20, onnx_target="ort-cpu"),
+    Case("FuseBiasFastGeluStandard", fn(lambda m, x: F.gelu(x + m.b, approximate="tanh"), b=const(8)), rand(2, 3, 8), 1, opset=20,
+         onnx_target="ort-cpu"),
+    Case("FuseQuickGelu", fn(lambda m, x: x * torch.sigmoid(1.702 * x)), rand(2, 8), 1, onnx_target="ort-cpu"),
+    Case("FuseSiLU", fn(lambda m, x: x * torch.sigmoid(x)), rand(2, 8), 1, onnx_target="ort-cpu"),
+    # canonical.pdll
+    Case("ComposeTransposes", fn(lambda m, x: x.permute(0, 2, 1, 3).permute(0, 1, 3, 2) + 1.0), rand(2, 3, 4, 5), 1, exporter="dynamo"),
+    Case("DropIdentityTranspose", fn(lambda m, x: x.permute(0, 1, 2) + 1.0), rand(2, 3, 4), 1, exporter="dynamo"),
+    Case("DropNoOpReshape", fn(lambda m, x: x.reshape(2, 3, 4) + 1.0), rand(2, 3, 4), 1, exporter="dynamo"),
+    Case("CollapseReshapes", fn(lambda m, x: x.reshape(6, 20).reshape(2, 60) + 1.0), rand(2, 3, 4, 5), 1),
+    Case("UnflattenBatchedTranspose", fn(lambda m, x: x.reshape(-1, 4, 5).transpose(1, 2).reshape(2, 3, 5, 4) + 1.0), rand(2, 3, 4, 5), 1),
+    # cast.pdll
+    Case("CollapseCastChain", fn(lambda m, x: x.double().float() + 1.0), rand(2, 8), 1),
+    Case("DropNoOpCast", fn(lambda m, x: x.double().float() + 1.0), rand(2, 8), 1, along=("CollapseCastChain",)),
+    # conv_bn.pdll
+    Case("FoldConvBatchNorm", seq(lambda: nn.Conv2d(3, 4, 3, padding=1), lambda: nn.BatchNorm2d(4)), rand(1, 3, 6, 6), 1, exporter="dynamo"),
+    Case("FoldConvTransposeBatchNorm", seq(lambda: nn.ConvTranspose2d(3, 4, 3, stride=2), lambda: nn.BatchNorm2d(4)), rand(1, 3, 5, 5), 1),
+    Case("FoldGemmBatchNorm", seq(lambda: nn.Linear(6, 4), lambda: nn.BatchNorm1d(4)), rand(3, 6), 1),
+    Case("FoldMatMulBatchNorm", seq(lambda: nn.Linear(6, 4, bias=False), lambda: nn.BatchNorm1d(4)), rand(3, 6), 1),
+    Case("FoldConvBatchNormComputedWeights", ConvBnOfWeights, rands((1, 3, 6, 6), (4, 3, 3, 3)), 1),
+    # matmul_bias.pdll
+    Case("MatMulAddToGemm", fn(lambda m, x: x @ m.w + m.b, w=const(6, 4), b=const(4)), rand(3, 6), 1),
+    # normalization.pdll
+    Case("FuseLayerNorm", fn(_layer_norm, g=const(8), b=const(8)), rand(2, 3, 8), 1),
+    Case("FuseSkipLayerNorm", fn(lambda m, a, b: F.layer_norm(a + b, (8,), m.g, m.b), g=const(8), b=const(8)), rands((2, 3, 8), (2, 3, 8)), 1,
+         onnx_target="ort-cpu"),
+    Case("FuseSkipLayerNormKeepSum", fn(lambda m, a, b: (F.layer_norm(a + b, (8,), m.g, m.b), a + b), g=const(8), b=const(8)),
+         rands((2, 3, 8), (2, 3, 8)), 1, onnx_target="ort-cpu"),
+    Case("FoldBiasIntoSkipLayerNorm", fn(lambda m, y, s: F.layer_norm((y + m.bias) + s, (8,), m.g, m.b), g=const(8), b=const(8), bias=const(8)),
+         rands((2, 3, 8), (2, 3, 8)), 1, along=("FuseSkipLayerNorm",), onnx_target="ort-cpu"),
+    Case("FoldBiasIntoSkipLayerNormSecond", fn(lambda m, y, s: F.layer_norm(s + (y + m.bias), (8,), m.g, m.b), g=const(8), b=const(8),
+                                               bias=const(8)),
+         rands((2, 3, 8), (2, 3, 8)), 1, along=("FuseSkipLayerNorm",), onnx_target="ort-cpu"),
+    Case("FuseRMSNorm", fn(_rms_norm, w=const(8)), rand(2, 3, 8), 1, onnx_target="ort-cpu"),
+    Case("FuseRMSNormStandard", fn(_rms_norm, w=const(8)), rand(2, 3, 8), 1, opset=23),
+    Case("FuseSkipRMSNorm", fn(lambda m, a, b: _rms_norm(m, a + b), w=const(8)), rands((2, 3, 8), (2, 3, 8)), 1, along=("FuseRMSNorm",),
+         onnx_target="ort-cpu"),
+    Case("FuseSkipRMSNormKeepSum", fn(lambda m, a, b: (_rms_norm(m, a + b), a + b), w=const(8)), rands((2, 3, 8), (2, 3, 8)), 1,
+         along=("FuseRMSNorm",), onnx_target="ort-cpu"),
+    # pad_conv.pdll
+    Case("FoldPadIntoConv", fn(lambda m, x: F.conv2d(F.pad(x, (1, 1, 2, 2)), m.w), w=const(4, 3, 3, 3)), rand(1, 3, 6, 6), 1),
+    # attention.pdll
+    Case("FuseAttention", fn(_attention), rands((2, 2, 5, 4), (2, 2, 5, 4), (2, 2, 5, 4)), 1, onnx_target="ort-cpu"),
+    # masked_fill(mask, fill) is the FX view's Where(mask, fill, scores)
+    Case("FuseAttention", fn(_masked_attention), lambda: (*rands((2, 2, 5, 4), (2, 2, 5, 4), (2, 2, 5, 4))(), torch.rand(2, 1, 5, 5) > 0.7), 1, atol=1e-4,
+         onnx_target="ort-cpu", name="masked_fill"),
+    # FX only (the rule's file says why not ONNX): proven on FX
+    Case("FuseSwiGLU", fn(lambda m, x: F.silu(x @ m.w1) * (x @ m.w3), w1=const(8, 16), w3=const(8, 16)), rand(2, 3, 8), 1, kinds=("fx",)),
+    Case("FuseGeGLU", fn(lambda m, x: (lambda h, g: h * F.gelu(g))(*x.chunk(2, -1))), rand(2, 3, 16), 1, kinds=("fx",)),
+    Case("FuseBiasGeGLU", fn(lambda m, x: (lambda h, g: h * F.gelu(g))(*(x + m.b).chunk(2, -1)), b=const(16)), rand(2, 3, 16), 1, kinds=("fx",)),
+    Case("FuseGemmRelu", fn(lambda m, x: F.relu(F.linear(x, m.w, m.b)), w=const(16, 8), b=const(16)), rand(3, 8), 1, kinds=("fx",)),
+    Case("FuseScaledDotProductAttention", fn(lambda m, q, k, v: F.scaled_dot_product_attention(q, k, v)),
+         rands((2, 2, 5, 4), (2, 2, 5, 4), (2, 2, 5, 4)), 1, kinds=("fx",)),
+    # rotary.pdll
+    Case("FuseRotaryEmbedding", lambda: Fn(_rotary, **dict(zip(("cos", "sin"), _rotary_caches(5, 8))))
+         , rand(2, 2, 5, 8), 1, onnx_target="ort-cpu"),
+    Case("FuseRotaryEmbeddingBSNH", lambda: Fn(_rotary_bsnh, **dict(zip(("cos", "sin"), _rotary_caches(5, 8)))), rand(2, 5, 3, 8), 1,
+         onnx_target="ort-cpu"),
+    Case("FuseRotaryEmbeddingBatched", lambda: Fn(_rotary_batched, scale=torch.tensor([1.0, 0.5]).reshape(2, 1, 1, 1),
+                                                  **dict(zip(("cos", "sin"), _rotary_caches(5, 8)))), rand(2, 2, 5, 8), 1, onnx_target="ort-cpu"),
+]
