@@ -45,7 +45,7 @@ from graphopt.match.driver import DriverOptions, RuleSet
 from graphopt.ops import torch_lowering
 from graphopt.passes import fx_passes
 from graphopt.pipeline import GraphKind, Pipeline
-from graphopt.report.model import GraphSummary, Report
+from graphopt.report.model import Alternative, DecisionRecord, GraphSummary, Report
 
 __all__ = [
     "graphopt_backend",
@@ -102,6 +102,10 @@ class TorchOptions:
     #: graphs do away with, costs more than its kernel saves (ResNet-50 on an H200: 3.64 ms
     #: with cuDNN's fused conv as a custom op, against inductor's 2.02 ms).
     kernels: str = "auto"
+    #: With inductor: compile the graph both ways (graphopt's rewrites, and as dynamo captured
+    #: it), time both on the example inputs, and keep the faster (the report says which, and
+    #: the times). Costs a second compile; graphs graphopt leaves unchanged skip it.
+    tune: bool = False
     #: torch.compile's mode (passed to inductor; "reduce-overhead" also means CUDA graphs without it).
     #: torch.compile takes mode= or options=, not both: options={"mode": ...} sets it along with others.
     mode: str | None = None
@@ -135,7 +139,7 @@ class TorchOptions:
                 if value is not None and not all(isinstance(v, (str, os.PathLike)) for v in value):
                     raise GraphoptError(f"graphopt option '{key}' takes a list of names, not {value!r}")
                 value = None if value is None else [str(v) for v in value]
-            elif key in ("inductor", "freeze", "trace", "strict") and not isinstance(value, bool):
+            elif key in ("inductor", "freeze", "trace", "strict", "tune") and not isinstance(value, bool):
                 raise GraphoptError(f"graphopt option '{key}' takes True or False, not {value!r}")
             elif key == "kernels" and value not in ("auto", "all", "none"):
                 raise GraphoptError(f"graphopt option 'kernels' takes 'auto', 'all' or 'none', not {value!r}")
@@ -231,11 +235,31 @@ def graphopt_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, optio
     if frozen:
         report.warnings.append(f"{len(frozen)} parameters and buffers frozen into constants (changing them after compiling has no effect)")
 
-    kept = [i for i in range(len(example_inputs)) if i not in set(frozen)]
-    kept_inputs = [example_inputs[i] for i in kept]
-    t0 = time.perf_counter()
-    compiled = _compile_leftovers(aten_gm, kept_inputs, opts, report, dynamo_gm=gm, training=training)
-    report.times_s["leftovers"] = time.perf_counter() - t0
+    if opts.inductor and aten_gm is not gm and not adds_to_inductor(report):
+        # Nothing graphopt did here is something inductor lacks: inductor gets dynamo's graph
+        # itself, the exact path of torch.compile(backend="inductor") (the traced, frozen copy
+        # with its preserved ops compiled slower: a LLaMA decoder 1.25x on an H200, issue 15).
+        report.decisions.append(DecisionRecord(
+            kind="graph", site="model", chosen="inductor", baseline="inductor", basis="forced",
+            reason="graphopt changed nothing inductor does not do itself: the graph goes to inductor as dynamo captured it"))
+        t0 = time.perf_counter()
+        compiled = _inductor(gm, list(example_inputs), opts, gm)
+        report.times_s["leftovers"] = time.perf_counter() - t0
+        aten_gm = gm
+    else:
+        kept = [i for i in range(len(example_inputs)) if i not in set(frozen)]
+        kept_inputs = [example_inputs[i] for i in kept]
+        t0 = time.perf_counter()
+        compiled = _compile_leftovers(aten_gm, kept_inputs, opts, report, dynamo_gm=gm, training=training)
+        report.times_s["leftovers"] = time.perf_counter() - t0
+        if frozen:
+            rewritten = compiled
+
+            def compiled(*args: Any) -> Any:
+                return rewritten(*[args[i] for i in kept])
+
+        if opts.tune and opts.inductor and aten_gm is not gm:
+            compiled = _faster_of(compiled, gm, list(example_inputs), opts, report)
 
     index = _register(report, aten_gm)
     if opts.report:
@@ -249,13 +273,63 @@ def graphopt_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, optio
             from graphopt.report.render import write_json
 
             write_json(report, path)
-    if not frozen:
-        return compiled
+    return compiled
 
-    def run(*args: Any) -> Any:
-        return compiled(*[args[i] for i in kept])
 
-    return run
+#: Passes whose changes inductor would not make itself (the rest, folding and dead code, it does).
+_PASSES_INDUCTOR_LACKS = ("layout", "pad_gemms")
+
+
+def adds_to_inductor(report: Report) -> bool:
+    """Whether graphopt did anything to this graph that inductor would not do on its own."""
+    return report.total_rewrites > 0 or any(
+        report.passes[name].changes for name in _PASSES_INDUCTOR_LACKS if name in report.passes
+    )
+
+
+#: How `tune` times a compiled graph: (callable, inputs) -> median milliseconds (tests replace it).
+def _time_ms(fn: Callable[..., Any], inputs: Sequence[Any], runs: int = 20, warmup: int = 3) -> float:
+    import statistics
+
+    cuda = any(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs)
+    for _ in range(warmup):
+        fn(*inputs)
+    times = []
+    for _ in range(runs):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn(*inputs)
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn(*inputs)
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+TIMER: Callable[[Callable[..., Any], Sequence[Any]], float] = _time_ms
+
+
+def _faster_of(rewritten: Callable[..., Any], gm: fx.GraphModule, inputs: list[Any], opts: TorchOptions, report: Report) -> Callable[..., Any]:
+    """`tune`: inductor on dynamo's own graph against inductor on graphopt's; the faster is kept."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if any(isinstance(x, FakeTensor) for x in inputs):
+        report.warnings.append("tune: the example inputs are fake tensors, nothing to time: graphopt's graph is kept")
+        return rewritten
+    plain = _inductor(gm, inputs, opts, gm)
+    with torch.no_grad():
+        ms_graphopt, ms_inductor = TIMER(rewritten, inputs), TIMER(plain, inputs)
+    keep_graphopt = ms_graphopt <= ms_inductor
+    report.decisions.append(DecisionRecord(
+        kind="graph", site="model", chosen="graphopt" if keep_graphopt else "inductor", baseline="inductor", basis="measured",
+        reason=f"timed on the example inputs: graphopt {ms_graphopt:.3f} ms, inductor alone {ms_inductor:.3f} ms",
+        alternatives=[Alternative("graphopt", measured_ms=ms_graphopt, source="tune"), Alternative("inductor", measured_ms=ms_inductor, source="tune")],
+    ))
+    return rewritten if keep_graphopt else plain
 
 
 def _rule_set(opts: TorchOptions) -> RuleSet:

@@ -318,6 +318,16 @@ def test_inductor_takes_the_leftovers_with_no_more_graph_breaks() -> None:
     assert all(r.times_s["leftovers"] > 0 for r in torch_reports())
 
 
+class _WrittenOutLayerNorm(nn.Module):
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.g, self.b = nn.Parameter(torch.randn(n)), nn.Parameter(torch.randn(n))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        d = x - x.mean(-1, keepdim=True)
+        return d / torch.sqrt((d * d).mean(-1, keepdim=True) + 1e-5) * self.g + self.b
+
+
 def test_inductor_gets_cuda_graphs_and_the_frozen_constants_as_static_inputs(monkeypatch: pytest.MonkeyPatch) -> None:
     """mode="reduce-overhead" reaches inductor as CUDA graphs, and the constants graphopt froze
     (lifted into inputs by aot_autograd) are static: CUDA graphs would copy every non-static
@@ -334,7 +344,8 @@ def test_inductor_gets_cuda_graphs_and_the_frozen_constants_as_static_inputs(mon
     monkeypatch.setattr(inductor_compile_fx, "compile_fx_inner", spy)
     monkeypatch.setattr(torch._functorch.config, "enable_autograd_cache", False)  # a cache hit skips inner_compile
     monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", False)
-    model = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8), nn.Linear(8, 8)).eval()
+    # (a LayerNorm written out, which graphopt fuses: a graph it leaves alone goes to inductor untraced)
+    model = nn.Sequential(nn.Linear(8, 8), _WrittenOutLayerNorm(8), nn.Linear(8, 8)).eval()
     x = torch.randn(2, 8)
     with torch.no_grad():
         for mode, cuda_graphs in (("reduce-overhead", True), (None, False)):
