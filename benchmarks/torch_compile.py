@@ -57,7 +57,7 @@ from gpu_profile import kernel_profile  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 VARIANTS = ("eager", "inductor", "inductor-ro", "graphopt", "graphopt-cg", "graphopt+inductor", "graphopt+inductor-all",
             "graphopt+inductor-ro", "graphopt+inductor-all-ro")
-MODELS = ("bert", "gpt2", "vit", "resnet50")
+MODELS = ("bert", "gpt2", "vit", "resnet50", "llama", "t5", "convnext")
 CUDA_ONLY = {"inductor-ro", "graphopt-cg", "graphopt+inductor-ro", "graphopt+inductor-all-ro"}
 
 
@@ -92,6 +92,32 @@ def build_model(name: str, tiny: bool) -> tuple[Any, dict[str, Any], str]:
         batch = 2 if tiny else 8
         pixels = torch.randn(batch, 3, config.image_size, config.image_size)
         return model, {"pixel_values": pixels}, f"ViTModel layers={config.num_hidden_layers} hidden={config.hidden_size} b{batch} {config.image_size}px"
+    if name == "llama":  # issue 15's LLaMA-style decoder: 8 layers, GQA, prefill b1 s512
+        import transformers
+
+        size = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128, vocab_size=1000) \
+            if tiny else dict(num_hidden_layers=8, hidden_size=2048, num_attention_heads=32, num_key_value_heads=8, intermediate_size=5632,
+                              vocab_size=32000)
+        model = transformers.LlamaModel(transformers.LlamaConfig(use_cache=False, **size)).eval()
+        batch, seq = (1, 16) if tiny else (1, 512)
+        ids = torch.randint(0, model.config.vocab_size, (batch, seq))
+        return model, {"input_ids": ids}, f"LlamaModel layers={model.config.num_hidden_layers} hidden={model.config.hidden_size} GQA b{batch} s{seq}"
+    if name == "t5":  # T5-base encoder b8 s128
+        import transformers
+
+        size = dict(num_layers=2, d_model=64, num_heads=4, d_kv=16, d_ff=128, vocab_size=1000) if tiny else \
+            dict(num_layers=12, d_model=768, num_heads=12, d_kv=64, d_ff=3072)
+        model = transformers.T5EncoderModel(transformers.T5Config(use_cache=False, **size)).eval()
+        batch, seq = (2, 16) if tiny else (8, 128)
+        ids = torch.randint(0, model.config.vocab_size, (batch, seq))
+        return model, {"input_ids": ids}, f"T5EncoderModel layers={model.config.num_layers} d_model={model.config.d_model} b{batch} s{seq}"
+    if name == "convnext":  # ConvNeXt-tiny b32 224px (transformers' ConvNextModel: depthwise 7x7, channels-last LayerNorm, MLP)
+        import transformers
+
+        size = dict(depths=[1, 1, 1, 1], hidden_sizes=[8, 16, 32, 64], image_size=32) if tiny else {}
+        model = transformers.ConvNextModel(transformers.ConvNextConfig(**size)).eval()
+        batch, image = (2, 32) if tiny else (32, 224)
+        return model, {"pixel_values": torch.randn(batch, 3, image, image)}, f"ConvNextModel depths={model.config.depths} b{batch} {image}px"
     if name == "resnet50":
         batch, image = (2, 32) if tiny else (32, 224)
         try:
