@@ -174,3 +174,11 @@ def test_forced_choice_is_recorded_as_forced() -> None:
     point = DecisionPoint("ort-cuda")
     record = point.choose("layout", "model", ["nchw", "nhwc-add"], "nchw", None, forced="nhwc-add")
     assert record.chosen == "nhwc-add" and record.basis == "forced" and point.records == [record]
+
+
+def test_the_real_timer_times_a_model_on_the_cpu() -> None:
+    from graphopt.decisions import OrtTimer
+
+    model = conv_relu_model()
+    ms = OrtTimer(warmup=1, runs=5, min_time_s=0.01)(model.SerializeToString(), {"x": rand(1, 3, 16, 16)}, "CPUExecutionProvider")
+    assert 0 < ms < 1000
