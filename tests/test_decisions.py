@@ -20,7 +20,7 @@ from graphopt.decisions import CostTable, DecisionPoint, Entry, OpClass, TuneCac
 from graphopt.decisions.table import DEFAULT_TABLE_PATH
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_layout_nhwc import dense_block  # noqa: E402
+from test_layout_nhwc import RESNET_TABLE, dense_block  # noqa: E402
 
 DENSE = {"kind": ["dense"], "kernel": ["k3"], "channels": ["c33-96"], "batch": ["bN"]}
 
@@ -36,9 +36,11 @@ def test_the_shipped_table_loads_and_says_where_every_figure_comes_from() -> Non
         assert entry.source and entry.device and entry.times_ms
         assert set(entry.times_ms) <= {"nchw", "nhwc-add", "nhwc-kernel", "FusedConv", "Conv+activation"}
     assert json.loads(DEFAULT_TABLE_PATH.read_text())["format"] == "graphopt.cost_table/1"
-    # Depthwise convolutions were never measured: no entry may cover them.
+    # The ResNet-50 figures stand for what ResNet-50 has: dense convolutions, not depthwise ones.
     depthwise = OpClass("Conv", "f16", (("kind", "depthwise"), ("kernel", "k3"), ("channels", "c97-384"), ("batch", "bN")))
-    assert shipped.lookup("CUDAExecutionProvider", "layout", depthwise) is None
+    dense = OpClass("Conv", "f16", (("kind", "dense"), ("kernel", "k3"), ("channels", "c97-384"), ("batch", "bN")))
+    assert RESNET_TABLE.lookup("CUDAExecutionProvider", "layout", depthwise) is None
+    assert RESNET_TABLE.lookup("CUDAExecutionProvider", "layout", dense) is not None
 
 
 def test_a_change_the_table_predicts_to_lose_is_not_applied() -> None:
@@ -60,8 +62,8 @@ def test_a_change_the_table_predicts_to_lose_is_not_applied() -> None:
 def test_every_batch_size_a_symbolic_batch_allows_must_win() -> None:
     model = dense_block()
     model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "N"
-    # Measured at batch 32 only (the shipped table): batch 1 is unknown, so NCHW stays.
-    _, report = optimize_with(model, [], target="ort-cuda")
+    # Measured at batch 32 only (the ResNet-50 entries): batch 1 is unknown, so NCHW stays.
+    _, report = optimize_with(model, [], target="ort-cuda", cost_table=RESNET_TABLE)
     assert report.layout.mode == "nchw" and "b1" in report.decisions[0].reason
     both = CostTable([
         Entry("CUDAExecutionProvider", "layout", "Conv", "f32", {**DENSE, "batch": ["b1"]}, {"nchw": 1.0, "nhwc-add": 0.5}),
@@ -87,7 +89,7 @@ def test_a_mobilenet_style_model_stays_nchw_though_resnet_style_convs_win() -> N
     # Issue 14: NHWC + bias Adds cost 6-21 % on MobileNetV3-style models while they paid on
     # ResNet-50. The dense convolutions here are of a class measured to win; the depthwise
     # ones were never measured, so the model stays as it is.
-    _, report = optimize_with(depthwise_model(), [], target="ort-cuda")
+    _, report = optimize_with(depthwise_model(), [], target="ort-cuda", cost_table=RESNET_TABLE)
     assert report.layout.mode == "nchw"
     [decision] = report.decisions
     assert decision.basis == "no_entry" and "depthwise" in decision.reason
@@ -124,7 +126,7 @@ class FakeTimer:
 def test_tune_keeps_the_measured_faster_candidate_and_caches_it(tmp_path: Path) -> None:
     model = conv_relu_model()
     x = rand(1, 3, 16, 16)
-    default, report = optimize_with(model, None, target="ort-cpu")
+    default, report = optimize_with(model, None, target="ort-cpu", cost_table=RESNET_TABLE)
     assert [n.op_type for n in default.graph.node] == ["FusedConv"]
     assert [(d.kind, d.chosen, d.basis) for d in report.decisions] == [("fused_conv", "FusedConv", "no_entry")]
     cache = tmp_path / "tune.json"
@@ -149,7 +151,9 @@ def test_tune_keeps_the_measured_faster_candidate_and_caches_it(tmp_path: Path) 
 def test_tune_without_the_target_provider_says_so_and_uses_the_table(tmp_path: Path) -> None:
     assert "CUDAExecutionProvider" not in ort.get_available_providers()
     timer = FakeTimer(1.0, 1.0)
-    _, report = optimize_with(dense_block(), [], target="ort-cuda", tune=True, tune_timer=timer, tune_cache=str(tmp_path / "c.json"))
+    _, report = optimize_with(
+        dense_block(), [], target="ort-cuda", tune=True, tune_timer=timer, tune_cache=str(tmp_path / "c.json"), cost_table=RESNET_TABLE
+    )
     assert timer.calls == 0 and report.decisions[0].basis == "table"
     assert "CUDAExecutionProvider is not available here" in report.decisions[0].reason
 
@@ -174,3 +178,11 @@ def test_forced_choice_is_recorded_as_forced() -> None:
     point = DecisionPoint("ort-cuda")
     record = point.choose("layout", "model", ["nchw", "nhwc-add"], "nchw", None, forced="nhwc-add")
     assert record.chosen == "nhwc-add" and record.basis == "forced" and point.records == [record]
+
+
+def test_the_real_timer_times_a_model_on_the_cpu() -> None:
+    from graphopt.decisions import OrtTimer
+
+    model = conv_relu_model()
+    ms = OrtTimer(warmup=1, runs=5, min_time_s=0.01)(model.SerializeToString(), {"x": rand(1, 3, 16, 16)}, "CPUExecutionProvider")
+    assert 0 < ms < 1000

@@ -18,11 +18,17 @@ import onnx_ir as ir
 import pytest
 from rule_testing import TensorProto, assert_same_outputs, helper, init, make_model, optimize_with, rand
 
+from graphopt.decisions import CostTable, default_table
 from graphopt.ops.targets import get_target
 from graphopt.passes.layout import LayoutOptions, convert_layout, emulate_nhwc_ops
 
 sys.path.insert(0, str(Path(__file__).parent))
 import models  # noqa: E402
+
+#: The shipped table's ResNet-50 entries only (dense convolutions, 33+ channels, batch 32):
+#: tests of how "auto" decides use these, so that entries measured later
+#: (benchmarks/decisions_bench.py) do not change what they check.
+RESNET_TABLE = CostTable([e for e in default_table().entries if "ResNet-50" in e.source])
 
 
 def emulated(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -121,7 +127,7 @@ def test_auto_is_decided_by_the_cost_table() -> None:
     # Dense 64-channel convolutions at batch 32: the shipped table (ResNet-50 on the H200)
     # predicts NHWC with the bias as an Add faster in float32 and float16.
     for dtype in (np.float32, np.float16):
-        _, report = optimize_with(dense_block(dtype=dtype), [], target="ort-cuda")
+        _, report = optimize_with(dense_block(dtype=dtype), [], target="ort-cuda", cost_table=RESNET_TABLE)
         assert report.layout.mode == "nhwc"
         [decision] = [d for d in report.decisions if d.kind == "layout"]
         assert decision.chosen == "nhwc-add" and decision.basis == "table"
@@ -129,12 +135,12 @@ def test_auto_is_decided_by_the_cost_table() -> None:
         assert times["nhwc-add"] < times["nchw"]
     # 4 channels at batch 2 (cnn_block) and batch 1: nobody measured them, so nothing changes.
     for model in (cnn_block(), dense_block(batch=1)):
-        _, report = optimize_with(model, [], target="ort-cuda")
+        _, report = optimize_with(model, [], target="ort-cuda", cost_table=RESNET_TABLE)
         assert report.layout.mode == "nchw"
         [decision] = [d for d in report.decisions if d.kind == "layout"]
         assert decision.chosen == "nchw" and decision.basis == "no_entry" and "no measured entry" in decision.reason
     # auto_dtypes keeps float32 models NCHW whatever the table says.
-    _, report = optimize_with(dense_block(), [], target="ort-cuda", layout=LayoutOptions(auto_dtypes=frozenset({"f16", "bf16"})))
+    _, report = optimize_with(dense_block(), [], target="ort-cuda", layout=LayoutOptions(auto_dtypes=frozenset({"f16", "bf16"})), cost_table=RESNET_TABLE)
     assert report.layout.mode == "nchw"
     gemm = make_model(
         [helper.make_node("Gemm", ["x", "w"], ["y"])],
@@ -217,11 +223,11 @@ def test_conv_bias_form_is_forced_or_decided() -> None:
         assert_same_outputs(model, emulated(m))
     # --layout nhwc alone: the bias form is a decision. 4-channel convolutions were never
     # measured, so the bias stays in the kernel; 64 channels at batch 32 were: an Add.
-    decided, report = optimize_with(model, [], target="ort-cuda", layout="nhwc")
+    decided, report = optimize_with(model, [], target="ort-cuda", layout="nhwc", cost_table=RESNET_TABLE)
     assert ops(decided) == ops(kernel)
     [decision] = report.decisions
     assert decision.kind == "layout" and decision.chosen == "nhwc-kernel" and decision.basis == "no_entry"
-    dense, report = optimize_with(dense_block(), [], target="ort-cuda", layout="nhwc")
+    dense, report = optimize_with(dense_block(), [], target="ort-cuda", layout="nhwc", cost_table=RESNET_TABLE)
     assert all(len(n.input) == 2 for n in dense.graph.node if n.op_type == "NhwcConv")
     assert [d.chosen for d in report.decisions] == ["nhwc-add"]
 
@@ -246,7 +252,7 @@ def test_exported_cnns_in_nhwc(builder: str, auto: str, convs: int, transposes: 
     pytest.importorskip("torch")
     path = getattr(models, builder)("dynamo-noopt")
     original = onnx.load(path)
-    _, report = optimize_with(original, None, target="ort-cuda")
+    _, report = optimize_with(original, None, target="ort-cuda", cost_table=RESNET_TABLE)
     assert report.layout.mode == auto
     optimized, report = optimize_with(original, None, target="ort-cuda", layout="nhwc")
     after = ops(optimized)

@@ -33,12 +33,15 @@ Timer = Callable[[bytes, Mapping[str, np.ndarray], str], float]
 
 
 class OrtTimer:
-    """Median wall time of `runs` session.run calls after `warmup`, with onnxruntime's own
-    graph optimizations on (ORT_ENABLE_ALL), as the model will run in the field."""
+    """Median wall time of session.run calls after `warmup`, with onnxruntime's own graph
+    optimizations on (ORT_ENABLE_ALL), as the model will run in the field: at least `runs`
+    calls and at least `min_time_s` of them (small ops need many runs for a stable median)."""
 
-    def __init__(self, warmup: int = 3, runs: int = 15) -> None:
+    def __init__(self, warmup: int = 3, runs: int = 15, min_time_s: float = 0.2, max_runs: int = 2000) -> None:
         self.warmup = warmup
         self.runs = runs
+        self.min_time_s = min_time_s
+        self.max_runs = max_runs
 
     def __call__(self, model: bytes, feeds: Mapping[str, np.ndarray], provider: str) -> float:
         import onnxruntime as ort
@@ -50,8 +53,8 @@ class OrtTimer:
         session = ort.InferenceSession(model, options, providers=providers)
         for _ in range(self.warmup):
             session.run(None, dict(feeds))
-        times = []
-        for _ in range(self.runs):
+        times: list[float] = []
+        while len(times) < self.runs or (sum(times) < self.min_time_s * 1e3 and len(times) < self.max_runs):
             t0 = time.perf_counter()
             session.run(None, dict(feeds))
             times.append((time.perf_counter() - t0) * 1e3)

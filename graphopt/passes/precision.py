@@ -788,10 +788,16 @@ def _calibration_feeds(model: ir.Model, path: Any) -> tuple[dict[str, np.ndarray
     return feeds, f"calibration inputs from {path}"
 
 
+#: Values this large stand for infinity (an attention mask filled with float32's lowest,
+#: -3.4e38): not a range the computation reaches. In float16 they become +-65504 (a constant
+#: is clamped) or +-inf, which a softmax or a Max treats the same; the float16 run checks it.
+MASK_FILL = 1e30
+
+
 def _max_abs(array: np.ndarray) -> float:
-    finite = np.asarray(array, dtype=np.float64)
-    finite = finite[np.isfinite(finite)]
-    return float(np.abs(finite).max(initial=0.0))
+    """The largest finite magnitude below MASK_FILL."""
+    magnitude = np.abs(np.asarray(array, dtype=np.float64))
+    return float(magnitude[np.isfinite(magnitude) & (magnitude < MASK_FILL)].max(initial=0.0))
 
 
 def range_checked_plan(
@@ -870,6 +876,7 @@ def _emulate_low(model: ir.Model, low: ir.DataType, origin: dict[int, ir.Node]) 
     regions in float32 without rounding in between, hiding overflows). The rounded value
     keeps the name; `origin` maps the rounding Casts to the node they round for."""
     graph = model.graph
+    made = 0
     for value in list(graph.initializers.values()):
         if value.dtype == low and value.const_value is not None:
             value.const_value = ir.tensor(value.const_value.numpy().astype(np.float32), name=value.name)
@@ -885,11 +892,12 @@ def _emulate_low(model: ir.Model, low: ir.DataType, origin: dict[int, ir.Node]) 
         if node.op_type == "Cast" and node.domain in ONNX_DOMAINS and node.attributes.get_int("to") == int(low):
             node.attributes["to"] = ir.AttrInt64("to", int(_FLOAT))
         for out in node.outputs:
-            if out.dtype != low:
+            if out.dtype != low or not out.name:  # an unnamed output is not produced
                 continue
             out.type = ir.TensorType(_FLOAT)
-            down = ir.Node("", "Cast", [out], [ir.AttrInt64("to", int(low))], name=f"{node.name}__round_low")
-            up = ir.Node("", "Cast", [down.outputs[0]], [ir.AttrInt64("to", int(_FLOAT))], name=f"{node.name}__round_up")
+            made += 1  # node names must be unique: a node may write several low-type outputs
+            down = ir.Node("", "Cast", [out], [ir.AttrInt64("to", int(low))], name=f"__graphopt_round_low{made}")
+            up = ir.Node("", "Cast", [down.outputs[0]], [ir.AttrInt64("to", int(_FLOAT))], name=f"__graphopt_round_up{made}")
             down.outputs[0].type = ir.TensorType(low)
             up.outputs[0].type = ir.TensorType(_FLOAT)
             name = out.name
@@ -897,6 +905,7 @@ def _emulate_low(model: ir.Model, low: ir.DataType, origin: dict[int, ir.Node]) 
             out.replace_all_uses_with(up.outputs[0], replace_graph_outputs=True)
             down.replace_input_with(0, out)
             up.outputs[0].name = name
+            down.outputs[0].name = f"{name}__low"
             graph.insert_after(node, [down, up])
             if id(node) in origin:
                 origin[id(down)] = origin[id(up)] = origin[id(node)]
