@@ -33,10 +33,10 @@ from typing import Annotated, Any, NoReturn
 import onnx_ir as ir
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
-from graphopt.errors import GraphoptError
+from graphopt.errors import GraphoptError, printable
+from graphopt.errors import escape_markup as escape  # control characters escaped too
 
 __all__ = ["app", "main", "EXIT_OK", "EXIT_VERIFY_FAILED", "EXIT_USAGE"]
 
@@ -56,8 +56,8 @@ app = typer.Typer(
 def _fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
     # One line, whatever the message: scripts grep for "error:". Multi-line messages (a
     # pattern error with its source excerpt) keep their first line, which names file:line:col.
-    lines = [line.strip() for line in str(message).splitlines() if line.strip()]
-    line = lines[0] if lines else "unknown error"
+    lines = [line.strip() for line in str(message).split("\n") if line.strip()]
+    line = printable(lines[0]) if lines else "unknown error"
     print(f"error: {line}", file=sys.stderr, flush=True)
     raise typer.Exit(code)
 

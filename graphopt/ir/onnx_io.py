@@ -31,7 +31,7 @@ from google.protobuf.message import DecodeError
 
 from graphopt.errors import ModelError
 from graphopt.ir import fast_io
-from graphopt.ir.proto_checks import MAX_MESSAGE_DEPTH_HINT, check_proto_contents
+from graphopt.ir.proto_checks import MAX_MESSAGE_DEPTH_HINT, check_inference, check_proto_contents
 
 __all__ = ["load_model", "save_model", "check_model", "remove_stale_staging", "MAX_PROTOBUF_BYTES", "MIN_OPSET"]
 
@@ -70,6 +70,7 @@ def load_model(path: str | os.PathLike[str]) -> ir.Model:
         raise ModelError(f"{path}: malformed model: {_first_line(_root_cause(error))}") from None
     ir.external_data.set_base_dir(model.graph, str(path.parent))
     check_model(model, path)
+    check_inference(proto, str(path))  # after the structural checks: their messages are more precise
     # Remembered so the output keeps the input's layout even if every external tensor was rewritten.
     model.meta[EXTERNAL_DATA_META] = _has_external(model)
     return model

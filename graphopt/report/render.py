@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
+from graphopt.errors import escape_markup as escape  # control characters escaped too
 from graphopt.report.model import Report
 
 __all__ = ["report_to_json", "write_json", "print_summary", "MAX_NEAR_MISS_ROWS"]
