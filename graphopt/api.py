@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import onnx
 import onnx_ir as ir
 
-from graphopt.errors import RuleNameError
+from graphopt.errors import PatternError, RuleNameError
 from graphopt.ir.onnx_io import load_model, save_model
 from graphopt.ir.onnx_view import OnnxView
 from graphopt.ir.provenance import tag_new_nodes
@@ -80,6 +80,9 @@ class OptimizeOptions:
     layout: Any = "auto"
     #: Called with every rule attempt (a `graphopt.match.driver.Attempt`); used by `graphopt explain`.
     observe: Callable[[Any], None] | None = None
+    #: Built-in rules that a rule of the same name in `patterns` replaces. A user rule
+    #: named like a built-in one is an error unless its name is here.
+    replace: Sequence[str] = ()
 
 
 _BUILTIN_CACHE: list[Rule] | None = None
@@ -98,8 +101,20 @@ def select_rules(options: OptimizeOptions) -> list[Rule]:
     from graphopt.pattern.loader import load_patterns
 
     rules = builtin_rules() if options.builtin else []
+    builtin = {r.name: r for r in rules}
+    users: dict[str, Rule] = {}
     for extra in options.patterns:
-        rules.extend(load_patterns(extra))
+        for rule in load_patterns(extra):
+            earlier = users.get(rule.name) or builtin.get(rule.name)
+            if earlier is not None and not (rule.name in options.replace and rule.name not in users):
+                what = "a built-in rule" if rule.name not in users else "another rule"
+                hint = f"; rename it, or pass --replace {rule.name} to use it instead of the built-in one" if rule.name not in users else ""
+                raise PatternError(f"{rule.loc or '<unknown>:1:1'}: rule '{rule.name}' has the name of {what} ({earlier.loc}){hint}")
+            users[rule.name] = rule
+    for name in options.replace:
+        if name not in builtin or name not in users:
+            raise RuleNameError(f"--replace {name}: needs a built-in rule and a rule of yours (--patterns) of that name")
+    rules = [r for r in rules if r.name not in users] + list(users.values())
     names = {r.name for r in rules}
     for name in [*(options.enable or ()), *options.disable]:
         if name not in names:
