@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
 import re
 import tempfile
@@ -55,6 +56,8 @@ DEFAULT_DIM = 16
 BATCH_DIM = 1
 #: Integer inputs stay below this (and below the size of any table they index).
 MAX_INT_VALUE = 8
+#: --verify refuses random inputs larger than this in all (before allocating them).
+MAX_INPUT_BYTES = 4 << 30
 #: Models bigger than this go to onnxruntime through a temporary folder, not as bytes.
 _MAX_INLINE_BYTES = 1 << 30
 
@@ -188,11 +191,20 @@ def make_inputs(model: ir.Model, shapes: Mapping[str, list[int]], seed: int) -> 
     rng = np.random.default_rng(seed)
     limits = _gather_limits(model.graph)
     feeds: dict[str, np.ndarray] = {}
+    total = 0
     for name, value in _inputs(model.graph):  # an overridable initializer keeps its value
         if value.dtype is None:
             raise VerificationError(f"input '{name}' has no element type")
         dtype = _np_dtype(value.dtype)
         shape = tuple(shapes[name])
+        if any(d < 0 for d in shape):
+            raise VerificationError(f"input '{name}' has a negative dimension {list(shape)}; pin its shape with --input-shape {name}=D1,D2,...")
+        total += math.prod(shape) * max(dtype.itemsize, 1)
+        if total > MAX_INPUT_BYTES:  # checked before allocating: a declared or pinned size is not memory we have
+            raise VerificationError(
+                f"--verify's random inputs would take {total / 2**30:.1f} GiB (input '{name}' is {list(shape)}); "
+                f"the limit is {MAX_INPUT_BYTES >> 30} GiB: pin smaller shapes with --input-shape"
+            )
         if value.dtype == ir.DataType.BOOL:
             array = rng.random(shape) < 0.5
         elif value.dtype.is_floating_point():

@@ -713,3 +713,20 @@ CASES += [
     Case("control-characters-in-names", _control_characters_in_names, "refused", ("evil\\x1b[2J",)),
     Case("segment-bomb", _segment_bomb, "refused", ("segment",)),
 ]
+
+
+def _verify_with(shape: Sequence[int | str], *args: str) -> Callable[[Path], Setup]:
+    """Relu(x) with x declared `shape`, optimized with --verify (and `args`)."""
+
+    def setup(folder: Path) -> Setup:
+        model = _model([helper.make_node("Relu", ["x"], ["y"])], inputs=[_vi("x", shape)], outputs=[_vi("y", shape)])
+        return Setup(_write(folder, model), args=["--verify", *args])
+
+    return setup
+
+
+CASES += [
+    Case("verify-input-shape-huge", _verify_with(("n", 8), "--input-shape", "x=100000000000,8"), "refused", ("GiB", "--input-shape")),
+    Case("verify-declared-negative-dim", _verify_with((-3, 4)), "refused", ("-3",)),
+    Case("verify-declared-huge-dim", _verify_with((2**40, 4)), "refused", ("GiB",)),
+]
