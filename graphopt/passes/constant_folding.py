@@ -21,8 +21,9 @@ functions handled exactly as below.
   never even computed.
 * Never folded: non-deterministic ops, ops with subgraphs, ops with attribute
   references (function bodies), non-ONNX domains, Quantize/DequantizeLinear (folding
-  them would turn int8 weights into float ones and break QDQ fusion), and dead nodes
-  (DCE's job).
+  them would turn int8 weights into float ones and break QDQ fusion), dead nodes
+  (DCE's job), and max/min-like reductions over a NaN (`NAN_ORDER_SENSITIVE_OPS`: what
+  they give there differs between numpy and onnxruntime).
 * Evaluation: numpy fast paths for the small ops that shape arithmetic uses (checked
   against onnxruntime in tests); everything else through onnx.reference's op
   classes. A result whose dtype or static shape disagrees with what the graph
@@ -362,8 +363,20 @@ def _estimate_out_bytes(node: ir.Node, xs: Sequence[np.ndarray | None]) -> int |
 _FastOp = Callable[[ir.Node, list[Any], int], "list[np.ndarray] | None"]
 
 
+#: Ops whose result over a NaN depends on the implementation: onnxruntime's ReduceMax
+#: skips NaNs where numpy's propagates them, its ArgMax picks another index, its Clip
+#: ignores a NaN bound. With a NaN among the inputs they are left for the runtime.
+NAN_ORDER_SENSITIVE_OPS = frozenset({"ReduceMax", "ReduceMin", "ArgMax", "ArgMin", "Clip", "TopK", "MaxPool", "GlobalMaxPool", "MaxRoiPool"})
+
+
+def _holds_nan(xs: list[Any]) -> bool:
+    return any(isinstance(x, np.ndarray) and x.dtype.kind in "fc" and bool(np.isnan(x).any()) for x in xs)
+
+
 def _evaluate(node: ir.Node, xs: list[Any], version: int) -> tuple[Any, bool]:
     """(results, computed_by_fast_path); results None when the node cannot be evaluated."""
+    if node.op_type in NAN_ORDER_SENSITIVE_OPS and _holds_nan(xs):
+        return None, False
     fast = _FAST_OPS.get(node.op_type)
     if fast is not None:
         try:
