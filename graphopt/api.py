@@ -175,6 +175,11 @@ def optimize(model: ModelLike | str | os.PathLike[str], options: OptimizeOptions
     _run_pipeline(graph_model, rules, target, report, options, plan)
 
     report.after = _summary(graph_model)
+    if report.total_rewrites and not target.confirmed:
+        report.warnings.append(
+            f"target {target.name}: its kernel table is {target.kernel_source}: "
+            "the kernels it emits are not confirmed against the onnxruntime that will run the model"
+        )
     report.times_s["optimize"] = time.perf_counter() - started - report.times_s["load"]
     report.finalize()
     return (ir.serde.serialize_model(graph_model) if as_proto else graph_model), report
