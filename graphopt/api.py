@@ -288,7 +288,7 @@ def optimize_file(
     optimized, report = optimize(input_path, options)
     report.output_path = str(output_path)
     t0 = time.perf_counter()
-    save_model(optimized, output_path)
+    save_model(optimized, output_path, reference=input_path)
     report.times_s["save"] = time.perf_counter() - t0
     return report
 

@@ -305,7 +305,7 @@ def optimize(
                 say("saving")
                 result.output_path = str(output)
                 t0 = time.perf_counter()
-                save_model(optimized, output)
+                save_model(optimized, output, reference=model)
                 result.times_s["save"] = time.perf_counter() - t0
         # The report is written whenever the optimization ran, also when verification
         # failed: it is what explains the failure.

@@ -478,7 +478,8 @@ def _check(reference: _Reference, candidate: ir.Model) -> Verification:
             raise VerificationError(
                 f"cannot verify here: {error}; the model uses a kernel this onnxruntime's CPU provider lacks (verify where the target runs)"
             ) from None
-        return result(False, {}, f"the optimized model does not load in onnxruntime: {error}")
+        maker = _maker_of_failing_node(candidate, str(error))
+        return result(False, {}, f"the optimized model does not load in onnxruntime: {error}{maker}")
     except Exception as error:  # noqa: BLE001
         return result(False, {}, f"the optimized model does not run in onnxruntime: {_first_line(error)}")
     diffs: dict[str, float] = {}
@@ -489,6 +490,27 @@ def _check(reference: _Reference, candidate: ir.Model) -> Verification:
         if problems:
             return result(False, diffs, "; ".join(problems))
     return result(True, diffs, f"all {len(diffs)} outputs match on {len(reference.feeds)} random inputs")
+
+
+#: A pass (not a rule) made the node onnxruntime refused: bisecting over rewrites cannot find it.
+_MADE_BY_PASS = "made by graphopt's "
+
+
+def _maker_of_failing_node(model: ir.Model, error: str) -> str:
+    """", at node N made by graphopt's X pass" (or "... by rule R") for the node onnxruntime names."""
+    from graphopt.ir.provenance import PASS_KEY, RULE_KEY
+
+    found = re.search(r"Node \(([^)]*)\)", error)
+    if found is None:
+        return ""
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+        if node.name == found.group(1):
+            props = node.metadata_props
+            if props.get(RULE_KEY):
+                return f" (node {node.name} was made by rule {props[RULE_KEY]})"
+            if props.get(PASS_KEY):
+                return f" (node {node.name} was {_MADE_BY_PASS}{props[PASS_KEY]} pass)"
+    return ""
 
 
 def _providers(providers: Providers | None) -> Providers:
@@ -580,7 +602,11 @@ def verify_and_repair(
         return model, trial_report, _check(reference, model)
 
     rounds = 0
-    while not verification.passed and rounds < max_repairs:
+    # A node a pass made is what onnxruntime refused: leaving rewrites out would blame an innocent rule.
+    pass_made_it = not verification.passed and _MADE_BY_PASS in verification.message
+    if pass_made_it:
+        verification.message += "; cannot repair: the failing node was not made by a rewrite"
+    while not verification.passed and rounds < max_repairs and not pass_made_it:
         rounds += 1
         applied = report.applied
         keys = [(r.rule, r.node) for r in applied]
@@ -607,7 +633,7 @@ def verify_and_repair(
         )
         for text in dropped:
             report.warnings.append(f"left out {text}: it changed the model's outputs")
-    elif not verification.passed and rounds >= max_repairs:
+    elif not verification.passed and rounds >= max_repairs and not pass_made_it:
         verification.message += f" (gave up after {max_repairs} repairs)"
     report.verification = verification
     report.times_s["verify"] = report.times_s.get("verify", 0.0) + time.perf_counter() - started

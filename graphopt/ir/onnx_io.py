@@ -219,12 +219,22 @@ def _embed_attribute_tensors(model: ir.Model) -> None:
                     node.attributes[name] = ir.AttrTensor(name, ir.Tensor(attr.value.numpy(), name=attr.value.name))
 
 
-def save_model(model: ir.Model, path: str | os.PathLike[str], *, external_data: bool | None = None) -> None:
+def save_model(
+    model: ir.Model,
+    path: str | os.PathLike[str],
+    *,
+    external_data: bool | None = None,
+    check_runtime: bool = True,
+    reference: str | os.PathLike[str] | None = None,
+) -> None:
     """Write `model` to `path` atomically.
 
     Weights go to `<name>.data` beside it when `external_data` is True, or (None)
     when the input had external data or the model would not fit in one protobuf.
-    See `_commit` for what a reader (or a crash) can see at `path`.
+    See `_commit` for what a reader (or a crash) can see at `path`. With
+    `check_runtime`, the staged model must load in onnxruntime (graph resolution, shape
+    inference included) before it is put in place, unless the model at `reference` (the
+    input) does not load either (graphopt.ir.runtime_check).
     """
     path = Path(path)
     folder = path.parent if str(path.parent) else Path(".")
@@ -249,6 +259,10 @@ def save_model(model: ir.Model, path: str | os.PathLike[str], *, external_data: 
                 ir.save(model, staged, external_data=data_name)
         elif not fast_io.save_single_file(model, staged):
             ir.save(model, staged)
+        if check_runtime:
+            from graphopt.ir.runtime_check import check_loads_in_onnxruntime
+
+            check_loads_in_onnxruntime(staged, reference, str(path))
         _commit(staging, path, data_name)
     except OSError as error:
         raise ModelError(f"{path}: cannot write the output: {error.strerror or error}") from None
