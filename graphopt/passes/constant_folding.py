@@ -307,16 +307,27 @@ def _dead_input_bytes(node: ir.Node, xs: Sequence[np.ndarray | None]) -> int:
 
 
 def _estimate_out_bytes(node: ir.Node, xs: Sequence[np.ndarray | None]) -> int | None:
-    """An upper estimate of the outputs' size before computing them; None when unbounded."""
-    declared = 0
+    """An upper estimate of the outputs' size before computing them; None when unbounded.
+
+    Computed from the input data where the op allows (a model's value_info may lie: a
+    [1, 1] declared over a 100000 x 100000 ConstantOfShape would have been allocated);
+    the declared output shapes only where the data cannot bound the op."""
+    declared: int | None = 0
     for out in node.outputs:
         shape, dtype = out.shape, out.dtype
         known = [d for d in shape if isinstance(d, int)] if shape is not None else None
         if shape is None or known is None or dtype is None or len(known) != len(shape):
+            declared = None
             break
-        declared += math.prod(known) * max(int(dtype.itemsize), 1)
-    else:
-        return int(declared)
+        declared = (declared or 0) + math.prod(known) * max(int(dtype.itemsize), 1)
+    computed = _computed_out_bytes(node, xs)
+    if computed is not None:
+        return max(computed, declared or 0)
+    return None if node.op_type not in _UNBOUNDED_OPS or declared is None else int(declared)
+
+
+def _computed_out_bytes(node: ir.Node, xs: Sequence[np.ndarray | None]) -> int | None:
+    """The outputs' size from the input data, or None when the data cannot bound them."""
     op = node.op_type
     if op in _UNBOUNDED_OPS:
         return None
