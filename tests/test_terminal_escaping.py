@@ -45,10 +45,15 @@ def test_printable_escapes_control_characters_only() -> None:
     assert printable("café ünïcode → ok") == "café ünïcode → ok"
 
 
-@pytest.mark.parametrize("command", ["optimize", "explain"])
+@pytest.mark.parametrize("command", ["optimize", "explain", "diff"])
 def test_model_text_is_escaped_in_the_terminal_output(cli: WarmCli, tmp_path: Path, command: str) -> None:
     model = _near_miss_model(tmp_path)
-    args = ["optimize", model, "-o", tmp_path / "out.onnx"] if command == "optimize" else ["explain", model, "--rule", "FoldConvBatchNorm"]
+    other = _write(tmp_path, _relu_model(), "other.onnx")
+    args = {
+        "optimize": ["optimize", model, "-o", tmp_path / "out.onnx"],
+        "explain": ["explain", model, "--rule", "FoldConvBatchNorm"],
+        "diff": ["diff", model, other],
+    }[command]
     result = cli.run(args, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     output = result.stdout + result.stderr
