@@ -339,8 +339,9 @@ def render_report(
 
     output = output or report_json.with_suffix(".html")
     with _user_errors():
-        if os.path.realpath(output) == os.path.realpath(report_json):
-            raise GraphoptError(f"{output}: the page would overwrite the JSON report")
+        from graphopt.paths import check_no_aliases
+
+        check_no_aliases([(output, "page")], [(report_json, "the JSON report")])  # links and hard links too
         document = load_report_document(report_json)
         _check_writable_folder(output, "output")
         write_html(document, output)

@@ -277,3 +277,17 @@ def test_replace_without_a_rule_of_that_name_is_an_error(cli: WarmCli, tmp_path:
     model = _write(tmp_path, _relu_model())
     result = cli.run(["optimize", model, "-o", tmp_path / "o.onnx", "--replace", "FoldConvBatchNorm"], cwd=tmp_path)
     _assert_refused(result, "--replace FoldConvBatchNorm")
+
+
+@pytest.mark.parametrize("kind", ALIAS_KINDS)
+def test_the_html_page_never_overwrites_its_json_report(cli: WarmCli, tmp_path: Path, kind: str) -> None:
+    model = _write(tmp_path, _relu_model())
+    report = tmp_path / "r.json"
+    assert cli.run(["optimize", model, "-o", tmp_path / "o.onnx", "--report", report, "-q"], cwd=tmp_path).returncode == 0
+    (tmp_path / "sub").mkdir()
+    links = tmp_path / "links"
+    links.mkdir()
+    before = report.read_bytes()
+    result = cli.run(["report", report, "-o", _alias(kind, report, links)], cwd=tmp_path)
+    _assert_refused(result, "would overwrite")
+    assert report.read_bytes() == before
