@@ -36,7 +36,7 @@ from graphopt.ir import fast_io
 from graphopt.ir.proto_checks import MAX_MESSAGE_DEPTH_HINT, check_inference, check_proto_contents
 from graphopt.paths import short_name
 
-__all__ = ["load_model", "save_model", "check_model", "remove_stale_staging", "data_file_names", "MAX_PROTOBUF_BYTES", "MIN_OPSET"]
+__all__ = ["load_model", "save_model", "check_model", "remove_stale_staging", "data_file_names", "tensor_protos", "MAX_PROTOBUF_BYTES", "MIN_OPSET"]
 
 MAX_PROTOBUF_BYTES = 2**31 - 1
 EXTERNAL_DATA_META = "graphopt.input_had_external_data"
@@ -224,17 +224,16 @@ def save_model(
     path: str | os.PathLike[str],
     *,
     external_data: bool | None = None,
-    check_runtime: bool = True,
     reference: str | os.PathLike[str] | None = None,
 ) -> None:
     """Write `model` to `path` atomically.
 
     Weights go to `<name>.data` beside it when `external_data` is True, or (None)
     when the input had external data or the model would not fit in one protobuf.
-    See `_commit` for what a reader (or a crash) can see at `path`. With
-    `check_runtime`, the staged model must load in onnxruntime (graph resolution, shape
-    inference included) before it is put in place, unless the model at `reference` (the
-    input) does not load either (graphopt.ir.runtime_check).
+    See `_commit` for what a reader (or a crash) can see at `path`. Given the path of
+    the model it was made from (`reference`), the staged model must load in onnxruntime
+    (graph resolution, shape inference included) before it is put in place, unless the
+    reference does not load either (graphopt.ir.runtime_check).
     """
     path = Path(path)
     folder = path.parent if str(path.parent) else Path(".")
@@ -259,7 +258,7 @@ def save_model(
                 ir.save(model, staged, external_data=data_name)
         elif not fast_io.save_single_file(model, staged):
             ir.save(model, staged)
-        if check_runtime:
+        if reference is not None:
             from graphopt.ir.runtime_check import check_loads_in_onnxruntime
 
             check_loads_in_onnxruntime(staged, reference, str(path))
@@ -309,11 +308,12 @@ def _own_data_files(path: Path) -> list[Path]:
         proto = onnx.load(str(path), load_external_data=False)
     except Exception:  # not a model we can read: it reads nothing of ours that we know of
         return []
-    used = {entry.value for tensor in _tensor_protos(proto) for entry in tensor.external_data if entry.key == "location"}
+    used = {entry.value for tensor in tensor_protos(proto) for entry in tensor.external_data if entry.key == "location"}
     return [folder / n for n in names if n in used]
 
 
-def _tensor_protos(proto: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
+def tensor_protos(proto: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
+    """Every TensorProto of the model: initializers and tensor attributes, in subgraphs and functions too."""
     def graph_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
         yield from graph.initializer
         for node in graph.node:

@@ -31,6 +31,13 @@ _KEEP_BYTES = 4096
 _PARSE_LIMIT = 64 << 20
 
 
+def _has_external(proto: onnx.ModelProto) -> bool:
+    """Whether any tensor (subgraph initializers, Constant attributes, function bodies included) is stored outside."""
+    from graphopt.ir.onnx_io import tensor_protos
+
+    return any(t.data_location == onnx.TensorProto.EXTERNAL for t in tensor_protos(proto))
+
+
 def _skeleton(path: Path) -> onnx.ModelProto:
     """The model at `path` without its weights: large or external initializers become graph inputs."""
     from graphopt.ir import fast_io
@@ -53,33 +60,50 @@ def _skeleton(path: Path) -> onnx.ModelProto:
     return proto
 
 
-def runtime_load_error(path: str | os.PathLike[str]) -> str | None:
-    """Why onnxruntime (CPU, optimizations off) refuses to load the graph at `path`, or None."""
+def runtime_load_error(path: str | os.PathLike[str], *, may_write_beside: bool = False) -> str | None:
+    """Why onnxruntime (CPU, optimizations off) refuses to load the graph at `path`, or None.
+
+    Tensors stored outside that stay in the skeleton (in subgraphs, Constant nodes) are
+    found relative to the model's folder, so the skeleton is then written beside it
+    (`may_write_beside`: graphopt's own staging folder); where it may not be, the check
+    cannot be made and says so ("cannot check ...")."""
     try:
         import onnxruntime as ort
     except ImportError:
         return None
+    path = Path(path)
     try:
-        data = _skeleton(Path(path)).SerializeToString()
+        skeleton = _skeleton(path)
     except Exception as error:  # noqa: BLE001 - a model we cannot even read back
         return f"{type(error).__name__}: {error}"
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 4
+    beside: Path | None = None
     try:
-        ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
+        if _has_external(skeleton):
+            if not may_write_beside:
+                return "cannot check: tensors outside the main graph are stored externally"
+            beside = path.with_name(f".{path.name}.graph-check.onnx")
+            onnx.save(skeleton, str(beside))
+            ort.InferenceSession(str(beside), options, providers=["CPUExecutionProvider"])
+        else:
+            ort.InferenceSession(skeleton.SerializeToString(), options, providers=["CPUExecutionProvider"])
     except Exception as error:  # noqa: BLE001 - onnxruntime's errors have no useful classes
         text = " ".join(str(error).split())
         if "NOT_IMPLEMENTED" in text:  # graph resolution passed; a kernel is missing (CUDA-only ops)
             return None
         return text.replace("[ONNXRuntimeError] : ", "")
+    finally:
+        if beside is not None:
+            beside.unlink(missing_ok=True)
     return None
 
 
 def check_loads_in_onnxruntime(path: str | os.PathLike[str], reference: str | os.PathLike[str] | None, what: str) -> None:
-    """Raise ModelError if onnxruntime refuses the graph at `path` but not the one at
-    `reference` (the input; None: no excuse)."""
-    problem = runtime_load_error(path)
+    """Raise ModelError if onnxruntime refuses the graph at `path` (in a staging folder
+    graphopt owns) but not the one at `reference` (the input; None: no excuse)."""
+    problem = runtime_load_error(path, may_write_beside=True)
     if problem is None:
         return
     if reference is not None and runtime_load_error(reference) is not None:
