@@ -338,7 +338,7 @@ class Target:
             if domain in ("", "ai.onnx") and isinstance(self.kernels, KernelTable) and not self.kernels.covers(key, opset):
                 return f"target {self.name} has no {_name(key)} kernel at opset {opset}"
             return None
-        if lowered and self.runtime_check is not None and domain in ("", "ai.onnx"):
+        if lowered and self.runtime_check is not None and domain in ("", "ai.onnx") and _is_standard(op_type, opset or onnx.defs.onnx_opset_version()):
             # A standard op graphopt lowers its own op to: onnxruntime must run it (it has
             # no Swish-24 kernel in 1.32, and does not expand its function body either).
             runtime = self.runtime_check
