@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import onnx
 import onnx_ir as ir
 
-from graphopt.errors import RuleNameError
+from graphopt.errors import PatternError, RuleNameError
 from graphopt.ir.onnx_io import load_model, save_model
 from graphopt.ir.onnx_view import OnnxView
 from graphopt.ir.provenance import tag_new_nodes
@@ -98,6 +98,9 @@ class OptimizeOptions:
     calibration_data: str | os.PathLike[str] | None = None
     #: With `precision` "fp16": keep in float32 the nodes whose measured values do not fit (see docs/precision.md).
     range_check: bool = True
+    #: Built-in rules that a rule of the same name in `patterns` replaces. A user rule
+    #: named like a built-in one is an error unless its name is here.
+    replace: Sequence[str] = ()
 
 
 _BUILTIN_CACHE: list[Rule] | None = None
@@ -116,8 +119,20 @@ def select_rules(options: OptimizeOptions) -> list[Rule]:
     from graphopt.pattern.loader import load_patterns
 
     rules = builtin_rules() if options.builtin else []
+    builtin = {r.name: r for r in rules}
+    users: dict[str, Rule] = {}
     for extra in options.patterns:
-        rules.extend(load_patterns(extra))
+        for rule in load_patterns(extra):
+            earlier = users.get(rule.name) or builtin.get(rule.name)
+            if earlier is not None and not (rule.name in options.replace and rule.name not in users):
+                what = "a built-in rule" if rule.name not in users else "another rule"
+                hint = f"; rename it, or pass --replace {rule.name} to use it instead of the built-in one" if rule.name not in users else ""
+                raise PatternError(f"{rule.loc or '<unknown>:1:1'}: rule '{rule.name}' has the name of {what} ({earlier.loc}){hint}")
+            users[rule.name] = rule
+    for name in options.replace:
+        if name not in builtin or name not in users:
+            raise RuleNameError(f"--replace {name}: needs a built-in rule and a rule of yours (--patterns) of that name")
+    rules = [r for r in rules if r.name not in users] + list(users.values())
     names = {r.name for r in rules}
     for name in [*(options.enable or ()), *options.disable]:
         if name not in names:
@@ -178,6 +193,11 @@ def optimize(model: ModelLike | str | os.PathLike[str], options: OptimizeOptions
     _run_pipeline(graph_model, rules, target, report, options, plan)
 
     report.after = _summary(graph_model)
+    if report.total_rewrites and not target.confirmed:
+        report.warnings.append(
+            f"target {target.name}: its kernel table is {target.kernel_source}: "
+            "the kernels it emits are not confirmed against the onnxruntime that will run the model"
+        )
     report.times_s["optimize"] = time.perf_counter() - started - report.times_s["load"]
     report.finalize()
     return (ir.serde.serialize_model(graph_model) if as_proto else graph_model), report
@@ -297,7 +317,7 @@ def optimize_file(
     optimized, report = optimize(input_path, options)
     report.output_path = str(output_path)
     t0 = time.perf_counter()
-    save_model(optimized, output_path)
+    save_model(optimized, output_path, reference=input_path)
     report.times_s["save"] = time.perf_counter() - t0
     return report
 

@@ -33,10 +33,10 @@ from typing import Annotated, Any, NoReturn
 import onnx_ir as ir
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
-from graphopt.errors import GraphoptError
+from graphopt.errors import GraphoptError, printable
+from graphopt.errors import escape_markup as escape  # control characters escaped too
 
 __all__ = ["app", "main", "EXIT_OK", "EXIT_VERIFY_FAILED", "EXIT_USAGE"]
 
@@ -56,8 +56,8 @@ app = typer.Typer(
 def _fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
     # One line, whatever the message: scripts grep for "error:". Multi-line messages (a
     # pattern error with its source excerpt) keep their first line, which names file:line:col.
-    lines = [line.strip() for line in str(message).splitlines() if line.strip()]
-    line = lines[0] if lines else "unknown error"
+    lines = [line.strip() for line in str(message).split("\n") if line.strip()]
+    line = printable(lines[0]) if lines else "unknown error"
     print(f"error: {line}", file=sys.stderr, flush=True)
     raise typer.Exit(code)
 
@@ -80,11 +80,16 @@ def _quiet_libraries() -> None:
     logging.getLogger("onnx_ir").setLevel(logging.ERROR)
 
 
+#: --patterns runs the Python files it names: say so where the flag is documented.
+PATTERNS_HELP = "Extra pattern file or folder (repeatable). Its .py files are imported and run: only pass code you trust."
+
 # ------------------------------------------------------------------ checks
 
 
 def _check_writable_folder(path: Path, what: str) -> None:
     """Fail early, before the (possibly long) optimization, if `path` cannot be written."""
+    from graphopt.paths import check_name_fits
+
     folder = path.parent if str(path.parent) else Path(".")
     if path.is_dir():
         raise GraphoptError(f"{path}: the {what} path is a directory")
@@ -97,6 +102,7 @@ def _check_writable_folder(path: Path, what: str) -> None:
             pass
     except OSError as error:
         raise GraphoptError(f"{path}: cannot write to the {what} folder {folder}: {error.strerror or error}") from None
+    check_name_fits(path, what)
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -112,16 +118,42 @@ def _external_files(model: ir.Model, base: Path) -> set[str]:
     return {os.path.realpath(base / tensor.location) for _, tensor in _external_tensors(model)}
 
 
-def _guard_input(input_path: Path, output: Path, model: ir.Model, force: bool) -> None:
-    """The input (and its external data) is never overwritten, unless it is the output and --force."""
-    if _same_file(input_path, output) or os.path.realpath(input_path) == os.path.realpath(output):
-        if not force:
-            raise GraphoptError(f"{output}: the output is the input model; pass --force to replace it")
-        return
-    inputs_data = _external_files(model, input_path.parent)
-    for written in (output, output.with_name(output.name + ".data")):
-        if os.path.realpath(written) in inputs_data:
-            raise GraphoptError(f"{output}: writing it would overwrite {written}, the input model's external data")
+def _pattern_files(patterns: list[Path]) -> list[Path]:
+    files: list[Path] = []
+    for path in patterns:
+        if path.is_dir():
+            files.extend(p for p in sorted(path.rglob("*")) if p.suffix in (".pdll", ".py") and p.is_file())
+        else:
+            files.append(path)
+    return files
+
+
+def _guard_paths(input_path: Path, output: Path, report: Path | None, model: ir.Model, patterns: list[Path], force: bool) -> None:
+    """No path this run writes (the output, its data file, the report) may be a path it
+    reads (the input, its external data, pattern files) or another path it writes, after
+    resolving links; the one exception is the output replacing the input with --force,
+    which save_model does without ever losing the input (graphopt/ir/onnx_io.py)."""
+    from graphopt.ir.onnx_io import data_file_names
+    from graphopt.paths import check_no_aliases
+
+    replaces_input = _same_file(input_path, output) or os.path.realpath(input_path) == os.path.realpath(output)
+    if replaces_input and not force:
+        raise GraphoptError(f"{output}: the output is the input model; pass --force to replace it")
+    read = [(input_path, "the input model")]
+    read += [(Path(f), "the input model's external data") for f in sorted(_external_files(model, input_path.parent))]
+    read += [(f, "the pattern file") for f in _pattern_files(patterns)]
+    written: list[tuple[Path, str]] = []
+    if replaces_input:
+        # save_model never replaces a data file the model at the output path reads (the input's).
+        read = [entry for entry in read if entry[1] != "the input model's external data"]
+        read = [entry for entry in read if entry[1] != "the input model"]
+    else:
+        written.append((output, "output"))
+    folder = output.parent if str(output.parent) else Path(".")
+    written += [(folder / name, "output's external data file") for name in data_file_names(output)]
+    if report is not None:
+        written.append((report, "report"))
+    check_no_aliases(written, read)
 
 
 def _parse_shapes(values: list[str]) -> dict[str, list[int]]:
@@ -165,7 +197,11 @@ def optimize(
         str, typer.Option(metavar="TARGET", help="onnx (standard ops), ort-cpu or ort-cuda (onnxruntime's fused kernels).")
     ] = "onnx",
     patterns: Annotated[
-        list[Path] | None, typer.Option("--patterns", metavar="DIR", help="Extra pattern file or folder (repeatable).")
+        list[Path] | None, typer.Option("--patterns", metavar="DIR", help=PATTERNS_HELP)
+    ] = None,
+    replace: Annotated[
+        list[str] | None,
+        typer.Option("--replace", metavar="RULE", help="Let your rule of this name (from --patterns) replace the built-in one (repeatable)."),
     ] = None,
     enable: Annotated[list[str] | None, typer.Option("--enable", metavar="RULE", help="Apply only these rules (repeatable).")] = None,
     disable: Annotated[list[str] | None, typer.Option("--disable", metavar="RULE", help="Leave these rules out (repeatable).")] = None,
@@ -261,6 +297,7 @@ def optimize(
             options = OptimizeOptions(
                 target=target,
                 patterns=[str(p) for p in patterns or []],
+                replace=list(replace or []),
                 enable=list(enable) if enable else None,
                 disable=list(disable or []),
                 trace=trace,
@@ -278,7 +315,7 @@ def optimize(
             load_s = time.perf_counter() - t0
             # Before optimizing: optimize() rewrites the model in place and may drop
             # references to the input's external data files.
-            _guard_input(model, output, original, force)
+            _guard_paths(model, output, report, original, list(patterns or []), force)
             optimized, result = run_optimize(original, options)
             result.input_path = str(model)
             result.times_s["load"] = load_s
@@ -293,7 +330,7 @@ def optimize(
                 say("saving")
                 result.output_path = str(output)
                 t0 = time.perf_counter()
-                save_model(optimized, output)
+                save_model(optimized, output, reference=model)
                 result.times_s["save"] = time.perf_counter() - t0
         # The report is written whenever the optimization ran, also when verification
         # failed: it is what explains the failure.
@@ -327,8 +364,9 @@ def render_report(
 
     output = output or report_json.with_suffix(".html")
     with _user_errors():
-        if os.path.realpath(output) == os.path.realpath(report_json):
-            raise GraphoptError(f"{output}: the page would overwrite the JSON report")
+        from graphopt.paths import check_no_aliases
+
+        check_no_aliases([(output, "page")], [(report_json, "the JSON report")])  # links and hard links too
         document = load_report_document(report_json)
         _check_writable_folder(output, "output")
         write_html(document, output)
@@ -338,7 +376,7 @@ def render_report(
 @app.command("patterns")
 def list_patterns(
     patterns: Annotated[
-        list[Path] | None, typer.Option("--patterns", metavar="DIR", help="Extra pattern file or folder (repeatable).")
+        list[Path] | None, typer.Option("--patterns", metavar="DIR", help=PATTERNS_HELP)
     ] = None,
     builtin: Annotated[bool, typer.Option("--builtin/--no-builtin", help="Include the built-in library.")] = True,
 ) -> None:
@@ -396,7 +434,7 @@ def explain_rules(
     ] = None,
     target: Annotated[str, typer.Option(metavar="TARGET", help="onnx, ort-cpu or ort-cuda, as for optimize.")] = "onnx",
     patterns: Annotated[
-        list[Path] | None, typer.Option("--patterns", metavar="DIR", help="Extra pattern file or folder (repeatable).")
+        list[Path] | None, typer.Option("--patterns", metavar="DIR", help=PATTERNS_HELP)
     ] = None,
     precision: Annotated[str, typer.Option(metavar="fp16|bf16", help="The precision optimize would convert to (it changes what fuses).")] = "fp32",
     input_shape: Annotated[

@@ -21,8 +21,8 @@ from typing import Any
 
 import onnx_ir as ir
 from rich.console import Console
-from rich.markup import escape
 
+from graphopt.errors import escape_markup as escape  # control characters escaped too
 from graphopt.ir import provenance
 from graphopt.ir.onnx_io import load_model
 from graphopt.ir.onnx_view import OnnxView

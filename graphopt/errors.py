@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["GraphoptError", "ModelError", "PatternError", "RuleNameError"]
+__all__ = ["GraphoptError", "ModelError", "PatternError", "RuleNameError", "printable", "escape_markup"]
 
 
 class GraphoptError(Exception):
@@ -19,3 +19,18 @@ class PatternError(GraphoptError):
 
 class RuleNameError(GraphoptError):
     """A rule named on the command line or in options does not exist."""
+
+
+def printable(text: str) -> str:
+    """`text` with control characters escaped (\\x1b, \\n, ...): names from a model or a
+    pattern file reach the terminal, and an escape sequence in one must not reach it raw."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
+def escape_markup(text: str) -> str:
+    """`printable(text)` made safe to put into rich markup (what the terminal renderings use)."""
+    from rich.markup import escape
+
+    return escape(printable(text))

@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 
 import onnx_ir as ir
 from rich.console import Console
-from rich.markup import escape
 
 from graphopt.api import OptimizeOptions, optimize, select_rules
 from graphopt.errors import GraphoptError, RuleNameError
+from graphopt.errors import escape_markup as escape  # control characters escaped too
 from graphopt.ir.onnx_io import load_model
 from graphopt.ir.onnx_view import OnnxView
 from graphopt.match.driver import Attempt

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
 import re
 import tempfile
@@ -55,6 +56,8 @@ DEFAULT_DIM = 16
 BATCH_DIM = 1
 #: Integer inputs stay below this (and below the size of any table they index).
 MAX_INT_VALUE = 8
+#: --verify refuses random inputs larger than this in all (before allocating them).
+MAX_INPUT_BYTES = 4 << 30
 #: Models bigger than this go to onnxruntime through a temporary folder, not as bytes.
 _MAX_INLINE_BYTES = 1 << 30
 
@@ -188,11 +191,20 @@ def make_inputs(model: ir.Model, shapes: Mapping[str, list[int]], seed: int) -> 
     rng = np.random.default_rng(seed)
     limits = _gather_limits(model.graph)
     feeds: dict[str, np.ndarray] = {}
+    total = 0
     for name, value in _inputs(model.graph):  # an overridable initializer keeps its value
         if value.dtype is None:
             raise VerificationError(f"input '{name}' has no element type")
         dtype = _np_dtype(value.dtype)
         shape = tuple(shapes[name])
+        if any(d < 0 for d in shape):
+            raise VerificationError(f"input '{name}' has a negative dimension {list(shape)}; pin its shape with --input-shape {name}=D1,D2,...")
+        total += math.prod(shape) * max(dtype.itemsize, 1)
+        if total > MAX_INPUT_BYTES:  # checked before allocating: a declared or pinned size is not memory we have
+            raise VerificationError(
+                f"--verify's random inputs would take {total / 2**30:.1f} GiB (input '{name}' is {list(shape)}); "
+                f"the limit is {MAX_INPUT_BYTES >> 30} GiB: pin smaller shapes with --input-shape"
+            )
         if value.dtype == ir.DataType.BOOL:
             array = rng.random(shape) < 0.5
         elif value.dtype.is_floating_point():
@@ -479,7 +491,8 @@ def _check(reference: _Reference, candidate: ir.Model) -> Verification:
             raise VerificationError(
                 f"cannot verify here: {error}; the model uses a kernel this onnxruntime's CPU provider lacks (verify where the target runs)"
             ) from None
-        return result(False, {}, f"the optimized model does not load in onnxruntime: {error}")
+        maker = _maker_of_failing_node(candidate, str(error))
+        return result(False, {}, f"the optimized model does not load in onnxruntime: {error}{maker}")
     except Exception as error:  # noqa: BLE001
         return result(False, {}, f"the optimized model does not run in onnxruntime: {_first_line(error)}")
     diffs: dict[str, float] = {}
@@ -490,6 +503,27 @@ def _check(reference: _Reference, candidate: ir.Model) -> Verification:
         if problems:
             return result(False, diffs, "; ".join(problems))
     return result(True, diffs, f"all {len(diffs)} outputs match on {len(reference.feeds)} random inputs (on {_provider_name(reference.providers)})")
+
+
+#: A pass (not a rule) made the node onnxruntime refused: bisecting over rewrites cannot find it.
+_MADE_BY_PASS = "made by graphopt's "
+
+
+def _maker_of_failing_node(model: ir.Model, error: str) -> str:
+    """", at node N made by graphopt's X pass" (or "... by rule R") for the node onnxruntime names."""
+    from graphopt.ir.provenance import PASS_KEY, RULE_KEY
+
+    found = re.search(r"Node \(([^)]*)\)", error)
+    if found is None:
+        return ""
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+        if node.name == found.group(1):
+            props = node.metadata_props
+            if props.get(RULE_KEY):
+                return f" (node {node.name} was made by rule {props[RULE_KEY]})"
+            if props.get(PASS_KEY):
+                return f" (node {node.name} was {_MADE_BY_PASS}{props[PASS_KEY]} pass)"
+    return ""
 
 
 def _providers(providers: Providers | None) -> Providers:
@@ -639,7 +673,11 @@ def verify_and_repair(
         return model, trial_report, _check(reference, model)
 
     rounds = 0
-    while not verification.passed and rounds < max_repairs:
+    # A node a pass made is what onnxruntime refused: leaving rewrites out would blame an innocent rule.
+    pass_made_it = not verification.passed and _MADE_BY_PASS in verification.message
+    if pass_made_it:
+        verification.message += "; cannot repair: the failing node was not made by a rewrite"
+    while not verification.passed and rounds < max_repairs and not pass_made_it:
         rounds += 1
         applied = report.applied
         keys = [(r.rule, r.node) for r in applied]
@@ -666,7 +704,7 @@ def verify_and_repair(
         )
         for text in dropped:
             report.warnings.append(f"left out {text}: it changed the model's outputs")
-    elif not verification.passed and rounds >= max_repairs:
+    elif not verification.passed and rounds >= max_repairs and not pass_made_it:
         verification.message += f" (gave up after {max_repairs} repairs)"
     report.verification = verification
     report.times_s["verify"] = report.times_s.get("verify", 0.0) + time.perf_counter() - started

@@ -80,3 +80,12 @@ def assert_same_outputs(original: onnx.ModelProto, optimized: onnx.ModelProto, s
     for e, a in zip(expected, actual):
         assert e.dtype == a.dtype
         np.testing.assert_allclose(a, e, rtol=rtol, atol=atol)
+
+
+def ort_has_kernel(op_type: str, opset: int, domain: str = "") -> bool:
+    """Whether the installed onnxruntime's CPU provider has a kernel for the op at `opset`
+    (what `--target onnx` requires before lowering to a standard op: 1.32 has no Swish)."""
+    from graphopt.ops.snapshot_ort_kernels import installed_kernels
+
+    table = installed_kernels("CPUExecutionProvider") or {}
+    return any(a <= opset <= b for a, b in table.get("ranges", {}).get(f"{domain}::{op_type}", []))

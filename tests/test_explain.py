@@ -29,7 +29,9 @@ def near_miss_model() -> onnx.ModelProto:
     for prefix, bn_attrs in (("ok", {}), ("train", {"training_mode": 1}), ("shared", {})):
         nodes.append(helper.make_node("Conv", ["x", f"w_{prefix}"], [f"c_{prefix}_out"], name=f"c_{prefix}"))
         params = [f"{p}_{prefix}" for p in ("g", "b", "m", "v")]
-        nodes.append(helper.make_node("BatchNormalization", [f"c_{prefix}_out", *params], [f"y_{prefix}"], name=f"bn_{prefix}", **bn_attrs))
+        # Training mode has the running mean and variance as outputs too (a valid model, as onnxruntime wants).
+        bn_outputs = [f"y_{prefix}"] + ([f"mean_{prefix}", f"var_{prefix}"] if bn_attrs else [])
+        nodes.append(helper.make_node("BatchNormalization", [f"c_{prefix}_out", *params], bn_outputs, name=f"bn_{prefix}", **bn_attrs))
         inits += [init(f"w_{prefix}", rand(4, 3, 1, 1)), *(init(p, rand(4, positive=p.startswith("v"))) for p in params)]
         outputs.append(helper.make_tensor_value_info(f"y_{prefix}", F, None))
     nodes.append(helper.make_node("Relu", ["c_shared_out"], ["side"], name="r_side"))

@@ -2,14 +2,15 @@
 destination and concurrent runs never leave a half-written or mismatched model.
 
 The promise (graphopt/ir/onnx_io.py, `save_model` and `_commit`): at the output path
-there is either nothing or a complete model with its matching `<name>.data`: the
-previous one or the new one. What a killed run can leave beside it:
+there is either nothing (before the first run) or a complete model with the data file it
+reads: the previous one or the new one, at every moment. The data file is `NAME.data`
+or `NAME.alt.data`, whichever the model already at NAME does not read, so the model is
+replaced in one rename after its new data is in place. What a killed run can leave:
 
 * its staging folder `.NAME.graphopt-PID-RANDOM/`, deleted by the next run that writes
   NAME (`remove_stale_staging`: the process is gone and nobody holds the folder's lock);
-* when killed in the microseconds between its two renames, the new `NAME.data` without
-  a model at NAME (the previous model was removed first, so no mismatched pair is ever
-  visible); the next run replaces it.
+* when killed in the microseconds between its two renames, its new data file beside the
+  previous model, which does not read it; the next run replaces it.
 """
 
 from __future__ import annotations
@@ -70,9 +71,21 @@ def _digest(path: Path) -> str | None:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+DATA_NAMES = (NAME + ".data", NAME + ".alt.data")
+
+
 def _pair(out: Path) -> tuple[str | None, str | None]:
-    """(model digest, data digest) at `out`."""
-    return _digest(out), _digest(out.with_name(out.name + ".data"))
+    """(model digest, digest of the data file it reads) at `out`."""
+    if not out.exists():
+        return None, None
+    locations = {e.value for t in onnx.load(str(out), load_external_data=False).graph.initializer for e in t.external_data if e.key == "location"}
+    assert len(locations) <= 1, locations
+    return _digest(out), _digest(out.parent / locations.pop()) if locations else None
+
+
+def _data_digests(folder: Path, name: str = NAME) -> set[str | None]:
+    """Digests of the data files (either name) present in `folder`."""
+    return {_digest(folder / n) for n in (name + ".data", name + ".alt.data") if (folder / n).exists()}
 
 
 def _staging_dirs(folder: Path, name: str = NAME) -> list[Path]:
@@ -99,20 +112,25 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 @pytest.fixture(scope="module")
-def references(source: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str | None, str | None]]:
-    """Each target's complete output (digests), checked once: it loads and computes what the input does."""
+def references(source: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, set[tuple[str | None, str | None]]]:
+    """Each target's complete outputs (digests), under either data-file name (a run over an
+    existing output writes the other one), checked once: they load and compute what the input does."""
     folder = tmp_path_factory.mktemp("references")
-    pairs = {}
+    pairs: dict[str, set[tuple[str | None, str | None]]] = {}
     for target in TARGETS:
         out = folder / target / NAME
         out.parent.mkdir()
-        done = subprocess.run(_command(source, out, target), env=_env(), capture_output=True, text=True, timeout=120)
-        assert done.returncode == 0, done.stderr
-        onnx.checker.check_model(str(out))
-        assert large.compare_outputs(source, out, SPEC.hidden) < 1e-4
-        pairs[target] = _pair(out)
-        assert None not in pairs[target]
-    assert pairs["onnx"] != pairs["ort-cpu"]
+        pairs[target] = set()
+        for data_name in DATA_NAMES:
+            done = subprocess.run(_command(source, out, target), env=_env(), capture_output=True, text=True, timeout=120)
+            assert done.returncode == 0, done.stderr
+            assert _files_of(out.parent) == {NAME, data_name}  # the replaced model's data file went
+            onnx.checker.check_model(str(out))
+            assert large.compare_outputs(source, out, SPEC.hidden) < 1e-4
+            pairs[target].add(_pair(out))
+        assert len(pairs[target]) == 2 and all(None not in pair for pair in pairs[target])
+        assert len({data for _, data in pairs[target]}) == 1  # the same bytes under either name
+    assert not pairs["onnx"] & pairs["ort-cpu"]
     shutil.rmtree(folder)
     return pairs
 
@@ -191,6 +209,7 @@ def test_sigkill_at_random_moments_leaves_nothing_or_a_complete_model(
 
 
 def _kill_runs(launcher: Launcher, args: Callable[[str], list[str]], out: Path, references: dict, rng: random.Random, attempts: int) -> None:
+    complete_data = {data for pairs in references.values() for _, data in pairs}
     tmp_path = out.parent
 
     # How long a whole run takes, for spreading the kill times over it.
@@ -201,7 +220,7 @@ def _kill_runs(launcher: Launcher, args: Callable[[str], list[str]], out: Path, 
         leftover.unlink()
 
     previous: tuple[str | None, str | None] = (None, None)  # nothing written yet
-    outcomes = {"killed": 0, "finished": 0, "killed_while_writing": 0, "stale_staging_seen": 0, "data_without_model": 0, "model_removed": 0}
+    outcomes = {"killed": 0, "finished": 0, "killed_while_writing": 0, "stale_staging_seen": 0, "unread_data_file": 0}
     for attempt in range(attempts):
         target = TARGETS[attempt % 2]
         if attempt % 2 == 0:  # anywhere in the run: start-up, loading, rewriting, writing
@@ -212,26 +231,24 @@ def _kill_runs(launcher: Launcher, args: Callable[[str], list[str]], out: Path, 
         outcomes["killed" if status == -signal.SIGKILL else "finished"] += 1
         assert status in (0, -signal.SIGKILL), f"attempt {attempt}: exit {status}"
 
-        model, data = _pair(out)
-        if model is not None:
-            # A complete model with its own data: the previous output, or this run's if it got that far.
-            assert (model, data) in (previous, references[target]), f"attempt {attempt}: a mismatched or partial model"
-            previous = (model, data)
-        else:
-            # No model; at most a complete data file (a run killed between its two renames).
-            assert data in (None, *(pair[1] for pair in references.values())), f"attempt {attempt}: a partial data file"
-            outcomes["model_removed"] += previous[0] is not None  # killed between the renames just now
-            previous = (None, data)
-            outcomes["data_without_model"] += data is not None
-        leftovers = _files_of(tmp_path) - {NAME, NAME + ".data"}
+        pair = _pair(out)
+        # A complete model with the data it reads: the previous output, or this run's if it got that far;
+        # nothing only before the first run got that far. Never a model gone once there was one.
+        assert pair == previous or pair in references[target], f"attempt {attempt}: a missing, mismatched or partial model"
+        assert previous[0] is None or pair[0] is not None, f"attempt {attempt}: the previous model is gone"
+        previous = pair
+        # Any data file present is complete (one nothing reads yet: a run killed between its renames).
+        assert _data_digests(tmp_path) <= complete_data, f"attempt {attempt}: a partial data file"
+        outcomes["unread_data_file"] += len(_data_digests(tmp_path)) > (pair[1] is not None)
+        leftovers = _files_of(tmp_path) - {NAME, *DATA_NAMES}
         assert all(name.startswith(f".{NAME}.graphopt-") for name in leftovers), leftovers
         outcomes["stale_staging_seen"] += bool(leftovers)
 
         if attempt % (attempts // 2) == attempts // 2 - 1:  # a run that finishes cleans up what the killed ones left
             assert _finish(launcher, args(target)) == 0
-            assert _files_of(tmp_path) == {NAME, NAME + ".data"}
+            assert _files_of(tmp_path) in ({NAME, DATA_NAMES[0]}, {NAME, DATA_NAMES[1]})
             previous = _pair(out)
-            assert previous == references[target]
+            assert previous in references[target]
     print(f"SIGKILL outcomes ({attempts} attempts, a whole run {total:.2f}s): {outcomes}")  # shown with -s, for RELIABILITY.md
     assert outcomes["killed"] >= attempts * 2 // 3 and outcomes["killed_while_writing"] >= attempts // 3, outcomes
     assert outcomes["stale_staging_seen"] >= attempts // 4, outcomes  # the finishing runs had something to clean
@@ -276,8 +293,8 @@ def _load_ir(model: onnx.ModelProto):
 
 def test_crash_between_the_two_renames_never_shows_a_mismatched_pair(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The commit of a model with external data, interrupted after its first rename: the
-    output path holds no model (the old one is gone first), never the old model with the
-    new data."""
+    output path holds the old model with its own data (the new data went in under the
+    other name), never the old model with the new data, and never nothing."""
     out = tmp_path / "m.onnx"
     onnx_io.save_model(_load_ir(_tiny_model(1.0)), out, external_data=True)
     assert out.exists() and (tmp_path / "m.onnx.data").exists()
@@ -294,11 +311,12 @@ def test_crash_between_the_two_renames_never_shows_a_mismatched_pair(tmp_path: P
     with pytest.raises(KeyboardInterrupt):
         onnx_io.save_model(_load_ir(_tiny_model(2.0)), out, external_data=True)
     monkeypatch.setattr(onnx_io.os, "replace", real_replace)
-    assert [Path(c).name for c in calls] == ["m.onnx.data"]
-    assert not out.exists()  # not the old model with the new data
-    assert _files_of(tmp_path) == {"m.onnx.data"}  # and the staging folder went with the exception
+    assert [Path(c).name for c in calls] == ["m.onnx.alt.data"]
+    assert float(onnx.numpy_helper.to_array(onnx.load(str(out)).graph.initializer[0]).max()) == 1.0  # the old model, whole
+    assert _files_of(tmp_path) == {"m.onnx", "m.onnx.data", "m.onnx.alt.data"}  # and the staging folder went with the exception
     onnx_io.save_model(_load_ir(_tiny_model(2.0)), out, external_data=True)
     assert float(onnx.numpy_helper.to_array(onnx.load(str(out)).graph.initializer[0]).max()) == 2.0
+    assert _files_of(tmp_path) == {"m.onnx", "m.onnx.alt.data"}  # the replaced model's data file went
 
 
 # ------------------------------------------------------------------ full disk
@@ -435,10 +453,10 @@ def test_concurrent_runs_do_not_interfere(source: Path, references: dict, tmp_pa
         for out, target in runs:
             pair = _pair(out)
             if out == shared:
-                assert pair in references.values()  # one run's model with that same run's data
+                assert any(pair in pairs for pairs in references.values())  # one run's model with that same run's data
             else:
-                assert pair == references[target]
-            assert _files_of(out.parent) == {NAME, NAME + ".data"}
+                assert pair in references[target]
+            assert _files_of(out.parent) in ({NAME, DATA_NAMES[0]}, {NAME, DATA_NAMES[1]})
     sess = ort.InferenceSession(str(shared), providers=["CPUExecutionProvider"])
     x = np.random.default_rng(0).standard_normal((1, 3, SPEC.hidden)).astype(np.float32)
     assert np.isfinite(sess.run(None, {"x": x})[0]).all()

@@ -316,3 +316,61 @@ def test_a_vit_patch_embedding_alone_stays_nchw() -> None:
     optimized, report = optimize_with(onnx.load(path), None, target="ort-cuda")
     assert report.layout.mode == "nchw" and report.layout.converted == {} and report.layout.transposes_inserted == 0
     assert ops(optimized)["NhwcConv"] == 0
+
+
+# ------------------------------------------------------------------ issue 16: what onnxruntime resolves
+
+
+def _readme_example() -> onnx.ModelProto:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_example", Path(__file__).resolve().parents[1] / "examples" / "make_example.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.build()
+
+
+def test_the_readme_example_in_fp16_nhwc_loads_in_onnxruntime(tmp_path: Path) -> None:
+    """`--target ort-cuda --precision fp16` (layout auto -> NHWC) on the README's model wrote a model
+    onnxruntime refused ([ShapeInferenceError] Incompatible dimensions): its NhwcConv shape inference
+    reads the kernel from W's last dims unless kernel_shape says it, and graphopt's W is OHWI."""
+    import graphopt
+    from graphopt.ir.onnx_io import save_model
+    from graphopt.ir.runtime_check import runtime_load_error
+
+    model, report = graphopt.optimize(ir.serde.deserialize_model(_readme_example()), target="ort-cuda", precision="fp16")
+    convs = [n for n in model.graph if n.op_type == "NhwcConv"]
+    assert convs and all("kernel_shape" in n.attributes for n in convs)
+    for node in convs:  # [kH, kW] of the OHWI weights
+        assert list(node.attributes["kernel_shape"].value) == list(node.inputs[1].shape)[1:3]
+    out = tmp_path / "out.onnx"
+    save_model(model, out)
+    assert runtime_load_error(out) is None  # only the CUDA kernel is missing here, which is tolerated
+
+
+def test_a_model_onnxruntime_cannot_resolve_is_not_written_and_verify_blames_no_rule(tmp_path: Path) -> None:
+    """The same model without kernel_shape (what graphopt wrote before): save_model refuses it and
+    leaves nothing; --verify names the layout pass's node and blames no rewrite (it used to leave out
+    FoldConvBatchNorm, which was not the cause)."""
+    import graphopt
+    from graphopt.errors import ModelError
+    from graphopt.ir.onnx_io import load_model, save_model
+    from graphopt.verify import verify_and_repair
+
+    source = tmp_path / "in.onnx"
+    onnx.save(_readme_example(), str(source))
+    options = graphopt.OptimizeOptions(target="ort-cuda", precision="fp16")
+    model, report = graphopt.optimize(str(source), options)
+    for node in model.graph:
+        if node.op_type == "NhwcConv":
+            del node.attributes["kernel_shape"]
+    out = tmp_path / "out.onnx"
+    with pytest.raises(ModelError, match="does not load in onnxruntime.*Incompatible dimensions"):
+        save_model(model, out, reference=source)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.onnx"]
+    applied = report.total_rewrites
+    _, verification = verify_and_repair(lambda: load_model(source), model, report, options, seed=0)
+    assert not verification.passed
+    assert "layout pass" in verification.message and "cannot repair" in verification.message
+    assert verification.dropped == [] and report.total_rewrites == applied

@@ -608,3 +608,33 @@ def test_multi_output_node_folds_every_used_output() -> None:
     assert op_types(model) == ["Add", "Mul"]
     assert len(model.graph.initializers) == 2  # a and b; the unused third part is not kept
     assert_same_outputs(proto, model)
+
+
+@pytest.mark.parametrize("op", ["ConstantOfShape", "Expand", "Tile"])
+def test_sizes_come_from_the_data_not_from_a_lying_value_info(op: str) -> None:
+    """value_info says [1, 1] over an 8000 x 8000 result (256 MB): the folder judged the size
+    from the declaration and built it (at 100000 x 100000: 37 GiB from a 160-byte model)."""
+    import tracemalloc
+
+    import graphopt
+
+    shape = numpy_helper.from_array(np.array([8000, 8000], np.int64), "shape")
+    one = numpy_helper.from_array(np.ones((1, 1), np.float32), "one")
+    if op == "ConstantOfShape":
+        make = helper.make_node(op, ["shape"], ["big"], value=numpy_helper.from_array(np.array([1.0], np.float32)))
+    else:
+        make = helper.make_node(op, ["one", "shape"], ["big"])
+    nodes = [make, helper.make_node("ReduceSum", ["big"], ["total"], keepdims=0), helper.make_node("Add", ["x", "total"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "lies", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])], [shape, one]
+    )
+    graph.value_info.append(helper.make_tensor_value_info("big", TensorProto.FLOAT, [1, 1]))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    tracemalloc.start()
+    try:
+        optimized, _ = graphopt.optimize(model, shape_inference=False)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert op in [n.op_type for n in optimized.graph.node]  # not folded: 256 MB is over the size limit
+    assert peak < 64 << 20, f"{peak >> 20} MiB allocated"

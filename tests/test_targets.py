@@ -10,14 +10,57 @@ from graphopt.ops.snapshot_ort_kernels import snapshot
 from graphopt.ops.targets import TARGETS, get_target
 
 
-def test_cpu_snapshot_matches_installed_onnxruntime() -> None:
+def test_cpu_table_is_the_installed_onnxruntimes() -> None:
+    """The ort-cpu table is read from the onnxruntime graphopt runs with, not a snapshot of
+    another version: 1.32 dropped ReduceLogSum's integer kernels that 1.31 had."""
     live = snapshot("CPUExecutionProvider")
-    table = TARGETS["ort-cpu"].kernels
+    target = TARGETS["ort-cpu"]
+    assert target.confirmed and onnxruntime.__version__ in target.kernel_source
+    table = target.kernels
     live_keys = {tuple(k.split("::", 1)) for k in live["kernels"]}
+    assert set(table) == live_keys
     # Every kernel the table promises exists in the onnxruntime we test with, for every dtype.
     for key, dtypes in table.items():
-        assert key in live_keys, f"{key} not registered by onnxruntime {onnxruntime.__version__}"
-        assert dtypes <= set(live["kernels"]["::".join(key)]), key
+        assert dtypes == set(live["kernels"]["::".join(key)]), key
+    cpu = get_target("ort-cpu")
+    for dtype in ("i32", "i64"):
+        has = dtype in live["kernels"].get("::ReduceLogSum", [])
+        assert (cpu.why_not("", "ReduceLogSum", dtype, 18) is None) == has
+
+
+def test_the_onnx_target_lowers_only_to_ops_the_installed_onnxruntime_runs() -> None:
+    """QuickGelu -> Swish (opset 24) on --target onnx only where onnxruntime has a Swish kernel (1.32 has none)."""
+    live = snapshot("CPUExecutionProvider")
+    has_swish = any(a <= 24 <= b for a, b in live["ranges"].get("::Swish", []))
+    reason = get_target("onnx").why_not("graphopt", "QuickGelu", "f32", 24)
+    assert (reason is None) == has_swish, reason
+    assert get_target("onnx").why_not("graphopt", "MultiHeadAttention", "f32", 23) is None  # Attention-23 has a kernel
+
+
+def test_the_kernel_table_is_cached_per_onnxruntime_build(tmp_path, monkeypatch) -> None:
+    from graphopt.ops.snapshot_ort_kernels import installed_kernels
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    first = installed_kernels("CPUExecutionProvider")
+    [cached] = (tmp_path / "graphopt").iterdir()
+    assert onnxruntime.__version__ in cached.name
+    assert installed_kernels("CPUExecutionProvider") == first == snapshot("CPUExecutionProvider")
+
+
+def test_a_cuda_table_that_cannot_be_confirmed_says_so() -> None:
+    """A CPU-only onnxruntime does not register the CUDA provider: the table is graphopt's own,
+    and a report of an ort-cuda run that emitted something says it is unconfirmed."""
+    from conftest import conv_bn_model
+
+    import graphopt
+    from graphopt.ops.snapshot_ort_kernels import registry_providers
+
+    target = TARGETS["ort-cuda"]
+    assert target.confirmed == ("CUDAExecutionProvider" in registry_providers())
+    _, report = graphopt.optimize(conv_bn_model(), target="ort-cuda")
+    assert report.total_rewrites > 0
+    unconfirmed = [w for w in report.warnings if "not confirmed" in w]
+    assert bool(unconfirmed) == (not target.confirmed), report.warnings
 
 
 @pytest.mark.parametrize("target", ["ort-cpu", "ort-cuda"])

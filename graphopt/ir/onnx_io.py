@@ -11,7 +11,9 @@ Saving is atomic: the model (and its external data, if any) is written into a
 staging folder beside the destination (`.NAME.graphopt-PID-RANDOM`) and renamed
 into place, so a crash or a full disk never leaves a half-written file at the output
 path. A run killed before it finished leaves its staging folder behind; the next
-save to the same path deletes it (`remove_stale_staging`).
+save to the same path deletes it (`remove_stale_staging`). The data file never
+replaces the one the model at the path reads (`_data_name`), so the path holds the
+previous complete model or the new one at every moment, also when it is the input.
 """
 
 from __future__ import annotations
@@ -31,9 +33,10 @@ from google.protobuf.message import DecodeError
 
 from graphopt.errors import ModelError
 from graphopt.ir import fast_io
-from graphopt.ir.proto_checks import MAX_MESSAGE_DEPTH_HINT, check_proto_contents
+from graphopt.ir.proto_checks import MAX_MESSAGE_DEPTH_HINT, check_inference, check_proto_contents
+from graphopt.paths import short_name
 
-__all__ = ["load_model", "save_model", "check_model", "remove_stale_staging", "MAX_PROTOBUF_BYTES", "MIN_OPSET"]
+__all__ = ["load_model", "save_model", "check_model", "remove_stale_staging", "data_file_names", "tensor_protos", "MAX_PROTOBUF_BYTES", "MIN_OPSET"]
 
 MAX_PROTOBUF_BYTES = 2**31 - 1
 EXTERNAL_DATA_META = "graphopt.input_had_external_data"
@@ -70,6 +73,7 @@ def load_model(path: str | os.PathLike[str]) -> ir.Model:
         raise ModelError(f"{path}: malformed model: {_first_line(_root_cause(error))}") from None
     ir.external_data.set_base_dir(model.graph, str(path.parent))
     check_model(model, path)
+    check_inference(proto, str(path))  # after the structural checks: their messages are more precise
     # Remembered so the output keeps the input's layout even if every external tensor was rewritten.
     model.meta[EXTERNAL_DATA_META] = _has_external(model)
     return model
@@ -215,12 +219,21 @@ def _embed_attribute_tensors(model: ir.Model) -> None:
                     node.attributes[name] = ir.AttrTensor(name, ir.Tensor(attr.value.numpy(), name=attr.value.name))
 
 
-def save_model(model: ir.Model, path: str | os.PathLike[str], *, external_data: bool | None = None) -> None:
+def save_model(
+    model: ir.Model,
+    path: str | os.PathLike[str],
+    *,
+    external_data: bool | None = None,
+    reference: str | os.PathLike[str] | None = None,
+) -> None:
     """Write `model` to `path` atomically.
 
     Weights go to `<name>.data` beside it when `external_data` is True, or (None)
     when the input had external data or the model would not fit in one protobuf.
-    See `_commit` for what a reader (or a crash) can see at `path`.
+    See `_commit` for what a reader (or a crash) can see at `path`. Given the path of
+    the model it was made from (`reference`), the staged model must load in onnxruntime
+    (graph resolution, shape inference included) before it is put in place, unless the
+    reference does not load either (graphopt.ir.runtime_check).
     """
     path = Path(path)
     folder = path.parent if str(path.parent) else Path(".")
@@ -229,7 +242,7 @@ def save_model(model: ir.Model, path: str | os.PathLike[str], *, external_data: 
     _embed_attribute_tensors(model)
     if external_data is None:
         external_data = bool(model.meta.get(EXTERNAL_DATA_META)) or _has_external(model) or _weight_bytes(model) > MAX_PROTOBUF_BYTES - (64 << 20)
-    data_name = path.name + ".data" if external_data else None
+    data_name = _data_name(path) if external_data else None
     remove_stale_staging(path)
     try:
         staging = Path(tempfile.mkdtemp(prefix=f"{_staging_prefix(path)}{os.getpid()}-", dir=folder))
@@ -245,6 +258,10 @@ def save_model(model: ir.Model, path: str | os.PathLike[str], *, external_data: 
                 ir.save(model, staged, external_data=data_name)
         elif not fast_io.save_single_file(model, staged):
             ir.save(model, staged)
+        if reference is not None:
+            from graphopt.ir.runtime_check import check_loads_in_onnxruntime
+
+            check_loads_in_onnxruntime(staged, reference, str(path))
         _commit(staging, path, data_name)
     except OSError as error:
         raise ModelError(f"{path}: cannot write the output: {error.strerror or error}") from None
@@ -257,8 +274,62 @@ def save_model(model: ir.Model, path: str | os.PathLike[str], *, external_data: 
 
 
 def _staging_prefix(path: Path) -> str:
-    """Staging folders are `.NAME.graphopt-PID-RANDOM` beside the output NAME."""
-    return f".{path.name}.graphopt-"
+    """Staging folders are `.NAME.graphopt-PID-RANDOM` beside the output NAME (a long
+    NAME shortened: the folder's name must fit where NAME itself just fits)."""
+    return f".{short_name(path.name)}.graphopt-"
+
+
+def data_file_names(path: Path) -> tuple[str, str]:
+    """The two names a model saved at `path` may give its external data file."""
+    short = short_name(path.name)
+    return f"{short}.data", f"{short}.alt.data"
+
+
+def _data_name(path: Path) -> str:
+    """`NAME.data`, or `NAME.alt.data` where the model now at `path` reads `NAME.data`.
+
+    A model and its data file cannot be replaced together in one rename. Writing the
+    new data under a name the current model does not read, then renaming the model
+    over the old one, keeps `path` loadable at every moment: the previous model with
+    its data, or the new one with its own (also for `-o IN --force`: IN is never lost)."""
+    first, second = data_file_names(path)
+    return second if first in {p.name for p in _own_data_files(path)} else first
+
+
+def _own_data_files(path: Path) -> list[Path]:
+    """The data files (of graphopt's two names) that the model now at `path` reads."""
+    folder = path.parent if str(path.parent) else Path(".")
+    names = data_file_names(path)
+    if not any((folder / n).exists() for n in names) or not path.is_file():
+        return []
+    try:
+        if path.stat().st_size > 64 << 20:  # a model with external data is small; a big one holds its weights
+            return []
+        proto = onnx.load(str(path), load_external_data=False)
+    except Exception:  # not a model we can read: it reads nothing of ours that we know of
+        return []
+    used = {entry.value for tensor in tensor_protos(proto) for entry in tensor.external_data if entry.key == "location"}
+    return [folder / n for n in names if n in used]
+
+
+def tensor_protos(proto: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
+    """Every TensorProto of the model: initializers and tensor attributes, in subgraphs and functions too."""
+    def graph_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+        yield from graph.initializer
+        for node in graph.node:
+            for attribute in node.attribute:
+                if attribute.HasField("t"):
+                    yield attribute.t
+                yield from attribute.tensors
+                for sub in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
+                    yield from graph_tensors(sub)
+
+    yield from graph_tensors(proto.graph)
+    for function in proto.functions:
+        for node in function.node:
+            for attribute in node.attribute:
+                if attribute.HasField("t"):
+                    yield attribute.t
 
 
 def _lock(folder: Path, blocking: bool = True) -> int | None:
@@ -294,20 +365,28 @@ def _commit(staging: Path, path: Path, data_name: str | None) -> None:
     """Move the staged output into place.
 
     One file: a single rename, so `path` is the previous file or the new one, never a
-    mix. Two files (model and `<name>.data`) cannot be swapped together in one step,
-    and the previous model with the new data file would be a corrupt pair (its offsets
-    point into another layout). So the previous model goes first: a process killed
-    between the steps leaves no model at `path` (possibly the new data file beside
-    it, replaced by the next run), never a mismatched pair. Concurrent runs writing
-    into one folder take turns (an flock on the folder), so two pairs never mix."""
+    mix. Two files: the data file first, under a name the previous model does not read
+    (`_data_name`), then the model in one rename. A process killed between the steps
+    leaves the previous model with its own data (and a data file nothing reads yet,
+    replaced by the next run); after the model's rename, the new pair. Concurrent runs
+    writing into one folder take turns (an flock on the folder), so two pairs never mix."""
     folder = path.parent if str(path.parent) else Path(".")
     lock = _lock(folder)
     try:
+        replaced = _own_data_files(path)  # read under the lock: another run may have just committed
         if data_name:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
+            if data_name in {p.name for p in replaced}:
+                # The current model reads the name we wrote under (a concurrent run took
+                # the other name, or someone made a model read both): no mismatched pair
+                # may be visible, so the model goes first, as before.
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
             os.replace(staging / data_name, folder / data_name)
         os.replace(staging / path.name, path)
+        for old in replaced:  # the replaced model's data file: nothing reads it now
+            if old.name != data_name:
+                with contextlib.suppress(OSError):
+                    old.unlink()
     finally:
         _unlock(lock)
 

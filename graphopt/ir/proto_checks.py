@@ -14,7 +14,13 @@ onnxruntime also refuses:
 * ops in the default ONNX domain that ONNX does not have;
 * names: an initializer, graph input or node name given twice in a graph, a subgraph
   defining a value name an enclosing graph already has;
-* model-local functions that call themselves, directly or through others.
+* model-local functions that call themselves, directly or through others;
+* names and op types that are not UTF-8 text (protobuf hands them over as bytes);
+* what ONNX's own type and shape inference refuses, run strictly (`check_inference`):
+  a Cast to an unknown type or without `to`, a Loop whose body has the wrong inputs or
+  outputs or no body, a Pad whose pads do not fit its axes, a Slice with step 0, and
+  value_info that contradicts what the data computes (a [1, 1] declared over a
+  100000 x 100000 ConstantOfShape). onnxruntime refuses all of these too.
 
 onnx's checker (`onnx.checker.check_model`) finds all this and more, but it also
 refuses models onnxruntime runs (value_info without a shape field, for one) and wants
@@ -32,7 +38,7 @@ from onnx import AttributeProto, TensorProto
 
 from graphopt.errors import ModelError
 
-__all__ = ["check_proto_contents", "MAX_MESSAGE_DEPTH_HINT"]
+__all__ = ["check_proto_contents", "check_inference", "MAX_MESSAGE_DEPTH_HINT"]
 
 #: Ops onnxruntime registers in the default domain that ONNX does not have (its CPU kernel
 #: table); graphopt's ort-cpu/ort-cuda lowering of graphopt.RMSNorm writes SimplifiedLayerNormalization.
@@ -124,8 +130,20 @@ class _Checker:
     def fail(self, message: str) -> None:
         raise ModelError(f"{self.where}: {message}")
 
+    def text(self, value: str | bytes, what: str) -> str:
+        """A string field; protobuf hands over one that is not UTF-8 as bytes."""
+        if isinstance(value, bytes):
+            self.fail(f"{what} {value!r} is not valid UTF-8 text")
+        return value  # type: ignore[return-value]
+
     def graph(self, graph: onnx.GraphProto, outer: frozenset[str], mapped: frozenset[str] = frozenset()) -> None:
-        scope = f"graph {graph.name or 'main'}"
+        scope = f"graph {self.text(graph.name, 'a graph name') or 'main'}"
+        for value in [*graph.input, *graph.output, *graph.value_info]:
+            self.text(value.name, f"{scope}: a value name")
+        for tensor in graph.initializer:
+            self.text(tensor.name, f"{scope}: an initializer name")
+        if len(graph.sparse_initializer):
+            self.fail(f"{scope}: sparse initializers are not supported (initializer '{graph.sparse_initializer[0].values.name}')")
         defined: set[str] = set()
         inputs: set[str] = set()
         for value in graph.input:
@@ -154,6 +172,8 @@ class _Checker:
             self.node(node, scope, inner_outer, self.default_opset)
 
     def node(self, node: onnx.NodeProto, scope: str, outer: frozenset[str], opset: int) -> None:
+        for field in (node.name, node.op_type, node.domain, *node.input, *node.output):
+            self.text(field, f"{scope}: a node's name, op type, domain or value name")
         label = f"{scope}: node {node.name or node.op_type}"
         default_domain = node.domain in ("", "ai.onnx")
         schema = None
@@ -173,18 +193,23 @@ class _Checker:
                 self.graph(graph, outer)
 
     def attribute(self, attribute: AttributeProto, label: str, schema: onnx.defs.OpSchema | None) -> None:
+        self.text(attribute.name, f"{label}: an attribute name")
         if attribute.ref_attr_name:
             return  # a function body's reference to the caller's attribute: no value of its own
         filled = [f for f in _SCALAR_ATTRIBUTE_FIELDS if attribute.HasField(f)] + [f for f in _LIST_ATTRIBUTE_FIELDS if len(getattr(attribute, f))]
         declared = _ATTRIBUTE_FIELD.get(attribute.type)
         if declared is None:
-            if attribute.type != AttributeProto.UNDEFINED:
-                self.fail(f"{label}: attribute '{attribute.name}' has an unknown type ({attribute.type})")
+            if attribute.type == AttributeProto.UNDEFINED:  # onnx's checker and onnxruntime refuse it; onnx-ir cannot write it
+                self.fail(f"{label}: attribute '{attribute.name}' has no type (UNDEFINED)")
+            self.fail(f"{label}: attribute '{attribute.name}' has an unknown type ({attribute.type})")
         else:
             wrong = [f for f in filled if f != declared]
             if wrong:
                 held = _ATTRIBUTE_WORDS[_TYPE_OF_FIELD[wrong[0]]]
                 self.fail(f"{label}: attribute '{attribute.name}' is declared as {_ATTRIBUTE_WORDS[attribute.type]} but holds {held}")
+        if attribute.name == "to" and attribute.type == AttributeProto.INT and schema is not None and schema.name == "Cast":
+            if attribute.i not in TensorProto.DataType.values() or attribute.i == TensorProto.UNDEFINED:
+                self.fail(f"{label}: Cast's 'to' ({attribute.i}) is not an ONNX data type")
         if schema is not None and attribute.name in schema.attributes and declared is not None:
             expected = int(schema.attributes[attribute.name].type.value)  # type: ignore[attr-defined]  # a pybind11 enum
             if expected != attribute.type and expected in _ATTRIBUTE_WORDS:
@@ -200,11 +225,13 @@ class _Checker:
         if any(d < 0 for d in tensor.dims):
             self.fail(f"{label} has a negative dimension {list(tensor.dims)}")
         count = math.prod(tensor.dims)
+        if tensor.data_location not in (TensorProto.DEFAULT, TensorProto.EXTERNAL):
+            self.fail(f"{label} has an unknown data_location ({tensor.data_location})")
+        if tensor.HasField("segment"):  # onnxruntime refuses segmented tensors; their data is elsewhere
+            self.fail(f"{label} uses the segment field (a segmented tensor), which onnxruntime and graphopt do not support")
         if tensor.data_location == TensorProto.EXTERNAL:
             self.external(tensor, label, count)
             return
-        if tensor.segment.ByteSize():
-            return  # segmented tensors: rare, left to onnx-ir
         typed = [f for f in _TYPED_FIELDS if len(getattr(tensor, f))]
         raw = tensor.HasField("raw_data")
         if raw and typed:
@@ -238,10 +265,43 @@ class _Checker:
         for key in ("offset", "length"):
             value = fields.get(key)
             if value is not None and not (value.isascii() and value.isdigit()):
-                self.fail(f"{label}: external data {key} {value!r} is not a non-negative integer")
+                self.fail(f"{label}: external data {key} {value[:40]!r} is not a non-negative integer")
+            if value is not None and (len(value) > 19 or int(value) >= 2**63):  # int64, as onnxruntime reads it
+                self.fail(f"{label}: external data {key} {value[:40]!r}{'...' if len(value) > 40 else ''} is larger than any file")
         expected = _raw_bytes(tensor.data_type, count)
         if "length" in fields and expected is not None and int(fields["length"]) != expected:
             self.fail(f"{label} declares {list(tensor.dims)} ({expected} bytes) but its external data length is {fields['length']}")
+
+
+def check_inference(proto: onnx.ModelProto, where: str) -> None:
+    """Run ONNX's type and shape inference strictly over `proto` (a model without its
+    weights' bytes is enough) and raise ModelError with its first complaint.
+
+    Inference reads no weight data except small shape-like constants, so large raw_data
+    is set aside for the call (and put back): the protobuf handed to onnx stays small."""
+    stashed: list[tuple[TensorProto, bytes]] = []
+    for tensor in _all_initializers(proto.graph):
+        if len(tensor.raw_data) > 4096:
+            stashed.append((tensor, tensor.raw_data))
+            tensor.ClearField("raw_data")
+    try:
+        onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True)
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError, RuntimeError) as error:
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+        message = lines[0] if lines else type(error).__name__
+        message = message.replace("[ShapeInferenceError] Inference error(s): ", "")
+        raise ModelError(f"{where}: invalid model (ONNX type/shape inference): {message}") from None
+    finally:
+        for tensor, data in stashed:
+            tensor.raw_data = data
+
+
+def _all_initializers(graph: onnx.GraphProto) -> Iterator[TensorProto]:
+    yield from graph.initializer
+    for node in graph.node:
+        for attribute in node.attribute:
+            for sub in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
+                yield from _all_initializers(sub)
 
 
 def _raw_bytes(data_type: int, count: int) -> int | None:

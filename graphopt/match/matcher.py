@@ -33,7 +33,7 @@ from graphopt.pattern.ir import (
     Var,
     bound_names,
 )
-from graphopt.pattern.native import lookup
+from graphopt.pattern.native import call_native, lookup
 
 __all__ = ["OpBinding", "Match", "Failure", "MatchContext", "Matcher"]
 
@@ -324,7 +324,7 @@ class Matcher:
             if native is None:  # loaders reject this; guard for hand-built rules
                 return None, f"constraint {call.name} is not registered"
             args = [_native_arg(evaluate_constraint_arg(a, bindings)) for a in call.args]
-            result = native.fn(ctx, *args)
+            result = call_native(native, ctx, *args, rule=rule.name)
             if result is True or result is None:
                 continue
             reason = result if isinstance(result, str) else "returned false"

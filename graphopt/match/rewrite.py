@@ -18,7 +18,7 @@ import numpy as np
 from graphopt.ir.view import GraphView
 from graphopt.match.matcher import Match, MatchContext, OpBinding
 from graphopt.pattern.ir import Build, Call, Choose, Let, Lit, Ref, Replace
-from graphopt.pattern.native import RewriteDeclined, lookup
+from graphopt.pattern.native import RewriteDeclined, call_native, lookup
 
 __all__ = ["PlannedRewrite", "plan_rewrite"]
 
@@ -77,7 +77,7 @@ def plan_rewrite(view: GraphView, match: Match) -> PlannedRewrite:
             if native is None:
                 raise KeyError(f"native {expr.name} is not registered")
             args = [_plain(evaluate(a)) for a in expr.args]
-            return native.fn(ctx, *args)
+            return call_native(native, ctx, *args, rule=match.rule.name)
         if isinstance(expr, Choose):
             label = _plain(evaluate(expr.tag))
             for branch, branch_expr in expr.branches:

@@ -6,15 +6,23 @@ installed onnxruntime build itself (its registered kernel definitions).
 The CPU table is made with the CPU build; the CUDA table needs onnxruntime-gpu
 (run it on the GPU machine). For each (domain, op) it records the element types
 of the type constraint of the op's first input ("T" when unsure), for the newest
-opset range of that op.
+opset range of that op, and (under "ranges") every opset range the op has a kernel
+for. graphopt.ops.targets reads the same table from the installed onnxruntime at run
+time (`installed_kernels`, cached per onnxruntime build); the shipped file is what it
+falls back to where the registry cannot be read.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import sys
+import tempfile
+from pathlib import Path
+from typing import Any
 
-__all__ = ["snapshot"]
+__all__ = ["snapshot", "installed_kernels", "registry_providers"]
 
 _DTYPES = {
     "tensor(float)": "f32", "tensor(float16)": "f16", "tensor(bfloat16)": "bf16", "tensor(double)": "f64",
@@ -42,11 +50,13 @@ def snapshot(provider: str) -> dict[str, object]:
                 schema_allows[op] = (schema.since_version, allowed)
     newest: dict[str, int] = {}  # (domain::op) -> first opset of its newest kernel range
     table: dict[str, set[str]] = {}
+    ranges: dict[str, set[tuple[int, int]]] = {}
     for kernel in C.get_all_opkernel_def():
         if kernel.provider != provider:
             continue
         domain = "" if kernel.domain == "ai.onnx" else kernel.domain
         key = f"{domain}::{kernel.op_name}"
+        ranges.setdefault(key, set()).add((int(kernel.version_range[0]), int(kernel.version_range[1])))
         constraint = first_input_constraint.get((kernel.domain, kernel.op_name), "T")
         types: list[str] = kernel.type_constraints.get(constraint) or kernel.type_constraints.get("T") or next(iter(kernel.type_constraints.values()), [])
         if (kernel.domain, kernel.op_name) in schema_allows and constraint in kernel.type_constraints:
@@ -60,7 +70,63 @@ def snapshot(provider: str) -> dict[str, object]:
         "onnxruntime": onnxruntime.__version__,
         "provider": provider,
         "kernels": {k: sorted(v) for k, v in sorted(table.items())},
+        "ranges": {k: sorted(map(list, v)) for k, v in sorted(ranges.items())},
     }
+
+
+def registry_providers() -> frozenset[str]:
+    """The providers whose kernels the installed onnxruntime build registers (and so lists)."""
+    import onnxruntime.capi._pybind_state as C
+
+    return frozenset(kernel.provider for kernel in C.get_all_opkernel_def())
+
+
+def _cache_file(provider: str) -> Path | None:
+    """Where the table of this onnxruntime build is cached: keyed by its version and the
+    identity (path, size, mtime) of its native library, so an upgrade is never served old data."""
+    try:
+        import onnxruntime
+        import onnxruntime.capi._pybind_state as C
+
+        native = Path(C.__file__)
+        stat = native.stat()
+    except (ImportError, OSError, AttributeError):
+        return None
+    key = hashlib.sha256(f"{onnxruntime.__version__}|{native}|{stat.st_size}|{stat.st_mtime_ns}|{provider}|{_FORMAT}".encode()).hexdigest()[:16]
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "graphopt" / f"ort-kernels-{onnxruntime.__version__}-{provider}-{key}.json"
+
+
+#: Bumped when the table's layout changes (cached files of another layout are not read).
+_FORMAT = 2
+
+
+def installed_kernels(provider: str) -> dict[str, Any] | None:
+    """The kernel table (as `snapshot` makes it) of the installed onnxruntime for `provider`,
+    or None where this build does not register that provider (the CUDA provider's
+    kernels cannot be read from a CPU-only build) or onnxruntime cannot be imported.
+    Reading the registry takes ~0.3 s; the result is cached on disk per build."""
+    cache = _cache_file(provider)
+    if cache is not None:
+        try:
+            cached = dict(json.loads(cache.read_text()))
+            return None if cached.get("absent") else cached
+        except (OSError, ValueError):
+            pass
+    try:
+        table = snapshot(provider) if provider in registry_providers() else {"absent": True}
+    except ImportError:
+        return None
+    if cache is not None:
+        try:  # written whole, then renamed: a concurrent reader never sees half a file
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            fd, staged = tempfile.mkstemp(dir=cache.parent, prefix=".ort-kernels-", suffix=".tmp")
+            with os.fdopen(fd, "w") as handle:
+                json.dump(table, handle)
+            os.replace(staged, cache)
+        except OSError:
+            pass  # a read-only home: read the registry again next time
+    return None if table.get("absent") else table
 
 
 if __name__ == "__main__":

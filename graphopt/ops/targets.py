@@ -6,16 +6,23 @@ graphopt op is allowed only when the target has a lowering for it *and* the op
 it lowers to has a kernel for the dtype on that target. Nothing else is ever
 emitted: the driver checks every new node before committing a rewrite.
 
-The ort-cpu table is a snapshot of the kernels onnxruntime's CPU provider
-registers (data/ort_cpu_kernels.json, made by snapshot_ort_kernels.py);
-tests/test_targets.py checks it against the installed onnxruntime. The ort-cuda
-table lists the CUDA provider's contrib kernels; it is checked on the GPU machine.
+The ort-cpu table is read from the installed onnxruntime's kernel registry the first
+time it is needed (snapshot_ort_kernels.installed_kernels, cached on disk per
+onnxruntime build), so graphopt never promises a kernel the onnxruntime it runs with
+lacks (1.32 dropped ReduceLogSum's integer kernels, for one); where the registry cannot
+be read it falls back to the shipped snapshot (data/ort_cpu_kernels.json). The same
+registry confirms the standard ops `--target onnx` lowers graphopt ops to (onnxruntime
+1.32 has no kernel for Swish-24). The ort-cuda table lists the CUDA provider's contrib
+kernels: the CUDA provider's registry cannot be read from a CPU-only build, so where
+the installed build does not register that provider the shipped table is used
+unconfirmed (`Target.confirmed` says which); it is checked on the GPU machine.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -23,26 +30,77 @@ from typing import Any
 
 import onnx
 
-__all__ = ["Lowering", "Target", "TARGETS", "get_target", "GRAPHOPT_DOMAIN", "MS_DOMAIN"]
+__all__ = ["Lowering", "Target", "TARGETS", "get_target", "KernelTable", "GRAPHOPT_DOMAIN", "MS_DOMAIN"]
 
 GRAPHOPT_DOMAIN = "graphopt"
 MS_DOMAIN = "com.microsoft"
 
 _F = frozenset
 
-def _load_kernel_table(name: str) -> dict[tuple[str, str], frozenset[str]]:
-    """A snapshot of the kernels one onnxruntime provider registers (see snapshot_ort_kernels.py)."""
-    data = json.loads((Path(__file__).parent / "data" / name).read_text())
-    return {tuple(key.split("::", 1)): frozenset(dtypes) for key, dtypes in data["kernels"].items()}  # type: ignore[misc]
+class KernelTable(Mapping[tuple[str, str], frozenset[str]]):
+    """(domain, op) -> dtypes of its newest kernel, and the opset ranges it has kernels
+    for. Loaded on first use: from the installed onnxruntime's registry for `provider`,
+    else from the shipped snapshot `fallback` (data/), else from `fixed`."""
+
+    def __init__(self, provider: str, fallback: str | None = None, fixed: Mapping[tuple[str, str], frozenset[str]] | None = None) -> None:
+        self.provider, self.fallback, self.fixed = provider, fallback, fixed
+        self._kernels: dict[tuple[str, str], frozenset[str]] | None = None
+        self._ranges: dict[tuple[str, str], tuple[tuple[int, int], ...]] = {}
+        #: "onnxruntime X.Y.Z" when read from the installed build, else where the table came from.
+        self.source = ""
+
+    def _load(self) -> dict[tuple[str, str], frozenset[str]]:
+        if self._kernels is None:
+            from graphopt.ops.snapshot_ort_kernels import installed_kernels
+
+            data = installed_kernels(self.provider) if os.environ.get("GRAPHOPT_ORT_REGISTRY", "1") != "0" else None
+            if data is not None:
+                self.source = f"onnxruntime {data.get('onnxruntime', '?')} ({self.provider}, read at run time)"
+            elif self.fallback is not None:
+                data = json.loads((Path(__file__).parent / "data" / self.fallback).read_text())
+                self.source = f"shipped snapshot data/{self.fallback} (onnxruntime {data.get('onnxruntime', '?')}), unconfirmed"
+            if data is None:
+                self._kernels = dict(self.fixed or {})
+                self.source = f"graphopt's own table of the {self.provider} kernels, unconfirmed (this onnxruntime build does not register {self.provider})"
+            else:
+                self._kernels = {_key(k): frozenset(v) for k, v in data["kernels"].items()}
+                self._ranges = {_key(k): tuple((int(a), int(b)) for a, b in v) for k, v in data.get("ranges", {}).items()}
+        return self._kernels
+
+    @property
+    def confirmed(self) -> bool:
+        """Whether the table was read from the installed onnxruntime."""
+        self._load()
+        return self.source.startswith("onnxruntime")
+
+    def covers(self, key: tuple[str, str], opset: int | None) -> bool:
+        """Whether `key` has a kernel at `opset` (True where the ranges are not known)."""
+        self._load()
+        spans = self._ranges.get(key)
+        return spans is None or opset is None or any(a <= opset <= b for a, b in spans)
+
+    def __getitem__(self, key: tuple[str, str]) -> frozenset[str]:
+        return self._load()[key]
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        return iter(self._load())
+
+    def __len__(self) -> int:
+        return len(self._load())
+
+
+def _key(text: str) -> tuple[str, str]:
+    domain, _, op = text.partition("::")
+    return (domain, op)
 
 
 # Every kernel of onnxruntime's CPU provider, standard ops included: a node the
 # CPU provider has no kernel for makes the session fail to load.
-_ORT_CPU = _load_kernel_table("ort_cpu_kernels.json")
+_ORT_CPU = KernelTable("CPUExecutionProvider", fallback="ort_cpu_kernels.json")
 
 # Contrib kernels of the CUDA provider (cuda_contrib_kernels.cc). Standard ops
 # need no table here: the CUDA provider hands any op it lacks to the CPU provider.
-_ORT_CUDA: dict[tuple[str, str], frozenset[str]] = {
+_ORT_CUDA_KNOWN: dict[tuple[str, str], frozenset[str]] = {
     # contrib_ops/cuda/fused_conv.cc: float only; activation Relu only (see _ORT_CUDA_CONTRACTS).
     (MS_DOMAIN, "FusedConv"): _F({"f32"}),
     (MS_DOMAIN, "FusedMatMul"): _F({"f32", "f64", "f16", "bf16"}),
@@ -73,6 +131,26 @@ _ORT_CUDA: dict[tuple[str, str], frozenset[str]] = {
     ("com.ms.internal.nhwc", "GlobalMaxPool"): _F({"f32", "f16"}),
     ("", "SimplifiedLayerNormalization"): _F({"f32", "f64", "f16", "bf16"}),
 }
+
+
+class _CudaKernels(KernelTable):
+    """The CUDA contrib kernels graphopt emits: the entries of _ORT_CUDA_KNOWN, confirmed
+    (and narrowed to their dtypes) by the installed build's registry where it registers the
+    CUDA provider (onnxruntime-gpu); as written above where it does not (a CPU-only build)."""
+
+    def _load(self) -> dict[tuple[str, str], frozenset[str]]:
+        if self._kernels is None:
+            known = dict(self.fixed or {})
+            super()._load()
+            live = self._kernels
+            if self.confirmed and live is not None:
+                self._kernels = {k: v & live[k] for k, v in known.items() if k in live and v & live[k]}
+            else:
+                self._kernels = known
+        return self._kernels
+
+
+_ORT_CUDA = _CudaKernels("CUDAExecutionProvider", fixed=_ORT_CUDA_KNOWN)
 
 @dataclass(frozen=True)
 class Lowering:
@@ -214,6 +292,19 @@ class Target:
     complete: bool = False
     #: Per-kernel checks of attributes and input shapes (see `Contract`).
     contracts: Mapping[tuple[str, str], Contract] = field(default_factory=dict)
+    #: For `onnx`: the runtime whose kernels confirm the standard ops graphopt's own ops
+    #: are lowered to (the installed onnxruntime's CPU provider, what --verify runs on).
+    runtime_check: KernelTable | None = None
+
+    @property
+    def confirmed(self) -> bool:
+        """Whether the kernel table was read from the installed onnxruntime (not a shipped one)."""
+        return not isinstance(self.kernels, KernelTable) or self.kernels.confirmed
+
+    @property
+    def kernel_source(self) -> str:
+        """Where the kernel table came from (the installed onnxruntime, or a table shipped with graphopt)."""
+        return self.kernels.source if isinstance(self.kernels, KernelTable) else "graphopt's own"
 
     def contract_problem(self, domain: str, op_type: str, attrs: Mapping[str, Any], shapes: Sequence[Any]) -> str | None:
         """None if the kernel this op runs on accepts these attributes and input shapes."""
@@ -234,7 +325,8 @@ class Target:
 
     def why_not(self, domain: str, op_type: str, dtype: str | None, opset: int | None) -> str | None:
         """None if the target can run this op for this dtype; else the reason it cannot."""
-        if domain == GRAPHOPT_DOMAIN:
+        lowered = domain == GRAPHOPT_DOMAIN
+        if lowered:
             low = self.lowering(op_type)
             if low is None:
                 return f"target {self.name} has no lowering for graphopt.{op_type}"
@@ -243,7 +335,15 @@ class Target:
         if key in self.kernels:
             if dtype is not None and dtype not in self.kernels[key]:
                 return f"target {self.name} has no {_name(key)} kernel for {dtype}"
+            if domain in ("", "ai.onnx") and isinstance(self.kernels, KernelTable) and not self.kernels.covers(key, opset):
+                return f"target {self.name} has no {_name(key)} kernel at opset {opset}"
             return None
+        if lowered and self.runtime_check is not None and domain in ("", "ai.onnx") and _is_standard(op_type, opset or onnx.defs.onnx_opset_version()):
+            # A standard op graphopt lowers its own op to: onnxruntime must run it (it has
+            # no Swish-24 kernel in 1.32, and does not expand its function body either).
+            runtime = self.runtime_check
+            if key not in runtime or not runtime.covers(key, opset) or (dtype is not None and dtype not in runtime[key]):
+                return f"the installed onnxruntime has no {_name(key)} kernel{f' for {dtype}' if dtype else ''}{f' at opset {opset}' if opset else ''}"
         if self.complete:
             return f"target {self.name} has no kernel for {_name(key)}"
         if domain in ("", "ai.onnx"):
@@ -268,7 +368,7 @@ def _name(key: tuple[str, str]) -> str:
 
 
 TARGETS: dict[str, Target] = {
-    "onnx": Target("onnx", "standard ONNX ops only; runs in any runtime", lowerings=_ONNX_LOWERINGS),
+    "onnx": Target("onnx", "standard ONNX ops only; runs in any runtime", lowerings=_ONNX_LOWERINGS, runtime_check=_ORT_CPU),
     "ort-cpu": Target("ort-cpu", "onnxruntime, CPU execution provider", _ORT_CPU, _ORT_LOWERINGS, complete=True, contracts=_ORT_CPU_CONTRACTS),
     "ort-cuda": Target("ort-cuda", "onnxruntime, CUDA execution provider", _ORT_CUDA, {**_ORT_LOWERINGS, **_ORT_CUDA_LOWERINGS}, contracts=_ORT_CUDA_CONTRACTS),
 }

@@ -21,8 +21,9 @@ functions handled exactly as below.
   never even computed.
 * Never folded: non-deterministic ops, ops with subgraphs, ops with attribute
   references (function bodies), non-ONNX domains, Quantize/DequantizeLinear (folding
-  them would turn int8 weights into float ones and break QDQ fusion), and dead nodes
-  (DCE's job).
+  them would turn int8 weights into float ones and break QDQ fusion), dead nodes
+  (DCE's job), and max/min-like reductions over a NaN (`NAN_ORDER_SENSITIVE_OPS`: what
+  they give there differs between numpy and onnxruntime).
 * Evaluation: numpy fast paths for the small ops that shape arithmetic uses (checked
   against onnxruntime in tests); everything else through onnx.reference's op
   classes. A result whose dtype or static shape disagrees with what the graph
@@ -306,16 +307,27 @@ def _dead_input_bytes(node: ir.Node, xs: Sequence[np.ndarray | None]) -> int:
 
 
 def _estimate_out_bytes(node: ir.Node, xs: Sequence[np.ndarray | None]) -> int | None:
-    """An upper estimate of the outputs' size before computing them; None when unbounded."""
-    declared = 0
+    """An upper estimate of the outputs' size before computing them; None when unbounded.
+
+    Computed from the input data where the op allows (a model's value_info may lie: a
+    [1, 1] declared over a 100000 x 100000 ConstantOfShape would have been allocated);
+    the declared output shapes only where the data cannot bound the op."""
+    declared: int | None = 0
     for out in node.outputs:
         shape, dtype = out.shape, out.dtype
         known = [d for d in shape if isinstance(d, int)] if shape is not None else None
         if shape is None or known is None or dtype is None or len(known) != len(shape):
+            declared = None
             break
-        declared += math.prod(known) * max(int(dtype.itemsize), 1)
-    else:
-        return int(declared)
+        declared = (declared or 0) + math.prod(known) * max(int(dtype.itemsize), 1)
+    computed = _computed_out_bytes(node, xs)
+    if computed is not None:
+        return max(computed, declared or 0)
+    return None if node.op_type not in _UNBOUNDED_OPS or declared is None else int(declared)
+
+
+def _computed_out_bytes(node: ir.Node, xs: Sequence[np.ndarray | None]) -> int | None:
+    """The outputs' size from the input data, or None when the data cannot bound them."""
     op = node.op_type
     if op in _UNBOUNDED_OPS:
         return None
@@ -362,8 +374,20 @@ def _estimate_out_bytes(node: ir.Node, xs: Sequence[np.ndarray | None]) -> int |
 _FastOp = Callable[[ir.Node, list[Any], int], "list[np.ndarray] | None"]
 
 
+#: Ops whose result over a NaN depends on the implementation: onnxruntime's ReduceMax
+#: skips NaNs where numpy's propagates them, its ArgMax picks another index, its Clip
+#: ignores a NaN bound. With a NaN among the inputs they are left for the runtime.
+NAN_ORDER_SENSITIVE_OPS = frozenset({"ReduceMax", "ReduceMin", "ArgMax", "ArgMin", "Clip", "TopK", "MaxPool", "GlobalMaxPool", "MaxRoiPool"})
+
+
+def _holds_nan(xs: list[Any]) -> bool:
+    return any(isinstance(x, np.ndarray) and x.dtype.kind in "fc" and bool(np.isnan(x).any()) for x in xs)
+
+
 def _evaluate(node: ir.Node, xs: list[Any], version: int) -> tuple[Any, bool]:
     """(results, computed_by_fast_path); results None when the node cannot be evaluated."""
+    if node.op_type in NAN_ORDER_SENSITIVE_OPS and _holds_nan(xs):
+        return None, False
     fast = _FAST_OPS.get(node.op_type)
     if fast is not None:
         try:

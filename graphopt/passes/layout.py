@@ -509,6 +509,13 @@ class _Layout:
         """Conv -> NhwcConv; FusedConv -> NhwcConv, then Add(Z), then its activation."""
         x = self.to_nhwc(_x(node), before)
         conv_attrs = {k: a for k, a in node.attributes.items() if k not in ("activation", "activation_params")}
+        w_shape = node.inputs[1].shape if node.inputs[1] is not None else None
+        kernel = [d for d in w_shape[2:] if isinstance(d, int)] if w_shape is not None else []
+        if "kernel_shape" not in conv_attrs and w_shape is not None and len(kernel) == len(w_shape) - 2:
+            # onnxruntime's NhwcConv shape inference reads the kernel from W's last dims
+            # (OIHW) unless kernel_shape says it: with our OHWI weights it got [kW, C] and
+            # refused the model (Incompatible dimensions). The kernel checks it against OHWI.
+            conv_attrs["kernel_shape"] = ir.AttrInt64s("kernel_shape", kernel)
         bias = node.inputs[2] if len(node.inputs) > 2 else None
         separate_bias = bias is not None and self.options.conv_bias == "add"
         conv_inputs = [x, self.ohwi_weights(node.inputs[1], before), *([] if separate_bias else [bias] if bias is not None else [])]

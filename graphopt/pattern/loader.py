@@ -88,7 +88,7 @@ def _rules_of_module(path: Path) -> list[Rule]:
     except PatternError:
         sys.modules.pop(name, None)
         raise
-    except Exception as e:
+    except (Exception, SystemExit) as e:  # user code may call sys.exit: that must not end graphopt quietly
         sys.modules.pop(name, None)
         raise _import_error(path, e) from e
     found: list[Rule] = []
@@ -98,7 +98,7 @@ def _rules_of_module(path: Path) -> list[Rule]:
     return found
 
 
-def _import_error(path: Path, e: Exception) -> PatternError:
+def _import_error(path: Path, e: BaseException) -> PatternError:
     """file:line:col of where importing `path` failed, and why."""
     if isinstance(e, SyntaxError) and e.lineno is not None:
         return PatternError(f"{e.filename or path}:{e.lineno}:{e.offset or 1}: {type(e).__name__}: {e.msg}")
@@ -107,6 +107,8 @@ def _import_error(path: Path, e: Exception) -> PatternError:
     for frame in traceback.extract_tb(e.__traceback__):
         if frame.filename and os.path.abspath(frame.filename) == target and frame.lineno:
             line = frame.lineno  # the deepest frame in the pattern file itself
+    if isinstance(e, SystemExit):
+        return PatternError(f"{path}:{line}:1: importing failed: it called sys.exit({e.code!r})")
     return PatternError(f"{path}:{line}:1: importing failed: {type(e).__name__}: {e}")
 
 

@@ -14,9 +14,12 @@ raises `RewriteDeclined` to back out of the rewrite with a reason.
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from graphopt.errors import GraphoptError, PatternError
 
 __all__ = [
     "NativeFn",
@@ -25,6 +28,7 @@ __all__ = [
     "native_rewrite",
     "lookup",
     "registered",
+    "call_native",
 ]
 
 
@@ -71,3 +75,30 @@ def lookup(kind: str, name: str) -> NativeFn | None:
 
 def registered() -> list[NativeFn]:
     return sorted(_REGISTRY.values(), key=lambda n: (n.kind, n.name))
+
+
+def call_native(native: NativeFn, ctx: Any, *args: Any, rule: str | None = None) -> Any:
+    """Run a native helper. What it raises (SystemExit included: user code may call
+    sys.exit) becomes a PatternError `file:line: Kind name: message`, the line being the
+    deepest one in the helper's own file; RewriteDeclined and GraphoptError pass."""
+    try:
+        return native.fn(ctx, *args)
+    except (RewriteDeclined, GraphoptError):
+        raise
+    except (Exception, SystemExit) as error:
+        in_rule = f" (rule {rule})" if rule else ""
+        raise PatternError(f"{_where(native, error)}: {native.kind} {native.name}{in_rule}: {_describe(error)}") from None
+
+
+def _where(native: NativeFn, error: BaseException) -> str:
+    source_file, _, line = native.source.rpartition(":")
+    for frame in traceback.extract_tb(error.__traceback__):
+        if frame.filename == source_file and frame.lineno:
+            line = str(frame.lineno)  # the deepest frame in the helper's file
+    return f"{source_file}:{line}" if source_file else native.source
+
+
+def _describe(error: BaseException) -> str:
+    if isinstance(error, SystemExit):
+        return f"called sys.exit({error.code!r}) while graphopt was running it"
+    return f"{type(error).__name__}: {error}"

@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
+from graphopt.errors import escape_markup as escape  # control characters escaped too
+from graphopt.paths import short_name
 from graphopt.report.model import Report
 
 __all__ = ["report_to_json", "write_json", "print_summary", "MAX_NEAR_MISS_ROWS"]
@@ -56,7 +57,7 @@ def write_text_atomically(text: str, path: str | os.PathLike[str]) -> None:
     """Write `text` to a temporary file beside `path`, then rename it into place."""
     path = Path(path)
     folder = path.parent if str(path.parent) else Path(".")
-    fd, staged = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    fd, staged = tempfile.mkstemp(prefix=f".{short_name(path.name)}.", suffix=".tmp", dir=folder)  # fits where NAME fits
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)

@@ -578,3 +578,155 @@ CASES: list[Case] = [
     Case("pattern-folder-named-pdll", _with_patterns("", kind="dir"), "optimized"),
     Case("pattern-symlink-loop", _with_patterns("", kind="symlink-loop"), "optimized"),
 ]
+
+
+# ------------------------------------------------------------------ issue 16: tracebacks, lies and invalid models
+
+
+def _non_utf8_op_type(folder: Path) -> Setup:
+    """NodeProto.op_type "Relu" -> "Rel\\xff" (was a TypeError in onnx.defs.has_schema)."""
+    data = _relu_model().SerializeToString().replace(b"Relu", b"Rel\xff", 1)
+    return Setup(_write(folder, data))
+
+
+def _non_utf8_graph_name(folder: Path) -> Setup:
+    """GraphProto.name "hostile" -> "hostil\\xff" (was a SerdeError traceback)."""
+    data = _relu_model().SerializeToString().replace(b"hostile", b"hostil\xff", 1)
+    return Setup(_write(folder, data))
+
+
+def _undefined_attribute(folder: Path) -> Setup:
+    """An attribute of type UNDEFINED (0) with no value."""
+    node = helper.make_node("LeakyRelu", ["x"], ["y"])
+    attr = node.attribute.add()
+    attr.name = "alpha"
+    return Setup(_write(folder, _model([node])))
+
+
+def _cast_without_to(folder: Path) -> Setup:
+    return Setup(_write(folder, _model([helper.make_node("Cast", ["x"], ["y"])])))
+
+
+def _cast_to_unknown_type(on_constant: bool) -> Callable[[Path], Setup]:
+    def setup(folder: Path) -> Setup:
+        source = "c" if on_constant else "x"
+        nodes = [helper.make_node("Cast", [source], ["cast"], to=999), helper.make_node("Add", ["x", "cast"], ["y"])]
+        inits = [numpy_helper.from_array(np.ones((1, 4), np.float32), "c")] if on_constant else []
+        return Setup(_write(folder, _model(nodes, inits=inits)))
+
+    return setup
+
+
+def _external_length_of_digits(key: str) -> Callable[[Path], Setup]:
+    """An external-data offset or length of 5000 digits (a number no file reaches)."""
+
+    def setup(folder: Path) -> Setup:
+        (folder / "weights.bin").parent.mkdir(parents=True, exist_ok=True)
+        (folder / "weights.bin").write_bytes(b"\0" * 16)
+        digits = "9" * 5000
+        kwargs = {"offset": digits} if key == "offset" else {"length": digits}
+        return Setup(_write(folder, _external_add("weights.bin", **kwargs)))
+
+    return setup
+
+
+def _pad_axes_mismatch(folder: Path) -> Setup:
+    """Pad (opset 18, axes input) whose axes has 1 entry for 4 pads, feeding a Conv (the Pad+Conv helper)."""
+    x = _vi("x", (1, 1, 4, 4))
+    w = numpy_helper.from_array(np.ones((1, 1, 1, 1), np.float32), "w")
+    pads = numpy_helper.from_array(np.array([1, 1, 1, 1], np.int64), "pads")
+    axes = numpy_helper.from_array(np.array([2], np.int64), "axes")
+    nodes = [helper.make_node("Pad", ["x", "pads", "", "axes"], ["p"]), helper.make_node("Conv", ["p", "w"], ["y"])]
+    return Setup(_write(folder, _model(nodes, inputs=[x], outputs=[_vi("y", None)], inits=[w, pads, axes], opset=18)))
+
+
+def _slice_step_zero(folder: Path) -> Setup:
+    starts, ends, axes, steps = (numpy_helper.from_array(np.array([v], np.int64), n) for n, v in (("s", 0), ("e", 4), ("a", 1), ("st", 0)))
+    nodes = [helper.make_node("Slice", ["x", "s", "e", "a", "st"], ["y"])]
+    return Setup(_write(folder, _model(nodes, outputs=[_vi("y", None)], inits=[starts, ends, axes, steps])))
+
+
+def _lying_value_info(op: str) -> Callable[[Path], Setup]:
+    """value_info says [1, 1] over a 100000 x 100000 constant: 37 GiB if the folder believed the data."""
+
+    def setup(folder: Path) -> Setup:
+        shape = numpy_helper.from_array(np.array([100000, 100000], np.int64), "shape")
+        one = numpy_helper.from_array(np.ones((1, 1), np.float32), "one")
+        if op == "ConstantOfShape":
+            make = helper.make_node("ConstantOfShape", ["shape"], ["big"], value=numpy_helper.from_array(np.array([1.0], np.float32)))
+        elif op == "Expand":
+            make = helper.make_node("Expand", ["one", "shape"], ["big"])
+        else:
+            make = helper.make_node("Tile", ["one", "shape"], ["big"])
+        nodes = [make, helper.make_node("ReduceSum", ["big"], ["total"], keepdims=0), helper.make_node("Add", ["x", "total"], ["y"])]
+        model = _model(nodes, inits=[shape, one])
+        model.graph.value_info.append(_vi("big", (1, 1)))
+        return Setup(_write(folder, model))  # no feeds: onnxruntime would allocate the 37 GiB
+
+    return setup
+
+
+def _loop_model(body_inputs: int, with_condition: bool, with_body: bool = True) -> Callable[[Path], Setup]:
+    def setup(folder: Path) -> Setup:
+        body_in = [_vi("i", [], TensorProto.INT64), _vi("cond_in", [], TensorProto.BOOL), _vi("acc", (1, 4))][: body_inputs]
+        nodes = [helper.make_node("Identity", ["cond_in"], ["cond_out"]), helper.make_node("Relu", ["x"], ["acc_out"])]
+        outputs = ([_vi("cond_out", [], TensorProto.BOOL)] if with_condition else []) + [_vi("acc_out", (1, 4))]
+        body = helper.make_graph(nodes if with_condition else nodes[1:], "body", body_in, outputs)
+        trip = numpy_helper.from_array(np.array(2, np.int64), "trip")
+        loop = helper.make_node("Loop", ["trip", "", "x"], ["y"], **({"body": body} if with_body else {}))
+        return Setup(_write(folder, _model([loop], inits=[trip])))
+
+    return setup
+
+
+def _control_characters_in_names(folder: Path) -> Setup:
+    """A node name holding terminal escapes, in a model graphopt refuses (the name reaches the error line)."""
+    node = helper.make_node("Add", ["x", "nowhere"], ["y"], name="evil\x1b[2J\x1b]0;pwned\x07")
+    return Setup(_write(folder, _model([node])))
+
+
+def _segment_bomb(folder: Path) -> Setup:
+    """A 90-byte model: an initializer with the `segment` field declaring 2^22 floats and holding none."""
+    w = onnx.TensorProto(name="w", data_type=F, dims=[1, 2**22])
+    w.segment.begin, w.segment.end = 0, 2**22
+    return Setup(_write(folder, _model([helper.make_node("Neg", ["w"], ["n"]), helper.make_node("ReduceSum", ["n"], ["s"], keepdims=0),
+                                        helper.make_node("Add", ["x", "s"], ["y"])], inits=[w])))
+
+
+CASES += [
+    Case("non-utf8-op-type", _non_utf8_op_type, "refused", ("UTF-8",)),
+    Case("non-utf8-graph-name", _non_utf8_graph_name, "refused", ("UTF-8",)),
+    Case("attribute-undefined-type", _undefined_attribute, "refused", ("alpha", "UNDEFINED")),
+    Case("cast-without-to", _cast_without_to, "refused", ("to",)),
+    Case("cast-to-unknown-type-on-input", _cast_to_unknown_type(False), "refused", ("999",)),
+    Case("cast-to-unknown-type-on-constant", _cast_to_unknown_type(True), "refused", ("999",)),
+    Case("external-length-5000-digits", _external_length_of_digits("length"), "refused", ("'w'",)),
+    Case("external-offset-5000-digits", _external_length_of_digits("offset"), "refused", ("'w'",)),
+    Case("pad-axes-length-mismatch", _pad_axes_mismatch, "refused", ("Pads",)),
+    Case("slice-step-zero", _slice_step_zero, "refused", ("step",)),
+    Case("value-info-lies-constant-of-shape", _lying_value_info("ConstantOfShape"), "refused", ("differ",)),
+    Case("value-info-lies-expand", _lying_value_info("Expand"), "refused", ("differ",)),
+    Case("value-info-lies-tile", _lying_value_info("Tile"), "refused", ("differ",)),
+    Case("loop-body-with-one-input", _loop_model(1, True), "refused", ("body",)),
+    Case("loop-body-without-condition-output", _loop_model(3, False), "refused", ("body",)),
+    Case("loop-without-body", _loop_model(3, True, with_body=False), "refused", ("body",)),
+    Case("control-characters-in-names", _control_characters_in_names, "refused", ("evil\\x1b[2J",)),
+    Case("segment-bomb", _segment_bomb, "refused", ("segment",)),
+]
+
+
+def _verify_with(shape: Sequence[int | str], *args: str) -> Callable[[Path], Setup]:
+    """Relu(x) with x declared `shape`, optimized with --verify (and `args`)."""
+
+    def setup(folder: Path) -> Setup:
+        model = _model([helper.make_node("Relu", ["x"], ["y"])], inputs=[_vi("x", shape)], outputs=[_vi("y", shape)])
+        return Setup(_write(folder, model), args=["--verify", *args])
+
+    return setup
+
+
+CASES += [
+    Case("verify-input-shape-huge", _verify_with(("n", 8), "--input-shape", "x=100000000000,8"), "refused", ("GiB", "--input-shape")),
+    Case("verify-declared-negative-dim", _verify_with((-3, 4)), "refused", ("-3",)),
+    Case("verify-declared-huge-dim", _verify_with((2**40, 4)), "refused", ("GiB",)),
+]

@@ -1,0 +1,111 @@
+"""Does a written model load in onnxruntime? Checked before the model is put in place.
+
+onnxruntime resolves a graph when it loads it: every node's type and shape inference
+runs, contrib ops included (NhwcConv's, which onnx itself does not know). A model that
+fails there is useless whatever graphopt's own checks say, so `save_model` runs this on
+the staged file and refuses to commit a model onnxruntime would refuse.
+
+Only the graph is loaded, not the weights: every initializer of more than a few KiB
+becomes a graph input of the same type and shape (shape inference needs the values of
+small constants such as Reshape targets, never those of weights). The one error
+tolerated is a missing kernel (NOT_IMPLEMENTED): that comes after graph resolution, and
+is expected for CUDA-only ops on a CPU-only build. Where the model graphopt was given
+fails in the same way (a custom-domain op onnxruntime does not know, say), the output is
+not held to more than its input.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import onnx
+
+from graphopt.errors import ModelError
+
+__all__ = ["check_loads_in_onnxruntime", "runtime_load_error"]
+
+#: Initializers larger than this are replaced by graph inputs for the check.
+_KEEP_BYTES = 4096
+#: Bigger single-file models are read through fast_io's skeleton (weights not parsed).
+_PARSE_LIMIT = 64 << 20
+
+
+def _has_external(proto: onnx.ModelProto) -> bool:
+    """Whether any tensor (subgraph initializers, Constant attributes, function bodies included) is stored outside."""
+    from graphopt.ir.onnx_io import tensor_protos
+
+    return any(t.data_location == onnx.TensorProto.EXTERNAL for t in tensor_protos(proto))
+
+
+def _skeleton(path: Path) -> onnx.ModelProto:
+    """The model at `path` without its weights: large or external initializers become graph inputs."""
+    from graphopt.ir import fast_io
+
+    mapped = fast_io.map_model(path, min_file_bytes=_PARSE_LIMIT) if path.stat().st_size > _PARSE_LIMIT else None
+    proto = mapped.skeleton if mapped is not None else onnx.load(str(path), load_external_data=False)
+    cut = set(mapped.entries) if mapped is not None else set()
+    graph = proto.graph
+    declared = {value.name for value in graph.input}
+    kept = []
+    for tensor in graph.initializer:
+        heavy = tensor.name in cut or tensor.data_location == onnx.TensorProto.EXTERNAL or len(tensor.raw_data) > _KEEP_BYTES
+        if not heavy:
+            kept.append(tensor)
+            continue
+        if tensor.name not in declared:
+            graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims)))
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    return proto
+
+
+def runtime_load_error(path: str | os.PathLike[str], *, may_write_beside: bool = False) -> str | None:
+    """Why onnxruntime (CPU, optimizations off) refuses to load the graph at `path`, or None.
+
+    Tensors stored outside that stay in the skeleton (in subgraphs, Constant nodes) are
+    found relative to the model's folder, so the skeleton is then written beside it
+    (`may_write_beside`: graphopt's own staging folder); where it may not be, the check
+    cannot be made and says so ("cannot check ...")."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return None
+    path = Path(path)
+    try:
+        skeleton = _skeleton(path)
+    except Exception as error:  # noqa: BLE001 - a model we cannot even read back
+        return f"{type(error).__name__}: {error}"
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 4
+    beside: Path | None = None
+    try:
+        if _has_external(skeleton):
+            if not may_write_beside:
+                return "cannot check: tensors outside the main graph are stored externally"
+            beside = path.with_name(f".{path.name}.graph-check.onnx")
+            onnx.save(skeleton, str(beside))
+            ort.InferenceSession(str(beside), options, providers=["CPUExecutionProvider"])
+        else:
+            ort.InferenceSession(skeleton.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    except Exception as error:  # noqa: BLE001 - onnxruntime's errors have no useful classes
+        text = " ".join(str(error).split())
+        if "NOT_IMPLEMENTED" in text:  # graph resolution passed; a kernel is missing (CUDA-only ops)
+            return None
+        return text.replace("[ONNXRuntimeError] : ", "")
+    finally:
+        if beside is not None:
+            beside.unlink(missing_ok=True)
+    return None
+
+
+def check_loads_in_onnxruntime(path: str | os.PathLike[str], reference: str | os.PathLike[str] | None, what: str) -> None:
+    """Raise ModelError if onnxruntime refuses the graph at `path` (in a staging folder
+    graphopt owns) but not the one at `reference` (the input; None: no excuse)."""
+    problem = runtime_load_error(path, may_write_beside=True)
+    if problem is None:
+        return
+    if reference is not None and runtime_load_error(reference) is not None:
+        return  # the input does not load either: nothing graphopt did
+    raise ModelError(f"{what}: the optimized model does not load in onnxruntime ({problem}); nothing was written")
