@@ -13,7 +13,6 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TypeVar
 
 import onnx
@@ -35,15 +34,7 @@ __all__ = ["OptimizeOptions", "optimize", "optimize_file", "builtin_rules", "sel
 ModelLike = TypeVar("ModelLike", ir.Model, onnx.ModelProto)
 
 
-def _builtin_patterns_dir() -> Path:
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "_patterns", here.parent / "patterns"):  # installed wheel, then source tree
-        if candidate.is_dir():
-            return candidate
-    return here.parent / "patterns"
-
-
-BUILTIN_PATTERNS_DIR = _builtin_patterns_dir()
+from graphopt.builtin_library import BUILTIN_PATTERNS_DIR  # noqa: E402  (re-exported)
 
 
 @dataclass

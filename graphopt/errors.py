@@ -34,3 +34,7 @@ def escape_markup(text: str) -> str:
     from rich.markup import escape
 
     return escape(printable(text))
+
+
+class VerificationError(GraphoptError):
+    """Verification could not be carried out (as opposed to: it found a difference)."""

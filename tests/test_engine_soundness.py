@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -126,80 +125,90 @@ def test_driver_declines_a_rewrite_that_would_create_a_cycle(tmp_path: Path) -> 
     assert_same_outputs(model, optimized)
 
 
-def _failing_rule_folder(tmp_path: Path, where: str) -> Path:
-    folder = tmp_path / "rules"
-    folder.mkdir()
-    (folder / "boom.pdll").write_text(textwrap.dedent("""
-        Constraint Explodes(x);
-        Rewrite Twice(x) -> (y);
-        /// Relu(Relu(x)) -> Relu(x), with helpers that can fail
-        Pattern BuggyRule {
-          let inner = op<Relu>(x);
-          let outer = op<Relu>(inner);
-          Explodes(x);
-          rewrite outer with {
-            let t = Twice(x);
-            replace outer with op<Relu>(t.y);
-          };
-        }
-        """))
-    (folder / "boom.py").write_text(textwrap.dedent(f"""
-        from graphopt.pattern.native import native_constraint, native_rewrite
+def _break_builtin_helper(monkeypatch: pytest.MonkeyPatch, kind: str, name: str, error: BaseException) -> None:
+    """Make one of graphopt's own native helpers raise (as a bug in it would)."""
+    import dataclasses
 
-        @native_constraint("Explodes")
-        def explodes(ctx, x):
-            if {where == "match"!r}:
-                raise ZeroDivisionError("helper bug")
-            return True
+    from graphopt.api import builtin_rules
+    from graphopt.pattern import native
 
-        @native_rewrite("Twice")
-        def twice(ctx, x):
-            if {where == "rewrite"!r}:
-                raise KeyError("rewrite bug")
-            return {{"y": x}}
-        """))
-    return folder
+    builtin_rules()  # registered
+
+    def broken(*_args: object) -> None:
+        raise error
+
+    key = (kind, name)
+    monkeypatch.setitem(native._REGISTRY, key, dataclasses.replace(native._REGISTRY[key], fn=broken))
 
 
-def _relu_chain() -> onnx.ModelProto:
-    nodes = [helper.make_node("Relu", ["x"], ["r1"]), helper.make_node("Relu", ["r1"], ["r2"]),
-             helper.make_node("Neg", ["r2"], ["n"]), helper.make_node("Relu", ["n"], ["r3"]), helper.make_node("Relu", ["r3"], ["y"])]
-    return make_model(nodes, [helper.make_tensor_value_info("x", F, [4])], [helper.make_tensor_value_info("y", F, [4])])
+def _two_layer_norms() -> onnx.ModelProto:
+    """Two decomposed LayerNorms: FuseLayerNorm's rewrite helper ScalarOf runs at both."""
+    nodes: list[onnx.NodeProto] = []
+    for i, (x, y) in enumerate((("x", "h"), ("h", "y"))):
+        nodes += [
+            helper.make_node("ReduceMean", [x], [f"m{i}"], axes=[-1], keepdims=1),
+            helper.make_node("Sub", [x, f"m{i}"], [f"d{i}"]),
+            helper.make_node("Mul", [f"d{i}", f"d{i}"], [f"sq{i}"]),
+            helper.make_node("ReduceMean", [f"sq{i}"], [f"v{i}"], axes=[-1], keepdims=1),
+            helper.make_node("Add", [f"v{i}", "eps"], [f"ve{i}"]),
+            helper.make_node("Sqrt", [f"ve{i}"], [f"s{i}"]),
+            helper.make_node("Div", [f"d{i}", f"s{i}"], [f"n{i}"]),
+            helper.make_node("Mul", [f"n{i}", "g"], [f"ng{i}"]),
+            helper.make_node("Add", [f"ng{i}", "b"], [y]),
+        ]
+    inits = [init("eps", np.array(1e-5, np.float32)), init("g", rand(H)), init("b", rand(H))]
+    return make_model(nodes, [helper.make_tensor_value_info("x", F, [2, 3, H])], [helper.make_tensor_value_info("y", F, [2, 3, H])],
+                      inits, opset=17)
 
 
-@pytest.mark.parametrize("where", ["match", "rewrite"])
-def test_a_failing_rule_is_skipped_with_a_warning(tmp_path: Path, where: str) -> None:
-    folder = _failing_rule_folder(tmp_path, where)
-    model = _relu_chain()
-    optimized, report = graphopt.optimize(model, patterns=[str(folder)])
-    stats = report.rules["BuggyRule"]
-    assert stats.errors == 2 and stats.applications == 0  # both Relu pairs, each declined
-    assert len([w for w in report.warnings if "BuggyRule" in w]) == 2
-    assert any(("ZeroDivisionError" if where == "match" else "KeyError") in w for w in report.warnings)
-    assert report.to_dict()["rules"][0]["errors"] >= 0  # serialized
+@pytest.mark.parametrize(("kind", "name", "stage"), [("Constraint", "ReducesLastAxis", "matching"), ("Rewrite", "ScalarOf", "rewriting")])
+def test_a_failing_builtin_rule_is_skipped_with_a_warning(monkeypatch: pytest.MonkeyPatch, kind: str, name: str, stage: str) -> None:
+    _break_builtin_helper(monkeypatch, kind, name, ZeroDivisionError("helper bug"))
+    model = _two_layer_norms()
+    optimized, report = graphopt.optimize(model)
+    stats = report.rules["FuseLayerNorm"]
+    assert stats.errors == 2 and stats.applications == 0  # both norms, each declined there
+    warnings = [w for w in report.warnings if "FuseLayerNorm" in w]
+    assert len(warnings) == 2 and all(f"failed while {stage}" in w and "ZeroDivisionError" in w for w in warnings), warnings
+    assert report.to_dict()["rules"] and any(r["errors"] == 2 for r in report.to_dict()["rules"])
     assert_same_outputs(model, optimized)
 
 
-def test_strict_makes_a_failing_rule_fatal(tmp_path: Path) -> None:
-    folder = _failing_rule_folder(tmp_path, "match")
-    with pytest.raises(GraphoptError, match=r"BuggyRule at .* failed while matching: ZeroDivisionError: helper bug"):
-        graphopt.optimize(_relu_chain(), patterns=[str(folder)], strict=True)
+def test_strict_makes_a_failing_builtin_rule_fatal(monkeypatch: pytest.MonkeyPatch) -> None:
+    _break_builtin_helper(monkeypatch, "Rewrite", "ScalarOf", KeyError("rewrite bug"))
+    with pytest.raises(GraphoptError, match=r"FuseLayerNorm at .* failed while rewriting"):
+        graphopt.optimize(_two_layer_norms(), strict=True)
 
 
-def test_cli_strict_is_one_error_line_and_exit_2(tmp_path: Path) -> None:
-    folder = _failing_rule_folder(tmp_path, "rewrite")
+_CLI_WITH_BROKEN_HELPER = """
+import dataclasses, sys
+from graphopt.api import builtin_rules
+from graphopt.pattern import native
+builtin_rules()
+entry = native._REGISTRY[("Rewrite", "ScalarOf")]
+def broken(*args):
+    raise KeyError("rewrite bug")
+native._REGISTRY[("Rewrite", "ScalarOf")] = dataclasses.replace(entry, fn=broken)
+from graphopt.cli import main
+sys.argv = ["graphopt", *sys.argv[1:]]
+main()
+"""
+
+
+def test_cli_skips_a_failing_builtin_rule_and_strict_is_one_error_line(tmp_path: Path) -> None:
     src = tmp_path / "m.onnx"
-    onnx.save(_relu_chain(), src)
-    base = [sys.executable, "-m", "graphopt", "optimize", str(src), "-o", str(tmp_path / "o.onnx"), "--patterns", str(folder)]
-    lenient = subprocess.run(base, capture_output=True, text=True)
+    onnx.save(_two_layer_norms(), src)
+    script = tmp_path / "run.py"
+    script.write_text(_CLI_WITH_BROKEN_HELPER)
+    lenient = subprocess.run([sys.executable, str(script), "optimize", str(src), "-o", str(tmp_path / "o.onnx")], capture_output=True, text=True)
     assert lenient.returncode == 0, lenient.stderr
-    assert "BuggyRule" in lenient.stdout + lenient.stderr
+    assert "FuseLayerNorm" in lenient.stdout + lenient.stderr and "failed while rewriting" in lenient.stdout + lenient.stderr
     strict_out = tmp_path / "strict.onnx"
-    strict = subprocess.run([*base[:5], "-o", str(strict_out), *base[7:], "--strict"], capture_output=True, text=True)
+    strict = subprocess.run([sys.executable, str(script), "optimize", str(src), "-o", str(strict_out), "--strict"], capture_output=True, text=True)
     assert strict.returncode == 2
     assert "Traceback" not in strict.stderr
     lines = [line for line in strict.stderr.splitlines() if line.strip()]
-    assert lines[-1].startswith("error:") and "BuggyRule" in lines[-1], strict.stderr
+    assert lines[-1].startswith("error:") and "FuseLayerNorm" in lines[-1], strict.stderr
     assert not strict_out.exists()
 
 

@@ -33,7 +33,7 @@ from google.protobuf.message import DecodeError
 
 from graphopt.errors import ModelError
 from graphopt.ir import fast_io
-from graphopt.ir.proto_checks import MAX_MESSAGE_DEPTH_HINT, check_inference, check_proto_contents
+from graphopt.ir.proto_checks import MAX_MESSAGE_DEPTH_HINT, check_inference, check_proto_contents, tensor_protos
 from graphopt.paths import short_name
 
 __all__ = ["load_model", "save_model", "check_model", "remove_stale_staging", "data_file_names", "tensor_protos", "MAX_PROTOBUF_BYTES", "MIN_OPSET"]
@@ -310,26 +310,6 @@ def _own_data_files(path: Path) -> list[Path]:
         return []
     used = {entry.value for tensor in tensor_protos(proto) for entry in tensor.external_data if entry.key == "location"}
     return [folder / n for n in names if n in used]
-
-
-def tensor_protos(proto: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
-    """Every TensorProto of the model: initializers and tensor attributes, in subgraphs and functions too."""
-    def graph_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
-        yield from graph.initializer
-        for node in graph.node:
-            for attribute in node.attribute:
-                if attribute.HasField("t"):
-                    yield attribute.t
-                yield from attribute.tensors
-                for sub in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
-                    yield from graph_tensors(sub)
-
-    yield from graph_tensors(proto.graph)
-    for function in proto.functions:
-        for node in function.node:
-            for attribute in node.attribute:
-                if attribute.HasField("t"):
-                    yield attribute.t
 
 
 def _lock(folder: Path, blocking: bool = True) -> int | None:

@@ -358,3 +358,23 @@ def _check_function_recursion(proto: onnx.ModelProto, where: str) -> None:
                 state[nxt] = 1
                 path.append(nxt)
                 stack.append(iter(callees[nxt]))
+
+
+def tensor_protos(proto: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
+    """Every TensorProto of the model: initializers and tensor attributes, in subgraphs and functions too."""
+    def graph_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+        yield from graph.initializer
+        for node in graph.node:
+            for attribute in node.attribute:
+                if attribute.HasField("t"):
+                    yield attribute.t
+                yield from attribute.tensors
+                for sub in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
+                    yield from graph_tensors(sub)
+
+    yield from graph_tensors(proto.graph)
+    for function in proto.functions:
+        for node in function.node:
+            for attribute in node.attribute:
+                if attribute.HasField("t"):
+                    yield attribute.t

@@ -22,6 +22,7 @@ from pathlib import Path
 import onnx
 
 from graphopt.errors import ModelError
+from graphopt.ir.proto_checks import tensor_protos
 
 __all__ = ["check_loads_in_onnxruntime", "runtime_load_error"]
 
@@ -33,8 +34,6 @@ _PARSE_LIMIT = 64 << 20
 
 def _has_external(proto: onnx.ModelProto) -> bool:
     """Whether any tensor (subgraph initializers, Constant attributes, function bodies included) is stored outside."""
-    from graphopt.ir.onnx_io import tensor_protos
-
     return any(t.data_location == onnx.TensorProto.EXTERNAL for t in tensor_protos(proto))
 
 

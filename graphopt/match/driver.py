@@ -17,11 +17,13 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from graphopt.builtin_library import BUILTIN_PATTERNS_DIR
 from graphopt.errors import GraphoptError
 from graphopt.ir import provenance
 from graphopt.ir.view import GraphView
@@ -30,7 +32,7 @@ from graphopt.match.matcher import Failure, Match, Matcher, OpBinding
 from graphopt.match.rewrite import plan_rewrite
 from graphopt.ops.targets import Target
 from graphopt.pattern.ir import Rule
-from graphopt.pattern.native import RewriteDeclined
+from graphopt.pattern.native import RewriteDeclined, UserCodeExit
 from graphopt.report.model import NearMiss, Report, RewriteRecord
 from graphopt.report.snapshot import capture_snapshot
 
@@ -297,7 +299,10 @@ def _rule_failed(
     trace_into: Report | None,
     nodes: tuple[Any, ...] = (),
 ) -> None:
-    """A rule's own code raised at `root`: decline it there, say so, count it (or stop, when strict)."""
+    """A rule's own code raised at `root`: decline it there, say so, count it (or stop, when
+    strict, for a user's rule, or when user code called sys.exit)."""
+    if isinstance(error, UserCodeExit) or (isinstance(error, GraphoptError) and not is_builtin(rule)):
+        raise error
     where = f"{rule.name} at {view.label(root)} ({scope_label})"
     message = f"{type(error).__name__}: {error}".splitlines()[0] if str(error) else type(error).__name__
     if options.strict:
@@ -306,6 +311,11 @@ def _rule_failed(
     report.warnings.append(f"rule {where} failed while {stage} and was skipped there: {message}")
     failure = Failure(len(nodes) + 2, root, f"the rule's code failed while {stage}: {message}", nodes)
     _near_miss(view, stats, rule, root, scope_label, failure, trace_into, options.observe)
+
+
+def is_builtin(rule: Rule) -> bool:
+    """Whether the rule comes from graphopt's own library (not from the user's --patterns)."""
+    return rule.loc is not None and os.path.abspath(rule.loc.file).startswith(os.path.abspath(BUILTIN_PATTERNS_DIR) + os.sep)
 
 
 def _near_miss(

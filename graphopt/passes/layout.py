@@ -734,7 +734,7 @@ def _tune_builder(model: ir.Model, target: Target, options: LayoutOptions) -> tu
     import dataclasses
 
     from graphopt.decisions import DecisionPoint, signature_of
-    from graphopt.verify import _resolve_shapes, make_inputs
+    from graphopt.inputs import _resolve_shapes, make_inputs
 
     proto = ir.serde.serialize_model(model)
     data = proto.SerializeToString()

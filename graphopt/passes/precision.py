@@ -771,7 +771,7 @@ def _run_exposed(model: ir.Model, feeds: dict[str, np.ndarray], dtypes: frozense
 
 
 def _calibration_feeds(model: ir.Model, path: Any) -> tuple[dict[str, np.ndarray], str]:
-    from graphopt.verify import _inputs, _resolve_shapes, make_inputs
+    from graphopt.inputs import _inputs, _resolve_shapes, make_inputs
 
     if path is None:
         return make_inputs(model, _resolve_shapes(model.graph, {}), seed=0), "random inputs from the input specs"

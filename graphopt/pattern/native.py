@@ -29,6 +29,8 @@ __all__ = [
     "lookup",
     "registered",
     "call_native",
+    "HelperFailed",
+    "UserCodeExit",
 ]
 
 
@@ -87,7 +89,16 @@ def call_native(native: NativeFn, ctx: Any, *args: Any, rule: str | None = None)
         raise
     except (Exception, SystemExit) as error:
         in_rule = f" (rule {rule})" if rule else ""
-        raise PatternError(f"{_where(native, error)}: {native.kind} {native.name}{in_rule}: {_describe(error)}") from None
+        kind = UserCodeExit if isinstance(error, SystemExit) else HelperFailed
+        raise kind(f"{_where(native, error)}: {native.kind} {native.name}{in_rule}: {_describe(error)}") from None
+
+
+class HelperFailed(PatternError):
+    """A native helper raised while graphopt ran it (the message says where)."""
+
+
+class UserCodeExit(HelperFailed):
+    """A native helper called sys.exit: always fatal, whoever wrote the rule."""
 
 
 def _where(native: NativeFn, error: BaseException) -> str:
