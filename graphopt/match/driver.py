@@ -22,7 +22,7 @@ from graphopt.ir.view import GraphView
 from graphopt.match.matcher import Failure, Match, Matcher, OpBinding
 from graphopt.match.rewrite import plan_rewrite
 from graphopt.ops.targets import Target
-from graphopt.pattern.ir import Rule
+from graphopt.pattern.ir import Rule, required_ops
 from graphopt.pattern.native import RewriteDeclined
 from graphopt.report.model import NearMiss, Report, RewriteRecord
 from graphopt.report.snapshot import capture_snapshot
@@ -31,18 +31,29 @@ __all__ = ["RuleSet", "DriverOptions", "Attempt", "apply_rules"]
 
 
 class RuleSet:
-    """Rules indexed by root op, each bucket sorted by benefit (highest first)."""
+    """Rules indexed by root op (every type a root of alternatives matches), each
+    bucket sorted by benefit (highest first), each rule with the op types it needs."""
 
     def __init__(self, rules: Iterable[Rule]) -> None:
         self.rules = list(rules)
         self.by_op: dict[tuple[str, str], list[Rule]] = {}
         for rule in self.rules:
-            self.by_op.setdefault(rule.root_key, []).append(rule)
+            for key in rule.root_keys:
+                self.by_op.setdefault(key, []).append(rule)
         for bucket in self.by_op.values():
             bucket.sort(key=lambda r: (-r.effective_benefit, r.name))
+        #: Per rule: the op positions every match goes through, each a set of types that can fill it.
+        self.needs: dict[str, tuple[frozenset[tuple[str, str]], ...]] = {r.name: required_ops(r.root) for r in self.rules}
 
     def __len__(self) -> int:
         return len(self.rules)
+
+    def cannot_match(self, rule: Rule, present: set[tuple[str, str]] | frozenset[tuple[str, str]], view: GraphView) -> bool:
+        """Early reject: True if the rule cannot match anywhere in a scope holding the
+        op types `present` (a superset is fine), or the model's opset is outside its guards."""
+        if any(not guard.admits(view.opset(guard.domain)) for guard in rule.guards):
+            return True
+        return any(present.isdisjoint(types) for types in self.needs[rule.name])
 
 
 @dataclass
@@ -103,6 +114,8 @@ def apply_rules(view: GraphView, rules: RuleSet, target: Target, report: Report,
         scope_label = view.scope_label(scope)
         worklist = _Worklist(view, scope)
         push = worklist.push
+        # The op types of the scope, for early reject; rewrites only add to it (a superset is safe).
+        present = {view.op_key(n) for n in view.nodes(scope)}
         while worklist:
             node = worklist.pop()
             if view.scope_of(node) is not scope:
@@ -112,6 +125,9 @@ def apply_rules(view: GraphView, rules: RuleSet, target: Target, report: Report,
                 continue
             for rule in bucket:
                 stats = report.rules[rule.name]
+                if rules.cannot_match(rule, present, view):
+                    stats.skipped += 1
+                    continue
                 started = time.perf_counter()
                 try:
                     outcome = matcher.attempt(rule, node)
@@ -152,6 +168,7 @@ def apply_rules(view: GraphView, rules: RuleSet, target: Target, report: Report,
                     index = report.next_index()
                     made_by = {provenance.RULE_KEY: rule.name, provenance.REWRITE_KEY: str(index)} if options.provenance else None
                     touched = view.commit(node, planned.new_nodes, planned.replacements, outcome.nodes, provenance=made_by)
+                    present.update(view.op_key(n) for n in planned.new_nodes)
                     applied += 1
                     stats.applications += 1
                     stats.rewrites.append(

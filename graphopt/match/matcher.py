@@ -32,6 +32,7 @@ from graphopt.pattern.ir import (
     ValueConstraint,
     Var,
     bound_names,
+    op_key_text,
 )
 from graphopt.pattern.native import lookup
 
@@ -139,6 +140,10 @@ class Matcher:
         """The first complete match of `rule` rooted at `root`, or the nearest miss."""
         self._best = None
         self._scope = self.view.scope_of(root)
+        for guard in rule.guards:
+            version = self.view.opset(guard.domain)
+            if not guard.admits(version):
+                return Failure(0, root, f"the model's {'opset' if not guard.domain else guard.domain + ' opset'} is {version}; the rule needs {guard.describe()}")
         ctx = MatchContext(self.view, self._scope)
         for env in self._match_node(rule.root, root, _Env({}, ()), depth=0):
             nodes = env.nodes
@@ -224,9 +229,11 @@ class Matcher:
     def _match_node(self, p: OpMatch, node: Any, env: _Env, depth: int) -> Iterator[_Env]:
         view = self.view
         key = view.op_key(node)
-        if key != (p.domain, p.op_type):
+        if key != (p.domain, p.op_type) and key not in p.alternatives:
             self._fail(depth, node, f"expected {_op_name(p)}, got {_key_name(key)}", env.nodes)
             return
+        if p.type_bind is not None:
+            env = env.bind(p.type_bind, op_key_text(key))
         for a in p.attrs:
             actual = view.attr(node, a.name)
             if actual is MISSING:
@@ -358,8 +365,7 @@ def _node_of(bindings: dict[str, Any], call: Call) -> Any:
 
 
 def _op_name(p: OpMatch) -> str:
-    return _key_name((p.domain, p.op_type))
+    return "|".join(op_key_text(k) for k in p.keys)
 
 
-def _key_name(key: tuple[str, str]) -> str:
-    return f"{key[0]}.{key[1]}" if key[0] else key[1]
+_key_name = op_key_text

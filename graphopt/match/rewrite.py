@@ -17,7 +17,7 @@ import numpy as np
 
 from graphopt.ir.view import GraphView
 from graphopt.match.matcher import Match, MatchContext, OpBinding
-from graphopt.pattern.ir import Build, Call, Choose, Let, Lit, Ref, Replace
+from graphopt.pattern.ir import Build, Call, Choose, Let, Lit, OpsetChoose, Ref, Replace, parse_op_key
 from graphopt.pattern.native import RewriteDeclined, lookup
 
 __all__ = ["PlannedRewrite", "plan_rewrite"]
@@ -84,8 +84,15 @@ def plan_rewrite(view: GraphView, match: Match) -> PlannedRewrite:
                 if branch == label:
                     return None if branch_expr is None else evaluate(branch_expr, hint)
             raise RewriteDeclined(f"no rewrite for '{label}' of {expr.tag.name}")
+        if isinstance(expr, OpsetChoose):
+            version = view.opset(expr.domain)
+            for guard, branch_expr in expr.branches:
+                if guard.admits(version):
+                    return evaluate(branch_expr, hint)
+            raise RewriteDeclined(f"no rewrite for opset {version}")
         if isinstance(expr, Build):
-            operands = [None if o is None else as_value(evaluate(o, f"{expr.op_type}_in"), f"{expr.op_type}_in") for o in expr.operands]
+            hint_in = f"{expr.op_type or 'op'}_in"
+            operands = [None if o is None else as_value(evaluate(o, hint_in), hint_in) for o in expr.operands]
             attrs: dict[str, Any] = {}
             # New nodes are named after the node they stand in for, so reports and tools can trace them.
             name_hint = view.label(match.root)
@@ -100,7 +107,8 @@ def plan_rewrite(view: GraphView, match: Match) -> PlannedRewrite:
                     attrs.pop(name, None)  # None removes an attribute (e.g. one that was copied)
                 else:
                     attrs[name] = value
-            node = view.new_node(scope, expr.domain, expr.op_type, operands, attrs, expr.num_outputs, name_hint=name_hint)
+            domain, op_type = (expr.domain, expr.op_type) if expr.type_ref is None else parse_op_key(env[expr.type_ref])
+            node = view.new_node(scope, domain, op_type, operands, attrs, expr.num_outputs, name_hint=name_hint)
             new_nodes.append(node)
             built = _BuiltOutputs(node, view)
             return built if expr.num_outputs > 1 else built.outputs[0]

@@ -47,6 +47,8 @@ from graphopt.pattern.ir import (
     MatchNode,
     NativeDecl,
     OpMatch,
+    OpsetChoose,
+    OpsetGuard,
     PatternFile,
     Ref,
     Replace,
@@ -62,7 +64,8 @@ __all__ = ["parse_pdll", "parse_pdll_file", "RESERVED_WORDS", "is_name", "check_
 
 #: Words with a meaning in the grammar; they cannot name values, ops, rules or natives.
 RESERVED_WORDS: frozenset[str] = frozenset(
-    {"Pattern", "Constraint", "Rewrite", "rewrite", "replace", "let", "op", "alt", "shared", "with", "benefit", "default", "true", "false"}
+    {"Pattern", "Constraint", "Rewrite", "rewrite", "replace", "let", "op", "alt", "shared", "with", "benefit", "default", "true", "false",
+     "where", "opset"}
 )
 
 _NAME_RE = re.compile(r"[^\W\d]\w*")
@@ -169,7 +172,7 @@ def _write_cache(target: Path, result: PatternFile) -> None:
 
 
 # Bump when the pattern IR's classes change shape, so old pickles are not read.
-_CACHE_VERSION = "ir-1"
+_CACHE_VERSION = "ir-2"
 
 
 # ------------------------------------------------------------------ syntax
@@ -244,6 +247,7 @@ class _Name:
             "alt": "a let-bound alternative",
             "attr": "an attribute binding",
             "tag": "an alternative tag",
+            "type": "an op type binding",
             "let": "a rewrite let",
         }[self.kind]
         return f"{what} (defined at {self.line}:{self.col})"
@@ -385,11 +389,15 @@ class _PatternBuilder:
         root: OpMatch | None = None
         body: tuple[Statement, ...] | None = None
         constraints: list[Call] = []
+        guards: list[OpsetGuard] = []
         for st in stmts:
             if body is not None:
                 raise self.error(st, "the rewrite must be the last statement of a pattern")
             if st.data == "match_let":
                 self.match_let(st)
+            elif st.data == "guard":
+                _, opset_tree, cmp_tok, version_tok = st.children
+                guards.append(self.opset_range(opset_tree, cmp_tok, version_tok))
             elif st.data == "constraint_call":
                 constraints.append(self.call(st.children[0], "Constraint"))
             elif st.data == "rewrite_block":
@@ -411,8 +419,19 @@ class _PatternBuilder:
             benefit=benefit,
             doc=self.f.doc_above(_line_col(kw)[0]),
             loc=self.f.loc(kw),
+            guards=tuple(guards),
             natives=tuple(self.used_natives.values()),
         )
+
+    def opset_range(self, opset_tree: Tree, cmp_tok: Token, version_tok: Token) -> OpsetGuard:
+        """`opset >= 20` / `opset(com.microsoft) < 2` as an inclusive range."""
+        domain = "" if opset_tree.children[1] is None else ".".join(str(p) for p in opset_tree.children[1].children)
+        version = self.f.small_int(version_tok, "an opset version", 1)
+        cmp = str(cmp_tok)
+        low, high = {
+            ">=": (version, None), ">": (version + 1, None), "<=": (None, version), "<": (None, version - 1), "==": (version, version),
+        }[cmp]
+        return OpsetGuard("" if domain == "ai.onnx" else domain, low, high)
 
     # -------------------------------------------------------------- names
     def define(self, tok: Token | Tree, kind: str, node: object = None, what: str = "a name") -> _Name:
@@ -504,12 +523,23 @@ class _PatternBuilder:
 
     def op_match(self, t: Tree, name: str | None = None) -> OpMatch:
         shared_tok, children = t.children[0], t.children[1:]
-        domain, op_type = self.op_name(children[1])
-        operands = tuple(self.operand(o) for o in _present(children[2:-2]))
+        bind_tree, types_tree = children[1], children[2]
+        keys: list[tuple[str, str]] = []
+        for name_tree in types_tree.children:
+            key = self.op_name(name_tree)
+            if key in keys:
+                raise self.error(name_tree, f"op type '{'.'.join(str(p) for p in name_tree.children)}' is listed twice")
+            keys.append(key)
+        type_bind = None
+        if bind_tree is not None:
+            type_bind = str(bind_tree.children[0])
+            self.define(bind_tree.children[0], "type", what="an op type binding")
+        operands = tuple(self.operand(o) for o in _present(children[3:-2]))
         attrs_tree, output_tree = children[-2], children[-1]
         attrs = self.match_attrs(attrs_tree) if attrs_tree is not None else ()
         output = 0 if output_tree is None else self.f.small_int(output_tree.children[0], "output index", 0)
-        return OpMatch(op_type, domain, operands, attrs, name, output, shared=shared_tok is not None)
+        (domain, op_type), *others = keys
+        return OpMatch(op_type, domain, operands, attrs, name, output, shared=shared_tok is not None, alternatives=tuple(others), type_bind=type_bind)
 
     def op_name(self, t: Tree) -> tuple[str, str]:
         parts = [str(p) for p in t.children]
@@ -597,7 +627,17 @@ class _PatternBuilder:
             return self.call(t, "Rewrite")
         if t.data == "choose":
             return self.choose(t)
+        if t.data == "opset_choose":
+            return self.opset_choose(t)
         return self.build_op(t)
+
+    def opset_choose(self, t: Tree) -> OpsetChoose:
+        _, opset_tree, *branch_trees = _present(t.children)
+        branches: list[tuple[OpsetGuard, Expr]] = []
+        for b in branch_trees:
+            cmp_tok, version_tok, value = b.children
+            branches.append((self.opset_range(opset_tree, cmp_tok, version_tok), self.value(value, "Rewrite")))
+        return OpsetChoose(branches[0][0].domain, tuple(branches))
 
     def choose(self, t: Tree) -> Choose:
         _, tag_tree, *branch_trees = _present(t.children)
@@ -665,6 +705,10 @@ class _PatternBuilder:
     def build_op(self, t: Tree) -> Build:
         children = t.children
         domain, op_type = self.op_name(children[1])
+        type_ref = None
+        known = self.names.get(op_type) if not domain else None
+        if known is not None and known.kind == "type":
+            type_ref, op_type = op_type, ""  # `op<kind>(...)`: the type an `op<kind: A|B>` matched
         outputs_tok = children[2]
         num_outputs = 1 if outputs_tok is None else self.f.small_int(outputs_tok, "number of outputs", 1)
         operands = tuple(self.expr(o, "Rewrite", operand=True) for o in _present(children[3:-1]))
@@ -686,4 +730,4 @@ class _PatternBuilder:
                     if any(n == str(name_tok) for n, _ in attrs):
                         raise self.error(name_tok, f"attribute '{name_tok}' is set twice")
                     attrs.append((str(name_tok), self.value(value, "Rewrite")))
-        return Build(op_type, domain, operands, tuple(attrs), copy_from, num_outputs)
+        return Build(op_type, domain, operands, tuple(attrs), copy_from, num_outputs, type_ref)

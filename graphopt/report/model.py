@@ -121,6 +121,9 @@ class RuleStats:
     benefit: int
     doc: str = ""
     attempts: int = 0
+    #: Times it would have been tried but the graph lacked an op it needs, or the
+    #: model's opset was outside its guard (early reject: not matched at all).
+    skipped: int = 0
     matches: int = 0
     applications: int = 0
     time_s: float = 0.0
