@@ -63,14 +63,14 @@ def test_differential(case: FuzzCase) -> None:
 
 #: Rules each motif must make fire at least once in its examples below.
 MOTIF_RULES = {
-    "conv": {"FoldConvBatchNorm", "FoldPadIntoConv", "FuseConvRelu"},
+    "conv": {"FoldConvBatchNorm", "FoldPadIntoConv", "FuseConvActivation"},
     "matmul": {"MatMulAddToGemm", "FoldGemmBatchNorm"},
     "layernorm_decomposed": {"FuseLayerNorm"},
     "layernorm": {"FuseSkipLayerNorm"},
     "rmsnorm": {"FuseRMSNorm", "FuseSkipRMSNorm"},
     "attention": {"FuseAttention"},
     "cast_chain": {"CollapseCastChain", "DropNoOpCast"},
-    "gelu": {"FuseGeluErf", "FuseGeluErfContrib"},
+    "gelu": {"FuseGeluErf"},
     "silu": {"FuseSiLU"},
     "geglu": set(),  # GeGLU's kernel is CUDA-only (and checked there); the motif feeds Split/Slice to other rules
     "group_norm": set(),  # group norm fuses on ort-cuda only (com.microsoft.GroupNorm)

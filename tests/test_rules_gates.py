@@ -17,7 +17,7 @@ from rule_testing import TensorProto, helper, init, make_model, op_types, optimi
 F = TensorProto.FLOAT
 MS = "com.microsoft"
 D = 16
-GEGLU_RULES = ["FuseGeluErfContrib", "FuseBiasGeGLU", "FuseGeGLU"]
+GEGLU_RULES = ["FuseGeluErf", "FuseBiasGeGLU", "FuseGeGLU"]
 
 
 def _ops(model: onnx.ModelProto) -> list[tuple[str, str]]:

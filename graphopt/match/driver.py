@@ -48,11 +48,10 @@ class RuleSet:
     def __len__(self) -> int:
         return len(self.rules)
 
-    def cannot_match(self, rule: Rule, present: set[tuple[str, str]] | frozenset[tuple[str, str]], view: GraphView) -> bool:
-        """Early reject: True if the rule cannot match anywhere in a scope holding the
-        op types `present` (a superset is fine), or the model's opset is outside its guards."""
-        if any(not guard.admits(view.opset(guard.domain)) for guard in rule.guards):
-            return True
+    def cannot_match(self, rule: Rule, present: set[tuple[str, str]] | frozenset[tuple[str, str]]) -> bool:
+        """Early reject: True if the rule cannot match anywhere in a scope holding the op
+        types `present` (a superset is fine). Opset guards are left to the matcher, which
+        checks them first and says why (a near-miss worth reporting)."""
         return any(present.isdisjoint(types) for types in self.needs[rule.name])
 
 
@@ -125,7 +124,7 @@ def apply_rules(view: GraphView, rules: RuleSet, target: Target, report: Report,
                 continue
             for rule in bucket:
                 stats = report.rules[rule.name]
-                if rules.cannot_match(rule, present, view):
+                if rules.cannot_match(rule, present):
                     stats.skipped += 1
                     continue
                 started = time.perf_counter()

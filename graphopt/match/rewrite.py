@@ -81,7 +81,7 @@ def plan_rewrite(view: GraphView, match: Match) -> PlannedRewrite:
         if isinstance(expr, Choose):
             label = _plain(evaluate(expr.tag))
             for branch, branch_expr in expr.branches:
-                if branch == label:
+                if branch == label or (isinstance(label, str) and label.rpartition(".")[2] == branch):  # a type: its name
                     return None if branch_expr is None else evaluate(branch_expr, hint)
             raise RewriteDeclined(f"no rewrite for '{label}' of {expr.tag.name}")
         if isinstance(expr, OpsetChoose):
@@ -89,7 +89,8 @@ def plan_rewrite(view: GraphView, match: Match) -> PlannedRewrite:
             for guard, branch_expr in expr.branches:
                 if guard.admits(version):
                     return evaluate(branch_expr, hint)
-            raise RewriteDeclined(f"no rewrite for opset {version}")
+            ranges = " or ".join(guard.describe() for guard, _ in expr.branches)
+            raise RewriteDeclined(f"the model's opset is {version}; the rewrite needs {ranges}")
         if isinstance(expr, Build):
             hint_in = f"{expr.op_type or 'op'}_in"
             operands = [None if o is None else as_value(evaluate(o, hint_in), hint_in) for o in expr.operands]

@@ -190,8 +190,8 @@ class OpsetGuard:
     high: int | None = None
 
     def admits(self, version: int | None) -> bool:
-        if version is None:
-            return self.low is None and self.high is None
+        if version is None:  # the model does not import the domain: older than any version
+            return self.low is None
         return (self.low is None or version >= self.low) and (self.high is None or version <= self.high)
 
     def describe(self) -> str:

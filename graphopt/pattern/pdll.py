@@ -534,6 +534,7 @@ class _PatternBuilder:
         if bind_tree is not None:
             type_bind = str(bind_tree.children[0])
             self.define(bind_tree.children[0], "type", what="an op type binding")
+            self.tag_labels[type_bind] = [op_type for _, op_type in keys]  # `alt kind { Relu: ..., Tanh: ... }`
         operands = tuple(self.operand(o) for o in _present(children[3:-2]))
         attrs_tree, output_tree = children[-2], children[-1]
         attrs = self.match_attrs(attrs_tree) if attrs_tree is not None else ()
@@ -644,8 +645,11 @@ class _PatternBuilder:
         tag = self.ref(tag_tree, "Rewrite", operand=False)
         assert tag is not None
         known = self.names[tag.name]
-        if tag.field is None and known.kind != "tag":
-            raise self.error(tag_tree.children[0], f"'{tag.name}' is {known.describe()}; `alt` in a rewrite chooses by an alternative's tag or a native Rewrite's result field")
+        if tag.field is None and known.kind not in ("tag", "type"):
+            raise self.error(
+                tag_tree.children[0],
+                f"'{tag.name}' is {known.describe()}; `alt` in a rewrite chooses by an alternative's tag, a matched op type or a native Rewrite's result field",
+            )
         labels = self.tag_labels.get(tag.name) if tag.field is None else None
         branches: list[tuple[str, Expr | None]] = []
         for b in branch_trees:

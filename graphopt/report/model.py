@@ -121,8 +121,7 @@ class RuleStats:
     benefit: int
     doc: str = ""
     attempts: int = 0
-    #: Times it would have been tried but the graph lacked an op it needs, or the
-    #: model's opset was outside its guard (early reject: not matched at all).
+    #: Times it would have been tried but the graph lacked an op it needs (early reject).
     skipped: int = 0
     matches: int = 0
     applications: int = 0
