@@ -12,10 +12,10 @@ _FLOAT_MAX = float(np.finfo(np.float32).max)
 
 
 def _scalar(ctx, value) -> float:
-    array = ctx.array(value)
-    if array is None or array.size != 1:
+    bound = ctx.scalar(value)
+    if bound is None:
         raise RewriteDeclined("Clip's min or max is not a one-element constant")
-    return float(array.reshape(-1)[0])
+    return bound
 
 
 def _clip_params(ctx, lo, hi, lo_attr, hi_attr) -> list[float]:

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from graphopt.ir.view import GraphView
+from graphopt.match.context import MatchContext
 from graphopt.pattern.ir import (
     COMMUTATIVE_OPS,
     MISSING,
@@ -62,34 +63,6 @@ class Failure:
     reason: str
     #: The nodes matched before the failure (the part of the subgraph that was tried).
     nodes: tuple[Any, ...] = ()
-
-
-class MatchContext:
-    """What native helpers see: read-only questions about bound values, plus constant
-    creation during a rewrite."""
-
-    def __init__(self, view: GraphView, scope: Any = None) -> None:
-        self.view = view
-        self.scope = scope
-
-    def array(self, value: Any) -> np.ndarray | None:
-        return None if value is None else self.view.const_array(value)
-
-    def dtype(self, value: Any) -> str | None:
-        return None if value is None else self.view.dtype(value)
-
-    def shape(self, value: Any) -> tuple[int | str | None, ...] | None:
-        return None if value is None else self.view.shape(value)
-
-    def rank(self, value: Any) -> int | None:
-        shape = self.shape(value)
-        return None if shape is None else len(shape)
-
-    def constant(self, array: np.ndarray, name_hint: str = "const") -> Any:
-        return self.view.new_constant(self.scope, np.asarray(array), name_hint)
-
-    def opset(self, domain: str = "") -> int | None:
-        return self.view.opset(domain)
 
 
 class _Env:
@@ -331,7 +304,7 @@ class Matcher:
             if native is None:  # loaders reject this; guard for hand-built rules
                 return None, f"constraint {call.name} is not registered"
             args = [_native_arg(evaluate_constraint_arg(a, bindings)) for a in call.args]
-            result = native.fn(ctx, *args)
+            result = native.call(ctx, args)
             if result is True or result is None:
                 continue
             reason = result if isinstance(result, str) else "returned false"

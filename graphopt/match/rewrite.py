@@ -77,7 +77,7 @@ def plan_rewrite(view: GraphView, match: Match) -> PlannedRewrite:
             if native is None:
                 raise KeyError(f"native {expr.name} is not registered")
             args = [_plain(evaluate(a)) for a in expr.args]
-            return native.fn(ctx, *args)
+            return native.call(ctx, args)
         if isinstance(expr, Choose):
             label = _plain(evaluate(expr.tag))
             for branch, branch_expr in expr.branches:

@@ -37,6 +37,7 @@ __all__ = [
     "Replace",
     "Statement",
     "NativeDecl",
+    "NATIVE_KINDS",
     "Rule",
     "PatternFile",
     "VALUE_CONSTRAINTS",
@@ -286,15 +287,31 @@ class Replace:
 Statement = Let | Replace
 
 
+#: What a native helper's parameter or result is (`Rewrite F(q: value, eps: attr) -> (w: value)`):
+#: a graph value (a tensor: bound value, matched op, built op, array result), an attribute
+#: value or literal, an alternative's tag, a matched op type; "any" when not declared.
+NATIVE_KINDS: frozenset[str] = frozenset({"value", "attr", "tag", "type", "any"})
+
+
 @dataclass(frozen=True)
 class NativeDecl:
-    """A body-less `Constraint Name(a, b);` or `Rewrite Name(a) -> (x, y);`."""
+    """A body-less `Constraint Name(a: value, b: attr);` or `Rewrite Name(a) -> (x: value, y: attr);`.
+
+    `param_kinds` / `result_kinds` are one of NATIVE_KINDS each (empty: all "any")."""
 
     kind: str  # "Constraint" or "Rewrite"
     name: str
     params: tuple[str, ...] = ()
     results: tuple[str, ...] = ()
     loc: SourceLoc | None = None
+    param_kinds: tuple[str, ...] = ()
+    result_kinds: tuple[str, ...] = ()
+
+    def param_kind(self, i: int) -> str:
+        return self.param_kinds[i] if i < len(self.param_kinds) else "any"
+
+    def result_kind(self, name: str) -> str:
+        return self.result_kinds[self.results.index(name)] if name in self.results and self.result_kinds else "any"
 
 
 @dataclass(frozen=True)

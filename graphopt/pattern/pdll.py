@@ -35,6 +35,7 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedTok
 from graphopt.errors import PatternError
 from graphopt.pattern.ir import (
     MISSING,
+    NATIVE_KINDS,
     VALUE_CONSTRAINTS,
     AltMatch,
     AttrMatch,
@@ -172,7 +173,7 @@ def _write_cache(target: Path, result: PatternFile) -> None:
 
 
 # Bump when the pattern IR's classes change shape, so old pickles are not read.
-_CACHE_VERSION = "ir-2"
+_CACHE_VERSION = "ir-3"
 
 
 # ------------------------------------------------------------------ syntax
@@ -328,14 +329,32 @@ class _FileBuilder:
         kw, name_tok, *rest = t.children
         kind = "Constraint" if t.data == "constraint_decl" else "Rewrite"
         results: tuple[str, ...] = ()
+        result_kinds: tuple[str, ...] = ()
         if kind == "Rewrite":
             *rest, results_tree = rest
             if results_tree is not None:
-                results = tuple(self.check_name(r, "a result name") for r in _present(results_tree.children))
+                items = [r if isinstance(r, Tree) else Tree("param", [r, None]) for r in _present(results_tree.children)]
+                results = tuple(self.check_name(r.children[0], "a result name") for r in items)
+                result_kinds = tuple(self.native_kind(r) for r in items)
                 if len(set(results)) != len(results):
                     raise self.error(results_tree, f"{kind} '{name_tok}' has a repeated result name")
-        params = tuple(self.check_name(p.children[0], "a parameter name") for p in _present(rest))
-        return NativeDecl(kind, self.check_name(name_tok, "a native name"), params, results, self.loc(kw))
+        present = _present(rest)
+        params = tuple(self.check_name(p.children[0], "a parameter name") for p in present)
+        param_kinds = tuple(self.native_kind(p) for p in present)
+        return NativeDecl(
+            kind, self.check_name(name_tok, "a native name"), params, results, self.loc(kw),
+            param_kinds if any(k != "any" for k in param_kinds) else (),
+            result_kinds if any(k != "any" for k in result_kinds) else (),
+        )
+
+    def native_kind(self, param: Tree) -> str:
+        kind_tok = param.children[1]
+        if kind_tok is None:
+            return "any"
+        kind = {"op": "value"}.get(str(kind_tok).lower(), str(kind_tok).lower())  # PDLL spells them Value, Attr, Op
+        if kind not in NATIVE_KINDS:
+            raise self.error(kind_tok, f"unknown kind '{kind_tok}' (known: {', '.join(sorted(NATIVE_KINDS))})")
+        return kind
 
     # -------------------------------------------------------------- literals
     def literal(self, t: Token | Tree) -> object:
@@ -423,7 +442,7 @@ class _PatternBuilder:
             natives=tuple(self.used_natives.values()),
         )
 
-    def opset_range(self, opset_tree: Tree, cmp_tok: Token, version_tok: Token) -> OpsetGuard:
+    def opset_range(self, opset_tree: Tree, cmp_tok: Token | Tree, version_tok: Token | Tree) -> OpsetGuard:
         """`opset >= 20` / `opset(com.microsoft) < 2` as an inclusive range."""
         domain = "" if opset_tree.children[1] is None else ".".join(str(p) for p in opset_tree.children[1].children)
         version = self.f.small_int(version_tok, "an opset version", 1)
@@ -703,8 +722,37 @@ class _PatternBuilder:
             decl = NativeDecl(kind, name, loc=self.f.loc(name_tok))
         elif len(decl.params) != len(args):
             raise self.error(name_tok, f"{name} takes {len(decl.params)} arguments (declared at {_at(decl.loc)}), got {len(args)}")
+        else:
+            for i, (arg_tree, arg) in enumerate(zip(_present(arg_trees), args)):
+                wanted, actual = decl.param_kind(i), self.kind_of(arg)
+                if "any" not in (wanted, actual) and wanted != actual:
+                    raise self.error(
+                        arg_tree, f"{name}'s parameter '{decl.params[i]}' is a {wanted} (declared at {_at(decl.loc)}), but this argument is a {actual}"
+                    )
         self.used_natives.setdefault((kind, name), decl)
         return Call(name, args)
+
+    def kind_of(self, expr: Expr) -> str:
+        """What an expression is, in the kinds native declarations use (see ir.NATIVE_KINDS)."""
+        if isinstance(expr, Lit):
+            return "attr"
+        if isinstance(expr, Build):
+            return "value"
+        if not isinstance(expr, Ref):
+            return "any"
+        known = self.names.get(expr.name)
+        if known is None:
+            return "any"
+        if known.kind in ("value", "op", "alt"):
+            return "value"
+        if known.kind in ("attr", "tag", "type"):
+            return known.kind
+        if isinstance(known.node, Build):
+            return "value"
+        if isinstance(known.node, Call) and expr.field is not None:
+            decl = self.f.decls.get(("Rewrite", known.node.name))
+            return decl.result_kind(expr.field) if decl is not None else "any"
+        return "any"
 
     def build_op(self, t: Tree) -> Build:
         children = t.children
@@ -716,6 +764,9 @@ class _PatternBuilder:
         outputs_tok = children[2]
         num_outputs = 1 if outputs_tok is None else self.f.small_int(outputs_tok, "number of outputs", 1)
         operands = tuple(self.expr(o, "Rewrite", operand=True) for o in _present(children[3:-1]))
+        for tree, operand in zip(_present(children[3:-1]), operands):
+            if isinstance(operand, Ref) and operand.field is not None and self.kind_of(operand) in ("attr", "tag", "type"):
+                raise self.error(tree, f"an operand must be a value, and '{operand.field}' is declared as a{'n' if self.kind_of(operand) == 'attr' else ''} {self.kind_of(operand)}")
         attrs: list[tuple[str, Expr]] = []
         copy_from: str | None = None
         if children[-1] is not None:
@@ -733,5 +784,8 @@ class _PatternBuilder:
                     name_tok, value = a.children
                     if any(n == str(name_tok) for n, _ in attrs):
                         raise self.error(name_tok, f"attribute '{name_tok}' is set twice")
-                    attrs.append((str(name_tok), self.value(value, "Rewrite")))
+                    attr_value = self.value(value, "Rewrite")
+                    if isinstance(attr_value, Ref) and attr_value.field is not None and self.kind_of(attr_value) == "value":
+                        raise self.error(value, f"attribute '{name_tok}' is set from a value result ('{attr_value.field}' is declared as a value, not an attr)")
+                    attrs.append((str(name_tok), attr_value))
         return Build(op_type, domain, operands, tuple(attrs), copy_from, num_outputs, type_ref)

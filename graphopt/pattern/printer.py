@@ -57,10 +57,13 @@ def print_pattern_file(pf: PatternFile) -> str:
 
 
 def print_native(decl: NativeDecl) -> str:
-    params = ", ".join(_name(p) for p in decl.params)
+    def typed(name: str, kind: str) -> str:
+        return _name(name) if kind == "any" else f"{_name(name)}: {kind}"
+
+    params = ", ".join(typed(p, decl.param_kind(i)) for i, p in enumerate(decl.params))
     text = f"{decl.kind} {_name(decl.name)}({params})"
     if decl.kind == "Rewrite" and decl.results:
-        text += f" -> ({', '.join(_name(r) for r in decl.results)})"
+        text += f" -> ({', '.join(typed(r, decl.result_kind(r)) for r in decl.results)})"
     elif decl.kind not in ("Constraint", "Rewrite"):
         raise ValueError(f"native kind must be Constraint or Rewrite, got {decl.kind!r}")
     return text + ";"

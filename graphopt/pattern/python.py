@@ -33,7 +33,7 @@ from typing import Any
 
 from graphopt.pattern.ir import Rule, SourceLoc
 from graphopt.pattern.pdll import is_name
-from graphopt.pattern.python_compile import _Compiler
+from graphopt.pattern.python_compile import RuleCompiler
 from graphopt.pattern.python_symbols import (
     ANY,
     Const,
@@ -138,6 +138,6 @@ def _compile(fn: Callable[..., Any], name: str, benefit: int | None, where: tupl
         _active.pop()
     local_vars = recording.local_vars()
     doc = (inspect.getdoc(fn) or "").strip().split("\n")[0].strip()
-    return _Compiler(name, benefit, doc, loc, params, recording, local_vars, guards).compile(result)
+    return RuleCompiler(name, benefit, doc, loc, params, recording, local_vars, guards).compile(result)
 
 

@@ -51,10 +51,10 @@ from graphopt.pattern.python_symbols import (
     _Wildcard,
 )
 
-__all__ = ["compile_rule"]
+__all__ = ["RuleCompiler"]
 
 
-class _Compiler:
+class RuleCompiler:
     """Splits what the function built into match and rewrite halves and builds the Rule."""
 
     def __init__(
