@@ -20,7 +20,7 @@ from typing import Any
 from graphopt.ir import provenance
 from graphopt.ir.view import GraphView
 from graphopt.match.matcher import Failure, Match, Matcher, OpBinding
-from graphopt.match.rewrite import plan_rewrite
+from graphopt.match.rewrite import plan_rewrite, target_variants
 from graphopt.ops.targets import Target
 from graphopt.pattern.ir import Rule, required_ops
 from graphopt.pattern.native import RewriteDeclined
@@ -38,8 +38,9 @@ class RuleSet:
         self.rules = list(rules)
         self.by_op: dict[tuple[str, str], list[Rule]] = {}
         for rule in self.rules:
-            for key in rule.root_keys:
-                self.by_op.setdefault(key, []).append(rule)
+            for variant in target_variants(rule):  # `first { a, b }`: a, then b if the target refused a
+                for key in rule.root_keys:
+                    self.by_op.setdefault(key, []).append(variant)
         for bucket in self.by_op.values():
             bucket.sort(key=lambda r: (-r.effective_benefit, r.name))
         #: Per rule: the op positions every match goes through, each a set of types that can fill it.

@@ -9,6 +9,7 @@ not committed.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -17,10 +18,10 @@ import numpy as np
 
 from graphopt.ir.view import GraphView
 from graphopt.match.matcher import Match, MatchContext, OpBinding
-from graphopt.pattern.ir import Build, Call, Choose, Let, Lit, OpsetChoose, Ref, Replace, parse_op_key
+from graphopt.pattern.ir import Build, Call, Choose, Expr, FirstOf, Let, Lit, OpsetChoose, Ref, Replace, Rule, parse_op_key
 from graphopt.pattern.native import RewriteDeclined, lookup
 
-__all__ = ["PlannedRewrite", "plan_rewrite"]
+__all__ = ["PlannedRewrite", "plan_rewrite", "target_variants"]
 
 
 @dataclass
@@ -84,6 +85,8 @@ def plan_rewrite(view: GraphView, match: Match) -> PlannedRewrite:
                 if branch == label or (isinstance(label, str) and label.rpartition(".")[2] == branch):  # a type: its name
                     return None if branch_expr is None else evaluate(branch_expr, hint)
             raise RewriteDeclined(f"no rewrite for '{label}' of {expr.tag.name}")
+        if isinstance(expr, FirstOf):  # a rule not split by target_variants: its first option
+            return evaluate(expr.options[0], hint)
         if isinstance(expr, OpsetChoose):
             version = view.opset(expr.domain)
             for guard, branch_expr in expr.branches:
@@ -143,4 +146,46 @@ def plan_rewrite(view: GraphView, match: Match) -> PlannedRewrite:
 
 def _plain(value: Any) -> Any:
     return value.value if isinstance(value, OpBinding) else value
+
+
+
+def target_variants(rule: Rule) -> list[Rule]:
+    """The rule once per option of each `first { ... }` in its rewrite, in order.
+
+    The driver tries them one after another at a node: an option the target cannot run
+    is refused like any rewrite, and the next one is tried. All keep the rule's name."""
+    found: list[FirstOf] = []
+
+    def find(e: object) -> None:
+        if found:
+            return
+        if isinstance(e, FirstOf):
+            found.append(e)
+        elif dataclasses.is_dataclass(e):
+            for f in dataclasses.fields(e):
+                value = getattr(e, f.name)
+                for item in value if isinstance(value, tuple) else (value,):
+                    for part in item if isinstance(item, tuple) else (item,):
+                        find(part)
+
+    for stmt in rule.body:
+        find(stmt)
+    if not found:
+        return [rule]
+    target = found[0]
+    variants: list[Rule] = []
+    for option in target.options:
+        body = tuple(_substitute(stmt, target, option) for stmt in rule.body)
+        variants += target_variants(dataclasses.replace(rule, body=body))  # type: ignore[arg-type]
+    return variants
+
+
+def _substitute(e: object, old: FirstOf, new: Expr) -> object:
+    if e is old:
+        return new
+    if isinstance(e, tuple):
+        return tuple(_substitute(x, old, new) for x in e)
+    if isinstance(e, (Build, Call, Choose, OpsetChoose, FirstOf, Let, Replace)):
+        return dataclasses.replace(e, **{f.name: _substitute(getattr(e, f.name), old, new) for f in dataclasses.fields(e)})  # type: ignore[arg-type]
+    return e
 

@@ -28,6 +28,7 @@ __all__ = [
     "OpsetGuard",
     "Choose",
     "OpsetChoose",
+    "FirstOf",
     "Ref",
     "Lit",
     "Call",
@@ -267,7 +268,17 @@ class OpsetChoose:
     branches: tuple[tuple[OpsetGuard, Expr], ...]
 
 
-Expr = Ref | Lit | Call | Build | Choose | OpsetChoose
+@dataclass(frozen=True)
+class FirstOf:
+    """`first { a, b }`: `a` if the target can run what it builds, else `b`, and so on.
+
+    The driver tries the rule once per option (see `graphopt.match.rewrite.target_variants`):
+    one rule where two used to differ only in the op the target runs."""
+
+    options: tuple[Expr, ...]
+
+
+Expr = Ref | Lit | Call | Build | Choose | OpsetChoose | FirstOf
 
 
 @dataclass(frozen=True)
@@ -402,15 +413,19 @@ def default_benefit(node: MatchNode) -> int:
 
 def required_ops(node: MatchNode) -> tuple[frozenset[tuple[str, str]], ...]:
     """The op types a match needs in the graph: one set per op position that every
-    way of matching goes through (alternatives and optional branches need nothing),
-    each set listing the types that fill it. A graph lacking every type of one set
+    way of matching goes through, each set listing the types that can fill it (an
+    alternative of ops needs one of its branches' root types; deeper in a branch, nothing). A graph lacking every type of one set
     cannot match: the driver skips the rule there (early reject)."""
     needed: dict[frozenset[tuple[str, str]], None] = {}
     seen: set[int] = set()
 
     def walk(n: MatchNode) -> None:
-        if id(n) in seen or not isinstance(n, OpMatch):
-            return  # an AltMatch: any branch may match, so none is required
+        if id(n) in seen or isinstance(n, Var):
+            return
+        if isinstance(n, AltMatch):  # one of its branches: their ops, if every branch is an op
+            if all(isinstance(b, OpMatch) for _, b in n.branches):
+                needed.setdefault(frozenset(k for _, b in n.branches for k in b.keys), None)  # type: ignore[union-attr]
+            return
         seen.add(id(n))
         needed.setdefault(frozenset(n.keys), None)
         for operand in n.operands:

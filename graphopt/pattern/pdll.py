@@ -43,6 +43,7 @@ from graphopt.pattern.ir import (
     Call,
     Choose,
     Expr,
+    FirstOf,
     Let,
     Lit,
     MatchNode,
@@ -66,7 +67,7 @@ __all__ = ["parse_pdll", "parse_pdll_file", "RESERVED_WORDS", "is_name", "check_
 #: Words with a meaning in the grammar; they cannot name values, ops, rules or natives.
 RESERVED_WORDS: frozenset[str] = frozenset(
     {"Pattern", "Constraint", "Rewrite", "rewrite", "replace", "let", "op", "alt", "shared", "with", "benefit", "default", "true", "false",
-     "where", "opset"}
+     "where", "opset", "first"}
 )
 
 _NAME_RE = re.compile(r"[^\W\d]\w*")
@@ -173,7 +174,7 @@ def _write_cache(target: Path, result: PatternFile) -> None:
 
 
 # Bump when the pattern IR's classes change shape, so old pickles are not read.
-_CACHE_VERSION = "ir-3"
+_CACHE_VERSION = "ir-4"
 
 
 # ------------------------------------------------------------------ syntax
@@ -649,6 +650,8 @@ class _PatternBuilder:
             return self.choose(t)
         if t.data == "opset_choose":
             return self.opset_choose(t)
+        if t.data == "first_of":
+            return FirstOf(tuple(self.value(o, "Rewrite") for o in _present(t.children)[1:]))
         return self.build_op(t)
 
     def opset_choose(self, t: Tree) -> OpsetChoose:

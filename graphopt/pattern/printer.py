@@ -24,6 +24,7 @@ from graphopt.pattern.ir import (
     Call,
     Choose,
     Expr,
+    FirstOf,
     Let,
     Lit,
     MatchNode,
@@ -274,6 +275,8 @@ class _RulePrinter:
         if isinstance(e, Choose):
             branches = ", ".join(f"{_name(label)}: {self.expr(v)}" for label, v in e.branches)
             return f"alt {self.expr(e.tag)} {{ {branches} }}"
+        if isinstance(e, FirstOf):
+            return "first { " + ", ".join(self.expr(o) for o in e.options) + " }"
         if isinstance(e, OpsetChoose):
             branches = ", ".join(f"{_opset_cmp(g)}: {self.expr(v)}" for g, v in e.branches)
             return f"alt {_opset_of(e.domain)} {{ {branches} }}"

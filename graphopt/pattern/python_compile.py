@@ -16,6 +16,7 @@ from graphopt.pattern.ir import (
     Build,
     Call,
     Expr,
+    FirstOf,
     Let,
     Lit,
     MatchNode,
@@ -37,6 +38,7 @@ from graphopt.pattern.python_symbols import (
     _describe,
     _fail,
     _Field,
+    _FirstPick,
     _is_literal,
     _literal,
     _NameRef,
@@ -232,8 +234,8 @@ class RuleCompiler:
             else:
                 self.walk_build(obj)
             self.rw_walking.discard(id(obj))
-        elif isinstance(obj, _OpsetPick):
-            for _, value in obj.branches:
+        elif isinstance(obj, (_OpsetPick, _FirstPick)):
+            for value in obj.values():
                 self.walk_rewrite(value, obj.site, operand)
         elif isinstance(obj, _Field):
             if not is_name(obj.field):
@@ -405,8 +407,8 @@ class RuleCompiler:
         """The let-bound rewrite values that `obj`'s expression refers to directly."""
         if isinstance(obj, _Field):
             return self.let_deps(obj.call)
-        if isinstance(obj, _OpsetPick):
-            children = [value for _, value in obj.branches]
+        if isinstance(obj, (_OpsetPick, _FirstPick)):
+            children = obj.values()
         elif not (isinstance(obj, (_OpNode, _NativeCall)) and id(obj) in self.rw_nodes):
             return []
         else:
@@ -448,6 +450,8 @@ class RuleCompiler:
             return Ref(obj.bind)  # type: ignore[arg-type]  # checked in check_name_ref
         if isinstance(obj, _NameRef):
             return Ref(obj.name)
+        if isinstance(obj, _FirstPick):
+            return FirstOf(tuple(self.to_expr(o) for o in obj.options))  # type: ignore[misc]
         if isinstance(obj, _OpsetPick):
             branches = tuple((guard, self.to_expr(value)) for guard, value in obj.branches)
             return OpsetChoose(obj.branches[0][0].domain, branches)  # type: ignore[arg-type]

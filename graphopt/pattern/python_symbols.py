@@ -414,6 +414,30 @@ class _OpsetPick(_Sym):
     def describe(self) -> str:
         return "by_opset(...)"
 
+    def values(self) -> list[object]:
+        return [value for _, value in self.branches]
+
+
+class _FirstPick(_Sym):
+    """`first_of(a, b)`: `first { a, b }`, the first replacement the target can run."""
+
+    def __init__(self, options: tuple[object, ...]) -> None:
+        self.options = options
+        super().__init__()
+
+    def describe(self) -> str:
+        return "first_of(...)"
+
+    def values(self) -> list[object]:
+        return list(self.options)
+
+
+def first_of(*options: object) -> _FirstPick:
+    """The first of these replacements that the target can run (`first { a, b }` in .pdll)."""
+    if not options:
+        raise _fail(_user_site(), "first_of() needs at least one replacement")
+    return _FirstPick(options)
+
 
 def by_opset(branches: dict[str, object]) -> _OpsetPick:
     """`alt opset { >= 20: a, < 20: b }` of the .pdll form, keyed by `">= 20"` / `"opset(com.microsoft) < 2"`."""
