@@ -14,7 +14,7 @@ from rule_testing import TensorProto, assert_same_outputs, helper, init, make_mo
 
 CONV_RULES = [
     "FuseConvActivation",
-    "FuseConvAddRelu", "FuseConvAdd", "FoldPadIntoFusedConv",
+    "FuseConvAddRelu", "FuseConvAdd", "FoldPadIntoConv",
 ]
 
 
@@ -229,7 +229,7 @@ def test_pad_conv_relu_becomes_one_fused_conv_with_pads() -> None:
         [*_weights(), pads],
     )
     optimized, report = optimize_with(model, CONV_RULES, target="ort-cpu")
-    assert rewrites(report, "FuseConvActivation") == 1 and rewrites(report, "FoldPadIntoFusedConv") == 1
+    assert rewrites(report, "FuseConvActivation") == 1 and rewrites(report, "FoldPadIntoConv") == 1
     [node] = fused(optimized)
     assert attrs(node)["pads"] == [1, 2, 1, 2]
     assert op_types(optimized) == ["FusedConv"]
@@ -247,7 +247,7 @@ EXPORTED = [
     ("resnet_tiny", "dynamo-noopt", "ort-cuda", {"FuseConvActivation": 33, "FuseConvAddRelu": 16}, 49),
     ("mobilenet_tiny", "dynamo-noopt", "ort-cpu", {"FuseConvActivation": 35, "FuseConvAdd": 11}, 46),
     ("mobilenet_tiny", "torchscript", "ort-cpu", {"FuseConvActivation": 35, "FuseConvAdd": 11}, 46),
-    ("small_cnn", "dynamo-noopt", "ort-cpu", {"FuseConvActivation": 3, "FoldPadIntoFusedConv": 1}, 3),
+    ("small_cnn", "dynamo-noopt", "ort-cpu", {"FuseConvActivation": 3, "FoldPadIntoConv": 1}, 3),
 ]
 
 
