@@ -123,8 +123,11 @@ def apply_rules(view: GraphView, rules: RuleSet, target: Target, report: Report,
             bucket = rules.by_op.get(view.op_key(node))
             if not bucket:
                 continue
+            unmatched = None  # a rule that did not match here: its other `first` variants would not either
             for rule in bucket:
                 stats = report.rules[rule.name]
+                if rule.name == unmatched:
+                    continue
                 if rules.cannot_match(rule, present):
                     stats.skipped += 1
                     continue
@@ -134,6 +137,7 @@ def apply_rules(view: GraphView, rules: RuleSet, target: Target, report: Report,
                     stats.attempts += 1
                     trace_into = report if options.trace_all else None
                     if isinstance(outcome, Failure):
+                        unmatched = rule.name
                         if options.trace or options.observe is not None:
                             _near_miss(view, stats, rule, node, scope_label, outcome, trace_into, options.observe)
                         continue
