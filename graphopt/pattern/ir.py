@@ -343,12 +343,8 @@ class Rule:
         return self.benefit if self.benefit is not None else default_benefit(self.root)
 
     @property
-    def root_key(self) -> tuple[str, str]:
-        """The first op type the root matches (see `root_keys` for all of them)."""
-        return (self.root.domain, self.root.op_type)
-
-    @property
     def root_keys(self) -> tuple[tuple[str, str], ...]:
+        """Every (domain, op_type) the root matches: the driver tries the rule at nodes of each."""
         return self.root.keys
 
 
