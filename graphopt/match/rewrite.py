@@ -84,7 +84,8 @@ def plan_rewrite(view: GraphView, match: Match) -> PlannedRewrite:
             for branch, branch_expr in expr.branches:
                 if branch == label or (isinstance(label, str) and label.rpartition(".")[2] == branch):  # a type: its name
                     return None if branch_expr is None else evaluate(branch_expr, hint)
-            raise RewriteDeclined(f"no rewrite for '{label}' of {expr.tag.name}")
+            tag = expr.tag.name if expr.tag.field is None else f"{expr.tag.name}.{expr.tag.field}"
+            raise RewriteDeclined(f"no rewrite for {tag} = {label!r}")
         if isinstance(expr, FirstOf):  # a rule not split by target_variants: its first option
             return evaluate(expr.options[0], hint)
         if isinstance(expr, OpsetChoose):
