@@ -124,7 +124,7 @@ def explain(
         pin_input_shapes(model, input_shapes)
         options.shape_inference = True  # propagate the pinned dims
 
-    recorder = _Recorder(model, {r.root_key for r in selected})
+    recorder = _Recorder(model, {key for r in selected for key in r.root_keys})
     options.observe = recorder.attempt
     options.progress = recorder.phase
     options.trace = False  # the observer sees every attempt; report.trace is not needed
@@ -138,7 +138,7 @@ def explain(
     for rule in selected:
         if wanted_rules and rule.name not in wanted_rules:
             continue
-        sites = recorder.sites(rule.name, rule.root_key)
+        sites = recorder.sites(rule.name, rule.root_keys)
         if not sites and rule.name not in wanted_rules:
             idle += 1
             continue
@@ -146,8 +146,8 @@ def explain(
             sites = [s for s in sites if s.names() & wanted_nodes]
             if not sites and rule.name not in wanted_rules:
                 continue
-        domain, op_type = rule.root_key
-        explained.append(RuleSites(rule.name, str(rule.loc or ""), rule.doc, f"{domain}.{op_type}" if domain else op_type, sites))
+        roots = "|".join(f"{domain}.{op_type}" if domain else op_type for domain, op_type in rule.root_keys)
+        explained.append(RuleSites(rule.name, str(rule.loc or ""), rule.doc, roots, sites))
     return Explanation(explained, idle, report, bool(rules or nodes))
 
 
@@ -194,13 +194,13 @@ class _Recorder:
                 self.removed_during[id(node)] = self.current_phase
         self.current_phase = message
 
-    def sites(self, rule: str, root_key: tuple[str, str]) -> list[Site]:
+    def sites(self, rule: str, root_keys: tuple[tuple[str, str], ...]) -> list[Site]:
         found: dict[tuple[str, str], Site] = {}
         for (scope, node), attempt in self.last.get(rule, {}).items():
             key = (rule, scope, node)
             found[(scope, node)] = self._site(self.applied.get(key, attempt), self.counts[key])
         for scope, candidate, label, op_key in self.candidates:
-            if op_key == root_key and (scope, label) not in found:
+            if op_key in root_keys and (scope, label) not in found:
                 found[(scope, label)] = Site(rule, scope, label, candidate.op_type, NOT_TRIED, reason=self._fate(scope, candidate, label))
         order = {APPLIED: 0, NOT_APPLIED: 1, NOT_TRIED: 2}
         return sorted(found.values(), key=lambda s: (order[s.status], s.rewrite or 0, -len(s.tried), s.scope, s.node))

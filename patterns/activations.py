@@ -81,3 +81,13 @@ def quick_gelu_alpha(ctx, alpha):
         # The fused op's alpha is a float32 attribute: 1.702 would lose 1e-8, past float64's tolerance.
         return "alpha is a float64 1.702, which the fused op's float32 alpha attribute would round"
     return True
+
+
+@native_constraint("IsGeluApproximation")
+def is_gelu_approximation(ctx, kind, approximate, wanted):
+    """graphopt.Gelu is the erf GELU and graphopt.FastGelu the tanh one by construction; the
+    standard Gelu says which in `approximate` (absent: "none", the erf form)."""
+    if kind != "Gelu":
+        return True
+    actual = approximate or "none"
+    return True if actual == wanted else f"Gelu with approximate = {actual!r}, the rule wants {wanted!r}"

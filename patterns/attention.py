@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 import sympy
 
 from graphopt.ir.dtypes import numpy_dtype
-from graphopt.ir.symbolic import SymbolicShapes, broadcast_dims, dims_equal, static_int
-from graphopt.pattern.native import RewriteDeclined, native_constraint, native_rewrite
+from graphopt.ir.symbolic import broadcast_dims, dims_equal, static_int
+from graphopt.pattern.native import Attr, OpType, RewriteDeclined, Tag, Value, native_constraint, native_rewrite
 
 # Ops that only move or broadcast values (a constant stays what it is through them).
 _MOVES_VALUES = frozenset({"Expand", "Reshape", "Unsqueeze", "Squeeze", "Cast", "Identity", "Transpose", "Tile"})
@@ -18,24 +18,31 @@ _MOVES_VALUES = frozenset({"Expand", "Reshape", "Unsqueeze", "Squeeze", "Cast", 
 _FINITE_PRESERVING = _MOVES_VALUES | {"Where", "Slice", "Gather", "Concat"}
 
 
-def _scalar(ctx, value) -> float | None:
-    arr = ctx.array(value)
-    return None if arr is None or arr.size != 1 else float(arr.reshape(-1)[0])
-
-
 @native_constraint("IsZero")
 def is_zero(ctx, guard, zero):
     if guard != "isnan":
         return True
-    return True if _scalar(ctx, zero) == 0.0 else "the NaN guard does not write 0"
+    return True if ctx.scalar(zero) == 0.0 else "the NaN guard does not write 0"
 
 
-@native_constraint("AttentionShapes")
-def attention_shapes(ctx, q, kt, v, masking, mask, mask2, keep, axis):
+@dataclass(frozen=True)
+class AttentionShapesArgs:
+    q: Value  # [batch, heads, seq, head_size]
+    kt: Value  # k transposed: [batch, heads, head_size, seq_kv]
+    v: Value  # [batch, heads, seq_kv, v_head_size]
+    masking: Tag  # add, add2, keep, drop or none
+    mask: Value  # the added mask (add, add2)
+    mask2: Value  # the second added mask (add2)
+    keep: Value  # the Where condition (keep, drop)
+    axis: Attr  # the Softmax axis
+
+
+@native_constraint("AttentionShapes", params=AttentionShapesArgs)
+def attention_shapes(ctx, m: AttentionShapesArgs):
     """q [B, N, S, H], k transposed [B, N, H, L], v [B, N, L, Hv] with static N, H, Hv; Softmax over
     the last axis; a mask that onnxruntime's attention_bias accepts: [B|1, N|1, S, L]."""
-    sym = SymbolicShapes(ctx.view)
-    dq, dk, dv = sym.dims(q), sym.dims(kt), sym.dims(v)
+    q, masking, mask, keep = m.q, m.masking, m.mask, m.keep
+    dq, dk, dv = ctx.dims(q), ctx.dims(m.kt), ctx.dims(m.v)
     if dq is None or dk is None or dv is None:
         return "the dims of q, k or v are not known"
     if not (len(dq) == len(dk) == len(dv) == 4):
@@ -51,22 +58,22 @@ def attention_shapes(ctx, q, kt, v, masking, mask, mask2, keep, axis):
         return f"k and v have different sequence lengths ({dk[3]}, {dv[2]})"
     if not dims_equal([dk[0]], [dq[0]]) or not dims_equal([dv[0]], [dq[0]]):
         return f"q, k and v batch sizes are not known to be equal ({dq[0]}, {dk[0]}, {dv[0]}); the fused op does not broadcast them"
-    if axis not in (-1, 3):
-        return f"the Softmax is over axis {axis}, not the last"
+    if m.axis not in (-1, 3):
+        return f"the Softmax is over axis {m.axis}, not the last"
     bias = mask if masking in ("add", "add2") else keep if masking in ("keep", "drop") else None
     if bias is not None:
-        db = sym.dims(bias)
+        db = ctx.dims(bias)
         if masking == "add2":
-            db = broadcast_dims([db, sym.dims(mask2)])
+            db = broadcast_dims([db, ctx.dims(m.mask2)])
         if db is None or len(db) != 4:
             return f"the mask has dims {db}; onnxruntime needs [batch or 1, heads or 1, {dq[2]}, {dk[3]}]"
         ok = (static_int(db[0]) == 1 or dims_equal([db[0]], [dq[0]])) and (
             static_int(db[1]) == 1 or dims_equal([db[1]], [dq[1]])) and dims_equal(db[2:], [dq[2], dk[3]])
         if not ok:
             return f"the mask has dims {list(db)}; onnxruntime needs [batch or 1, heads or 1, {dq[2]}, {dk[3]}]"
-        for m in (mask, mask2) if masking in ("add", "add2") else ():
-            if m is not None and ctx.dtype(m) != ctx.dtype(q):
-                return f"the mask is {ctx.dtype(m)}, q is {ctx.dtype(q)}"
+        for added in (mask, m.mask2) if masking in ("add", "add2") else ():
+            if added is not None and ctx.dtype(added) != ctx.dtype(q):
+                return f"the mask is {ctx.dtype(added)}, q is {ctx.dtype(q)}"
         if masking in ("keep", "drop") and ctx.dtype(keep) != "bool":
             return f"the Where condition is {ctx.dtype(keep)}, not bool"
     return True
@@ -135,45 +142,75 @@ def _swamps_scores(ctx, fill) -> bool:
     """Adding `fill` to any score gives `fill` itself (in float32, where the kernels add the bias):
     -inf, or about float32's lowest value (finfo.min, what masked_fill exports write), whose
     rounding step (2**104) dwarfs any score. float16's finfo.min (-65504) is not low enough."""
-    value = _scalar(ctx, fill)
+    value = ctx.scalar(fill)
     return value is not None and value <= -1e38
 
 
-@native_rewrite("AttentionParams")
-def attention_params(ctx, q, kt, v, qscale, sq, dq, kscale, sk, dk, sscale, ss, ds, guard, masking, mask, keep, fill) -> dict[str, Any]:
-    if masking in ("keep", "drop") and not _swamps_scores(ctx, fill):
+@dataclass(frozen=True)
+class AttentionMatch:
+    """What FuseAttention bound, as AttentionParams reads it."""
+
+    q: Value
+    v: Value
+    qop: OpType  # "Mul" or "Div": q scaled by sq (None: q not scaled)
+    sq: Value
+    kop: OpType  # k scaled by sk
+    sk: Value
+    sop: OpType  # the scores scaled by ss
+    ss: Value
+    guard: Tag  # isnan: Where(IsNaN(p), 0, p) after the Softmax; none
+    masking: Tag  # add, add2, keep, drop, none
+    mask: Value
+    keep: Value
+    fill: Value
+
+
+@dataclass(frozen=True)
+class AttentionPlan:
+    """What the rewrite reads back (`a.scale`, `alt a.mask {...}`)."""
+
+    scale: Attr
+    heads: Attr
+    to_bsd: Value  # Reshape target [batch, seq, heads * head_size]
+    to_bnsh: Value  # Reshape target [batch, seq, heads, v_head_size]
+    zero: Value  # 0 in q's dtype
+    guard: Tag  # keep or drop: whether the output keeps the NaN guard
+    mask: Tag  # used or nothing: whether the fused op needs the mask at all
+
+
+@native_rewrite("AttentionParams", params=AttentionMatch, results=AttentionPlan)
+def attention_params(ctx, m: AttentionMatch) -> AttentionPlan:
+    if m.masking in ("keep", "drop") and not _swamps_scores(ctx, m.fill):
         # Where(mask, scores, fill) replaces the masked scores; the fused op adds a bias to them.
         # On a row with every position masked the first gives uniform weights, the second the
         # unmasked softmax, unless the bias swamps the scores.
-        raise RewriteDeclined(f"the Where mask fills {_scalar(ctx, fill)}, which added to the scores does not swamp them (a fully masked row would differ)")
+        raise RewriteDeclined(f"the Where mask fills {ctx.scalar(m.fill)}, which added to the scores does not swamp them (a fully masked row would differ)")
     scale = 1.0
-    for form, mul, div in ((qscale, sq, dq), (kscale, sk, dk), (sscale, ss, ds)):
-        if form == "mul":
-            scale *= _scalar(ctx, mul)  # type: ignore[operator]
-        elif form == "div":
-            scale /= _scalar(ctx, div)  # type: ignore[operator]
-    sym = SymbolicShapes(ctx.view)
-    q_dims, v_dims = sym.dims(q), sym.dims(v)
-    heads, v_head_size = static_int(q_dims[1]), static_int(v_dims[3])  # type: ignore[index]
+    for op, factor in ((m.qop, m.sq), (m.kop, m.sk), (m.sop, m.ss)):
+        if op == "Mul":
+            scale *= ctx.scalar(factor)
+        elif op == "Div":
+            scale /= ctx.scalar(factor)
+    q_dims, v_dims = ctx.dims(m.q), ctx.dims(m.v)
+    heads, v_head_size = static_int(q_dims[1]), static_int(v_dims[3])  # checked static by AttentionShapes
     # Two added masks may overflow to -inf together (finfo.min + a negative bias).
-    mask_finite = masking == "none" or (masking != "add2" and _is_finite(ctx, mask if masking == "add" else fill))
-    return {
-        "scale": float(scale),
-        "heads": int(heads),  # type: ignore[arg-type]
-        "to_bsd": np.array([0, 0, -1], dtype=np.int64),
-        "to_bnsh": np.array([0, 0, heads, v_head_size], dtype=np.int64),
-        "zero": np.zeros((), dtype=numpy_dtype(ctx.dtype(q))),
+    mask_finite = m.masking == "none" or (m.masking != "add2" and _is_finite(ctx, m.mask if m.masking == "add" else m.fill))
+    return AttentionPlan(
+        scale=float(scale),
+        heads=int(heads),  # type: ignore[arg-type]
+        to_bsd=np.array([0, 0, -1], dtype=np.int64),
+        to_bnsh=np.array([0, 0, heads, v_head_size], dtype=np.int64),
+        zero=np.zeros((), dtype=numpy_dtype(ctx.dtype(m.q))),
         # The output keeps the NaN guard unless no row can be fully masked.
-        "guard": "keep" if guard == "isnan" and not mask_finite else "drop",
-        "mask": "nothing" if _masks_nothing(ctx, masking, mask, keep) else "used",
-    }
+        guard="keep" if m.guard == "isnan" and not mask_finite else "drop",
+        mask="nothing" if _masks_nothing(ctx, m.masking, m.mask, m.keep) else "used",
+    )
 
 
 @native_constraint("PackableProjections")
 def packable_projections(ctx, x, wq, bq, wk, bk, wv, bv):
     """x [batch, seq, hidden]; each weight [hidden, hidden] and bias [hidden], one dtype."""
-    sym = SymbolicShapes(ctx.view)
-    dx = sym.dims(x)
+    dx = ctx.dims(x)
     if dx is None or len(dx) != 3 or static_int(dx[2]) is None:
         return f"the input has dims {dx}; com.microsoft.Attention needs [batch, seq, hidden] with a static hidden size"
     hidden = static_int(dx[2])
@@ -200,8 +237,7 @@ def pack_qkv(ctx, wq, bq, wk, bk, wv, bv):
 def is_packed_projection(ctx, x, w, proj, sizes, axis):
     """x [batch, seq, hidden] flattened, times w [hidden, 3 * hidden], reshaped back to
     [batch, seq, 3 * hidden] and split in three equal parts along the last axis."""
-    sym = SymbolicShapes(ctx.view)
-    dx, dp = sym.dims(x), sym.dims(proj)
+    dx, dp = ctx.dims(x), ctx.dims(proj)
     weights = ctx.array(w)
     if dx is None or dp is None or len(dx) != 3 or len(dp) != 3 or static_int(dx[2]) is None:
         return f"the projection's input and output dims are {dx} and {dp}, not [batch, seq, hidden]"

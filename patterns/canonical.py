@@ -42,8 +42,7 @@ def is_identity_perm(ctx, perm):
 
 @native_constraint("SameDims")
 def same_dims(ctx, a, b):
-    sym = SymbolicShapes(ctx.view)
-    da, db = sym.dims(a), sym.dims(b)
+    da, db = ctx.dims(a), ctx.dims(b)
     if da is None or db is None:
         return "the dims are not known"
     if not dims_equal(da, db):
@@ -73,8 +72,7 @@ def reshape_ignores_middle(ctx, x, middle, s2, allowzero):
 
 @native_constraint("IsBatchedLastTwoTranspose")
 def is_batched_last_two_transpose(ctx, x, flat, out):
-    sym = SymbolicShapes(ctx.view)
-    dx, df, do = sym.dims(x), sym.dims(flat), sym.dims(out)
+    dx, df, do = ctx.dims(x), ctx.dims(flat), ctx.dims(out)
     if dx is None or df is None or do is None:
         return "the dims are not known"
     if len(dx) < 3 or len(df) != 3:
@@ -89,5 +87,5 @@ def is_batched_last_two_transpose(ctx, x, flat, out):
 
 @native_rewrite("LastTwoSwapped")
 def last_two_swapped(ctx, x):
-    rank = len(SymbolicShapes(ctx.view).dims(x))  # type: ignore[arg-type]
+    rank = len(ctx.dims(x))  # type: ignore[arg-type]
     return {"perm": [*range(rank - 2), rank - 1, rank - 2]}

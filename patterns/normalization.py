@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from graphopt.ir.symbolic import SymbolicShapes, dims_equal
+from graphopt.ir.symbolic import dims_equal
 from graphopt.pattern.native import RewriteDeclined, native_constraint, native_rewrite
 
 
@@ -49,8 +49,7 @@ def is_square(ctx, form, exponent):
 @native_constraint("SameStaticShape")
 def same_static_shape(ctx, a, b):
     """a and b have the same known shape (static dims equal, symbolic dims the same name)."""
-    sym = SymbolicShapes(ctx.view)
-    sa, sb = sym.dims(a), sym.dims(b)
+    sa, sb = ctx.dims(a), ctx.dims(b)
     if sa is None or sb is None:
         return "a shape is unknown"
     if not dims_equal(sa, sb):

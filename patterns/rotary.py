@@ -317,11 +317,10 @@ def rotary_cos_sin(ctx, form, x, cos, sin):
     return True
 
 
-@native_constraint("RotaryLayout")
-def rotary_layout(ctx, x, cos, layout, batch):
-    """x is 4-D with the heads on axis 1 ("bnsh") or 2 ("bsnh"); cos broadcasts over the
-    heads (1 there) and has x's sequence dim; its batch dim is 1 ("one"), x's batch
-    ("batch"), or either ("any")."""
+def _check_layout(ctx, x, cos, layout: str, batch: str) -> str | None:
+    """None if x is 4-D with the heads on axis 1 ("bnsh") or 2 ("bsnh"), cos broadcasts over
+    the heads (1 there) and has x's sequence dim, and its batch dim is 1 ("one") or x's
+    batch ("batch"); otherwise why not."""
     xs, cs = ctx.shape(x), ctx.shape(cos)
     if xs is None or len(xs) != 4 or cs is None or len(cs) != 4:
         return f"the rotated input has shape {None if xs is None else list(xs)}, not 4-D"
@@ -339,19 +338,39 @@ def rotary_layout(ctx, x, cos, layout, batch):
         return f"cos {list(cs)} has a batch dim {cs[0]}, not 1 (positions shared by the batch)"
     if batch == "batch" and not same:
         return f"cos {list(cs)} has a batch dim {cs[0]}, not x's {xs[0]}"
-    if batch == "any" and not (one or same):
-        return f"cos {list(cs)} has a batch dim {cs[0]}, neither 1 nor x's {xs[0]}"
-    return True
+    return None
+
+
+def _layout(ctx, x, cos) -> tuple[str | None, str]:
+    """("bnsh" | "bsnh" | "batched", "") for the layouts the rule rewrites, else (None, why not)."""
+    problem = _check_layout(ctx, x, cos, "bnsh", "one")
+    if problem is None:
+        return "bnsh", ""
+    if _check_layout(ctx, x, cos, "bnsh", "batch") is None:
+        return "batched", ""
+    if _check_layout(ctx, x, cos, "bsnh", "one") is None:
+        return "bsnh", ""
+    return None, problem
+
+
+@native_constraint("RotaryLayout")
+def rotary_layout(ctx, x, cos):
+    """x and cos in one of the layouts FuseRotaryEmbedding rewrites (see rotary.pdll)."""
+    layout, problem = _layout(ctx, x, cos)
+    return True if layout is not None else problem
 
 
 @native_rewrite("RotaryCaches")
-def rotary_caches(ctx, form, x):
-    """Slice bounds that cut the half-width values out of cos / sin on the last axis, and
-    the shapes and scalars the rewrites use."""
+def rotary_caches(ctx, form, x, cos):
+    """Slice bounds that cut the half-width values out of cos / sin on the last axis, the
+    shapes and scalars the rewrites use, and the layout (which replacement applies)."""
     head = _head(ctx, x)
     if isinstance(head, str):
         raise RewriteDeclined(head)
     _, dim = head
+    layout, problem = _layout(ctx, x, cos)
+    if layout is None:
+        raise RewriteDeclined(problem)
     i64 = np.int64
     step = 1 if form == "half" else 2
     return {
@@ -368,4 +387,7 @@ def rotary_caches(ctx, form, x):
         "last": np.array([-1], i64),
         "ones2": np.array([1, 1], i64),
         "interleaved": 0 if form == "half" else 1,
+        "layout": layout,
+        # The standard RotaryEmbedding takes [batch, heads, seq, head] with caches per batch row.
+        "standard_layout": "bnsh" if layout in ("bnsh", "batched") else layout,
     }

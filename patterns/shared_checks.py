@@ -5,23 +5,6 @@ from __future__ import annotations
 from graphopt.pattern.native import native_constraint
 
 
-@native_constraint("DefaultOpsetAtLeast")
-def default_opset_at_least(ctx, version):
-    """The model imports the default ONNX domain at `version` or later (the standard op exists)."""
-    opset = ctx.opset("")
-    if opset is None or opset < int(version):
-        return f"the model's opset is {opset}; the standard op needs {int(version)}"
-    return True
-
-
-@native_constraint("DefaultOpsetBelow")
-def default_opset_below(ctx, version):
-    opset = ctx.opset("")
-    if opset is not None and opset >= int(version):
-        return f"the model's opset is {opset}; the standard op is used from {int(version)}"
-    return True
-
-
 @native_constraint("IsPerFeature")
 def is_per_feature(ctx, x, p):
     """p (optional) has shape [hidden] where hidden is x's static last dim, and x's dtype:

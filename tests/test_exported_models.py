@@ -53,7 +53,7 @@ def test_cnn_without_exporter_folding_gets_batchnorm_folded_and_fused() -> None:
     assert after[("", "BatchNormalization")] == 0
     folded = sum(report.rules[r].applications for r in report.rules if r.startswith("Fold") and "BatchNorm" in r)
     assert folded == before["BatchNormalization"]
-    assert after[("com.microsoft", "FusedConv")] == report.rules["FuseConvRelu"].applications > 0
+    assert after[("com.microsoft", "FusedConv")] == report.rules["FuseConvActivation"].applications > 0
 
 
 def test_transformer_exports_explain_what_did_not_fold() -> None:

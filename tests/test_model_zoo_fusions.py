@@ -278,6 +278,6 @@ def test_pre_norm_residuals_become_skip_rmsnorms_keeping_the_sum(name: str) -> N
 def test_mobilenet_on_cuda_explains_the_unfused_clips() -> None:
     # ReLU6 is Clip(0, 6); onnxruntime's CUDA FusedConv only takes Relu (the CPU one takes Clip).
     _, report = optimized("mobilenet-tiny-torchscript", "ort-cuda")
-    stats = report.rules["FuseConvClip"]
+    stats = report.rules["FuseConvActivation"]
     assert stats.applications == 0
     assert stats.near_misses and all("activations are Relu, not Clip" in m.reason for m in stats.near_misses)

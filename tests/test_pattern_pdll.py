@@ -56,7 +56,7 @@ def error_of(text: str, path: str = "t.pdll") -> str:
 
 FOLD_BN = """\
 // line comment at the top
-Constraint IsLosslessWidening(src: Attr, mid: Attr);          // typed params, types ignored
+Constraint IsLosslessWidening(src: Attr, mid: Attr);          // typed params (PDLL's spelling)
 Rewrite FoldBN(w, b, g, beta, mean, var, eps) -> (w, b);
 
 /// Conv followed by inference BatchNormalization -> one Conv with folded weights
@@ -81,7 +81,7 @@ def test_design_example_parses_to_exact_ir() -> None:
     pf = parse_pdll(FOLD_BN, "fold.pdll")
     assert pf.path == "fold.pdll"
     assert pf.natives == (
-        NativeDecl("Constraint", "IsLosslessWidening", ("src", "mid"), (), SourceLoc("fold.pdll", 2, 1)),
+        NativeDecl("Constraint", "IsLosslessWidening", ("src", "mid"), (), SourceLoc("fold.pdll", 2, 1), ("attr", "attr")),
         NativeDecl("Rewrite", "FoldBN", ("w", "b", "g", "beta", "mean", "var", "eps"), ("w", "b"), SourceLoc("fold.pdll", 3, 1)),
     )
     fold, drop = pf.rules

@@ -81,7 +81,7 @@ def test_golden_file_prints_back_identically() -> None:
     assert print_pattern_file(pf) == FOLD_BN
 
 
-def test_printer_normalizes_layout_and_drops_param_types() -> None:
+def test_printer_normalizes_layout_and_keeps_param_kinds() -> None:
     messy = """
         Constraint  C( a : Attr ,b);   // comment
         Pattern   P   {
@@ -90,7 +90,7 @@ def test_printer_normalizes_layout_and_drops_param_types() -> None:
         }
     """
     assert print_pattern_file(parse_pdll(messy, "m.pdll")) == (
-        "Constraint C(a, b);\n\nPattern P {\n  let r = op<Relu>(x: Const) {alpha = 1.0};\n  replace r with x;\n}\n"
+        "Constraint C(a: attr, b);\n\nPattern P {\n  let r = op<Relu>(x: Const) {alpha = 1.0};\n  replace r with x;\n}\n"
     )
 
 

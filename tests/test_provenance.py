@@ -57,9 +57,9 @@ def test_metadata_survives_lowering_and_saving(tmp_path: Path) -> None:
     fused = [n for n in saved.graph.node if n.op_type == "FusedConv"]
     assert len(fused) == 1 and fused[0].domain == "com.microsoft"
     props = _props(fused[0])
-    assert props[provenance.RULE_KEY] == "FuseConvRelu"
+    assert props[provenance.RULE_KEY] == "FuseConvActivation"
     record = next(r for r in report.applied if r.index == int(props[provenance.REWRITE_KEY]))
-    assert record.rule == "FuseConvRelu"
+    assert record.rule == "FuseConvActivation"
     # The Conv it absorbed was made by FoldConvBatchNorm: its replaced nodes are inherited.
     assert set(props[provenance.REPLACED_KEY].split(",")) == {"relu1", "conv1", "bn1"}
 

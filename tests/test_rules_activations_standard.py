@@ -17,7 +17,7 @@ from rule_testing import TensorProto, assert_same_outputs, helper, init, make_mo
 
 F = TensorProto.FLOAT
 MS = "com.microsoft"
-BIAS_RULES = ["FuseGeluErf", "FuseGeluTanhStandard", "FuseBiasGeluStandard", "FuseBiasFastGeluStandard", "FuseBiasGelu", "FuseBiasFastGelu"]
+BIAS_RULES = ["FuseGeluErf", "FuseGeluTanh", "FuseBiasGelu", "FuseBiasFastGelu"]
 D = 16
 
 
@@ -57,10 +57,10 @@ def bias_gelu_erf_decomposed() -> onnx.ModelProto:
     return _model(nodes, inits)
 
 
-# --- FuseBiasGeluStandard / FuseBiasFastGeluStandard ---------------------------------
+# --- FuseBiasGelu / FuseBiasFastGelu ---------------------------------
 
 
-@pytest.mark.parametrize("approximate, op, rule", [("none", (MS, "BiasGelu"), "FuseBiasGeluStandard"), ("tanh", (MS, "FastGelu"), "FuseBiasFastGeluStandard")])
+@pytest.mark.parametrize("approximate, op, rule", [("none", (MS, "BiasGelu"), "FuseBiasGelu"), ("tanh", (MS, "FastGelu"), "FuseBiasFastGelu")])
 @pytest.mark.parametrize("target", ["ort-cpu", "ort-cuda"])
 def test_bias_add_feeding_standard_gelu_fuses_on_onnxruntime(approximate: str, op: tuple[str, str], rule: str, target: str) -> None:
     model = bias_gelu(approximate)
@@ -75,11 +75,11 @@ def test_bias_add_feeding_standard_gelu_fuses_on_onnxruntime(approximate: str, o
 
 
 def test_decomposed_erf_gelu_with_bias_becomes_bias_gelu_in_one_run() -> None:
-    # FuseGeluErf makes the standard Gelu (opset 20); the driver re-queues it and FuseBiasGeluStandard takes the Add.
+    # FuseGeluErf makes the standard Gelu (opset 20); the driver re-queues it and FuseBiasGelu takes the Add.
     model = bias_gelu_erf_decomposed()
     optimized, report = optimize_with(model, BIAS_RULES, target="ort-cpu")
     assert rewrites(report, "FuseGeluErf") == 1
-    assert rewrites(report, "FuseBiasGeluStandard") == 1
+    assert rewrites(report, "FuseBiasGelu") == 1
     assert _ops(optimized) == [(MS, "BiasGelu")]
     assert_same_outputs(model, optimized, rtol=1e-4, atol=1e-4)
 
@@ -89,7 +89,7 @@ def test_bias_add_feeding_standard_gelu_stays_for_plain_onnx(approximate: str) -
     optimized, report = optimize_with(bias_gelu(approximate), BIAS_RULES, target="onnx")
     assert sum(rewrites(report, r) for r in BIAS_RULES) == 0
     assert op_types(optimized) == ["Add", "Gelu"]
-    rule = "FuseBiasGeluStandard" if approximate == "none" else "FuseBiasFastGeluStandard"
+    rule = "FuseBiasGelu" if approximate == "none" else "FuseBiasFastGelu"
     wanted = "BiasGelu" if approximate == "none" else "FastGelu"
     assert report.rules[rule].near_misses[0].reason == f"target onnx has no lowering for graphopt.{wanted}"
 
@@ -108,7 +108,7 @@ def test_bias_gelu_negative_cases(case: str, approximate: str) -> None:
     optimized, report = optimize_with(model, BIAS_RULES, target="ort-cpu")
     assert sum(rewrites(report, r) for r in BIAS_RULES) == 0
     assert op_types(optimized) == ["Add", "Gelu"]
-    rule = "FuseBiasGeluStandard" if approximate == "none" else "FuseBiasFastGeluStandard"
+    rule = "FuseBiasGelu" if approximate == "none" else "FuseBiasFastGelu"
     reason = report.rules[rule].near_misses[0].reason
     expected = {"not-constant": "not a constant", "second-user": "produces a graph output", "2-D": "rank 2", "broadcast": "expected [16]"}[case]
     assert expected in reason, reason
@@ -117,9 +117,9 @@ def test_bias_gelu_negative_cases(case: str, approximate: str) -> None:
 
 def test_gelu_with_another_approximation_is_not_taken_as_tanh() -> None:
     model = bias_gelu("none")
-    optimized, report = optimize_with(model, ["FuseBiasFastGeluStandard"], target="ort-cpu")
-    assert rewrites(report, "FuseBiasFastGeluStandard") == 0
-    assert "approximate" in report.rules["FuseBiasFastGeluStandard"].near_misses[0].reason
+    optimized, report = optimize_with(model, ["FuseBiasFastGelu"], target="ort-cpu")
+    assert rewrites(report, "FuseBiasFastGelu") == 0
+    assert "approximate" in report.rules["FuseBiasFastGelu"].near_misses[0].reason
 
 
 # --- FuseSiLU ------------------------------------------------------------------------
@@ -187,7 +187,7 @@ def _models():
 
 # BERT's intermediate dense is nn.Linear on [batch, seq, hidden]: MatMul + Add(bias) + Gelu, one
 # per layer (2 layers). GPT-2's c_fc is a Gemm with its bias inside: nothing for the bias rules,
-# its tanh GELU becomes Gelu(tanh) (FuseGeluTanhStandard) and stays the standard op.
+# its tanh GELU becomes Gelu(tanh) (FuseGeluTanh) and stays the standard op.
 @pytest.mark.filterwarnings("ignore")
 @pytest.mark.parametrize("target", ["ort-cpu", "onnx"])
 def test_tiny_bert_dynamo_gets_bias_gelu(target: str) -> None:
@@ -200,10 +200,10 @@ def test_tiny_bert_dynamo_gets_bias_gelu(target: str) -> None:
     optimized, report = graphopt.optimize(onnx.load(source), target=target)
     after = Counter((n.domain, n.op_type) for n in optimized.graph.node)
     if target == "ort-cpu":
-        assert rewrites(report, "FuseBiasGeluStandard") == 2
+        assert rewrites(report, "FuseBiasGelu") == 2
         assert after[(MS, "BiasGelu")] == 2 and after[("", "Gelu")] == 0
     else:
-        assert rewrites(report, "FuseBiasGeluStandard") == 0
+        assert rewrites(report, "FuseBiasGelu") == 0
         assert after[("", "Gelu")] == 2
     result = verify(source, optimized)
     assert result.passed, result.message
@@ -217,6 +217,6 @@ def test_tiny_gpt2_dynamo_has_no_bias_gelu() -> None:
 
     source = _models().TINY_MODELS["gpt2-tiny-dynamo"]()
     optimized, report = graphopt.optimize(onnx.load(source), target="ort-cpu")
-    assert rewrites(report, "FuseGeluTanhStandard") == 2
-    assert rewrites(report, "FuseBiasGeluStandard") == rewrites(report, "FuseBiasFastGeluStandard") == 0
+    assert rewrites(report, "FuseGeluTanh") == 2
+    assert rewrites(report, "FuseBiasGelu") == rewrites(report, "FuseBiasFastGelu") == 0
     assert Counter(n.op_type for n in optimized.graph.node)["Gelu"] == 2

@@ -105,12 +105,12 @@ def test_gpt2_written_out_gelu_and_pre_ln_residuals() -> None:
     reports, calls = _compile_and_compare(model, {"input_ids": _tokens()["input_ids"]})
     applied = _applied(reports[0])
     assert applied["FuseScaledDotProductAttention"] == 2
-    assert applied["FuseGeluTanhStandard"] == 2  # NewGELU's tanh formula -> aten.gelu(approximate="tanh")
+    assert applied["FuseGeluTanh"] == 2  # NewGELU's tanh formula -> aten.gelu(approximate="tanh")
     assert applied.get("FuseSkipLayerNorm", 0) == 4
     assert reports[0].after.ops.get("Gelu") == 2 and "Tanh" not in reports[0].after.ops
     # On CUDA the MLP projection would take it as its epilogue (cuBLASLt's bias + tanh GELU).
-    misses = {m.reason for m in reports[0].rules["FuseGemmGeluTanh"].near_misses}
-    assert "FuseGemmGeluTanh" not in applied and any("CUDA tensors only" in r for r in misses)
+    misses = {m.reason for m in reports[0].rules["FuseGemmActivation"].near_misses}
+    assert "FuseGemmActivation" not in applied and any("CUDA tensors only" in r for r in misses)
     assert calls["graphopt.layer_norm.default"] == 4
 
 

@@ -20,7 +20,7 @@ import onnx_ir as ir
 from graphopt.ir import provenance as provenance_keys
 from graphopt.pattern.ir import MISSING
 
-__all__ = ["OnnxView", "DTYPE_NAMES", "dtype_name", "onnx_dtype_from_name"]
+__all__ = ["OnnxView", "DTYPE_NAMES", "dtype_name"]
 
 DTYPE_NAMES: dict[ir.DataType, str] = {
     ir.DataType.FLOAT: "f32",
@@ -42,17 +42,12 @@ DTYPE_NAMES: dict[ir.DataType, str] = {
     ir.DataType.FLOAT8E4M3FN: "f8e4m3fn",
     ir.DataType.FLOAT8E5M2: "f8e5m2",
 }
-_NAME_TO_DTYPE = {v: k for k, v in DTYPE_NAMES.items()}
 
 
 def dtype_name(dtype: ir.DataType | int | None) -> str | None:
     if dtype is None:
         return None
     return DTYPE_NAMES.get(ir.DataType(dtype), ir.DataType(dtype).name.lower())
-
-
-def onnx_dtype_from_name(name: str) -> int:
-    return int(_NAME_TO_DTYPE[name])
 
 
 @lru_cache(maxsize=4096)

@@ -29,9 +29,9 @@ from graphopt.ir import provenance
 from graphopt.ir.view import GraphView
 from graphopt.match.cycles import TopoOrder, cycle_through
 from graphopt.match.matcher import Failure, Match, Matcher, OpBinding
-from graphopt.match.rewrite import plan_rewrite
+from graphopt.match.rewrite import plan_rewrite, target_variants
 from graphopt.ops.targets import Target
-from graphopt.pattern.ir import Rule
+from graphopt.pattern.ir import Rule, required_ops
 from graphopt.pattern.native import RewriteDeclined, UserCodeExit
 from graphopt.report.model import NearMiss, Report, RewriteRecord
 from graphopt.report.snapshot import capture_snapshot
@@ -44,18 +44,29 @@ class RuleFailed(GraphoptError):
 
 
 class RuleSet:
-    """Rules indexed by root op, each bucket sorted by benefit (highest first)."""
+    """Rules indexed by root op (every type a root of alternatives matches), each
+    bucket sorted by benefit (highest first), each rule with the op types it needs."""
 
     def __init__(self, rules: Iterable[Rule]) -> None:
         self.rules = list(rules)
         self.by_op: dict[tuple[str, str], list[Rule]] = {}
         for rule in self.rules:
-            self.by_op.setdefault(rule.root_key, []).append(rule)
+            for variant in target_variants(rule):  # `first { a, b }`: a, then b if the target refused a
+                for key in rule.root_keys:
+                    self.by_op.setdefault(key, []).append(variant)
         for bucket in self.by_op.values():
             bucket.sort(key=lambda r: (-r.effective_benefit, r.name))
+        #: Per rule: the op positions every match goes through, each a set of types that can fill it.
+        self.needs: dict[str, tuple[frozenset[tuple[str, str]], ...]] = {r.name: required_ops(r.root) for r in self.rules}
 
     def __len__(self) -> int:
         return len(self.rules)
+
+    def cannot_match(self, rule: Rule, present: set[tuple[str, str]] | frozenset[tuple[str, str]]) -> bool:
+        """Early reject: True if the rule cannot match anywhere in a scope holding the op
+        types `present` (a superset is fine). Opset guards are left to the matcher, which
+        checks them first and says why (a near-miss worth reporting)."""
+        return any(present.isdisjoint(types) for types in self.needs[rule.name])
 
 
 @dataclass
@@ -119,6 +130,8 @@ def apply_rules(view: GraphView, rules: RuleSet, target: Target, report: Report,
         worklist = _Worklist(view, scope)
         order = TopoOrder(view, scope)
         push = worklist.push
+        # The op types of the scope, for early reject; rewrites only add to it (a superset is safe).
+        present = {view.op_key(n) for n in view.nodes(scope)}
         while worklist:
             node = worklist.pop()
             if view.scope_of(node) is not scope:
@@ -126,8 +139,14 @@ def apply_rules(view: GraphView, rules: RuleSet, target: Target, report: Report,
             bucket = rules.by_op.get(view.op_key(node))
             if not bucket:
                 continue
+            unmatched = None  # a rule that did not match here: its other `first` variants would not either
             for rule in bucket:
                 stats = report.rules[rule.name]
+                if rule.name == unmatched:
+                    continue
+                if rules.cannot_match(rule, present):
+                    stats.skipped += 1
+                    continue
                 started = time.perf_counter()
                 trace_into = report if options.trace_all else None
                 try:
@@ -138,6 +157,7 @@ def apply_rules(view: GraphView, rules: RuleSet, target: Target, report: Report,
                         continue
                     stats.attempts += 1
                     if isinstance(outcome, Failure):
+                        unmatched = rule.name
                         if options.trace or options.observe is not None:
                             _near_miss(view, stats, rule, node, scope_label, outcome, trace_into, options.observe)
                         continue
@@ -182,6 +202,7 @@ def apply_rules(view: GraphView, rules: RuleSet, target: Target, report: Report,
                     resorted = any(id(old) not in root_outputs for old, _ in planned.replacements)
                     touched = view.commit(node, planned.new_nodes, planned.replacements, outcome.nodes, provenance=made_by)
                     order.place(node, planned.new_nodes, resorted)
+                    present.update(view.op_key(n) for n in planned.new_nodes)
                     applied += 1
                     stats.applications += 1
                     stats.rewrites.append(

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from graphopt.ir.view import GraphView
+from graphopt.match.context import MatchContext
 from graphopt.pattern.ir import (
     COMMUTATIVE_OPS,
     MISSING,
@@ -32,6 +33,7 @@ from graphopt.pattern.ir import (
     ValueConstraint,
     Var,
     bound_names,
+    op_key_text,
 )
 from graphopt.pattern.native import call_native, lookup
 
@@ -61,34 +63,6 @@ class Failure:
     reason: str
     #: The nodes matched before the failure (the part of the subgraph that was tried).
     nodes: tuple[Any, ...] = ()
-
-
-class MatchContext:
-    """What native helpers see: read-only questions about bound values, plus constant
-    creation during a rewrite."""
-
-    def __init__(self, view: GraphView, scope: Any = None) -> None:
-        self.view = view
-        self.scope = scope
-
-    def array(self, value: Any) -> np.ndarray | None:
-        return None if value is None else self.view.const_array(value)
-
-    def dtype(self, value: Any) -> str | None:
-        return None if value is None else self.view.dtype(value)
-
-    def shape(self, value: Any) -> tuple[int | str | None, ...] | None:
-        return None if value is None else self.view.shape(value)
-
-    def rank(self, value: Any) -> int | None:
-        shape = self.shape(value)
-        return None if shape is None else len(shape)
-
-    def constant(self, array: np.ndarray, name_hint: str = "const") -> Any:
-        return self.view.new_constant(self.scope, np.asarray(array), name_hint)
-
-    def opset(self, domain: str = "") -> int | None:
-        return self.view.opset(domain)
 
 
 class _Env:
@@ -139,6 +113,10 @@ class Matcher:
         """The first complete match of `rule` rooted at `root`, or the nearest miss."""
         self._best = None
         self._scope = self.view.scope_of(root)
+        for guard in rule.guards:
+            version = self.view.opset(guard.domain)
+            if not guard.admits(version):
+                return Failure(0, root, f"the model's {'opset' if not guard.domain else guard.domain + ' opset'} is {version}; the rule needs {guard.describe()}")
         ctx = MatchContext(self.view, self._scope)
         for env in self._match_node(rule.root, root, _Env({}, ()), depth=0):
             nodes = env.nodes
@@ -224,9 +202,11 @@ class Matcher:
     def _match_node(self, p: OpMatch, node: Any, env: _Env, depth: int) -> Iterator[_Env]:
         view = self.view
         key = view.op_key(node)
-        if key != (p.domain, p.op_type):
+        if key != (p.domain, p.op_type) and key not in p.alternatives:
             self._fail(depth, node, f"expected {_op_name(p)}, got {_key_name(key)}", env.nodes)
             return
+        if p.type_bind is not None:
+            env = env.bind(p.type_bind, op_key_text(key))
         for a in p.attrs:
             actual = view.attr(node, a.name)
             if actual is MISSING:
@@ -358,8 +338,7 @@ def _node_of(bindings: dict[str, Any], call: Call) -> Any:
 
 
 def _op_name(p: OpMatch) -> str:
-    return _key_name((p.domain, p.op_type))
+    return "|".join(op_key_text(k) for k in p.keys)
 
 
-def _key_name(key: tuple[str, str]) -> str:
-    return f"{key[0]}.{key[1]}" if key[0] else key[1]
+_key_name = op_key_text

@@ -9,6 +9,7 @@ not committed.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -17,10 +18,10 @@ import numpy as np
 
 from graphopt.ir.view import GraphView
 from graphopt.match.matcher import Match, MatchContext, OpBinding
-from graphopt.pattern.ir import Build, Call, Choose, Let, Lit, Ref, Replace
+from graphopt.pattern.ir import Build, Call, Choose, Expr, FirstOf, Let, Lit, OpsetChoose, Ref, Replace, Rule, parse_op_key
 from graphopt.pattern.native import RewriteDeclined, call_native, lookup
 
-__all__ = ["PlannedRewrite", "plan_rewrite"]
+__all__ = ["PlannedRewrite", "plan_rewrite", "target_variants"]
 
 
 @dataclass
@@ -81,11 +82,22 @@ def plan_rewrite(view: GraphView, match: Match) -> PlannedRewrite:
         if isinstance(expr, Choose):
             label = _plain(evaluate(expr.tag))
             for branch, branch_expr in expr.branches:
-                if branch == label:
+                if branch == label or (isinstance(label, str) and label.rpartition(".")[2] == branch):  # a type: its name
                     return None if branch_expr is None else evaluate(branch_expr, hint)
-            raise RewriteDeclined(f"no rewrite for '{label}' of {expr.tag.name}")
+            tag = expr.tag.name if expr.tag.field is None else f"{expr.tag.name}.{expr.tag.field}"
+            raise RewriteDeclined(f"no rewrite for {tag} = {label!r}")
+        if isinstance(expr, FirstOf):  # a rule not split by target_variants: its first option
+            return evaluate(expr.options[0], hint)
+        if isinstance(expr, OpsetChoose):
+            version = view.opset(expr.domain)
+            for guard, branch_expr in expr.branches:
+                if guard.admits(version):
+                    return evaluate(branch_expr, hint)
+            ranges = " or ".join(guard.describe() for guard, _ in expr.branches)
+            raise RewriteDeclined(f"the model's opset is {version}; the rewrite needs {ranges}")
         if isinstance(expr, Build):
-            operands = [None if o is None else as_value(evaluate(o, f"{expr.op_type}_in"), f"{expr.op_type}_in") for o in expr.operands]
+            hint_in = f"{expr.op_type or 'op'}_in"
+            operands = [None if o is None else as_value(evaluate(o, hint_in), hint_in) for o in expr.operands]
             attrs: dict[str, Any] = {}
             # New nodes are named after the node they stand in for, so reports and tools can trace them.
             name_hint = view.label(match.root)
@@ -100,7 +112,8 @@ def plan_rewrite(view: GraphView, match: Match) -> PlannedRewrite:
                     attrs.pop(name, None)  # None removes an attribute (e.g. one that was copied)
                 else:
                     attrs[name] = value
-            node = view.new_node(scope, expr.domain, expr.op_type, operands, attrs, expr.num_outputs, name_hint=name_hint)
+            domain, op_type = (expr.domain, expr.op_type) if expr.type_ref is None else parse_op_key(env[expr.type_ref])
+            node = view.new_node(scope, domain, op_type, operands, attrs, expr.num_outputs, name_hint=name_hint)
             new_nodes.append(node)
             built = _BuiltOutputs(node, view)
             return built if expr.num_outputs > 1 else built.outputs[0]
@@ -134,4 +147,46 @@ def plan_rewrite(view: GraphView, match: Match) -> PlannedRewrite:
 
 def _plain(value: Any) -> Any:
     return value.value if isinstance(value, OpBinding) else value
+
+
+
+def target_variants(rule: Rule) -> list[Rule]:
+    """The rule once per option of each `first { ... }` in its rewrite, in order.
+
+    The driver tries them one after another at a node: an option the target cannot run
+    is refused like any rewrite, and the next one is tried. All keep the rule's name."""
+    found: list[FirstOf] = []
+
+    def find(e: object) -> None:
+        if found:
+            return
+        if isinstance(e, FirstOf):
+            found.append(e)
+        elif dataclasses.is_dataclass(e):
+            for f in dataclasses.fields(e):
+                value = getattr(e, f.name)
+                for item in value if isinstance(value, tuple) else (value,):
+                    for part in item if isinstance(item, tuple) else (item,):
+                        find(part)
+
+    for stmt in rule.body:
+        find(stmt)
+    if not found:
+        return [rule]
+    target = found[0]
+    variants: list[Rule] = []
+    for option in target.options:
+        body = tuple(_substitute(stmt, target, option) for stmt in rule.body)
+        variants += target_variants(dataclasses.replace(rule, body=body))  # type: ignore[arg-type]
+    return variants
+
+
+def _substitute(e: object, old: FirstOf, new: Expr) -> object:
+    if e is old:
+        return new
+    if isinstance(e, tuple):
+        return tuple(_substitute(x, old, new) for x in e)
+    if isinstance(e, (Build, Call, Choose, OpsetChoose, FirstOf, Let, Replace)):
+        return dataclasses.replace(e, **{f.name: _substitute(getattr(e, f.name), old, new) for f in dataclasses.fields(e)})  # type: ignore[arg-type]
+    return e
 

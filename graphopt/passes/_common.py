@@ -11,7 +11,6 @@ import onnx_ir as ir
 __all__ = [
     "ONNX_DOMAINS",
     "NON_DETERMINISTIC_OPS",
-    "is_onnx_op",
     "is_non_deterministic",
     "subgraphs",
     "has_subgraphs",
@@ -32,10 +31,6 @@ NON_DETERMINISTIC_OPS = frozenset(
         "Bernoulli",
     }
 )
-
-
-def is_onnx_op(node: ir.Node) -> bool:
-    return node.domain in ONNX_DOMAINS
 
 
 def is_non_deterministic(node: ir.Node) -> bool:

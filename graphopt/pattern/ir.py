@@ -25,7 +25,10 @@ __all__ = [
     "OpMatch",
     "AltMatch",
     "MatchNode",
+    "OpsetGuard",
     "Choose",
+    "OpsetChoose",
+    "FirstOf",
     "Ref",
     "Lit",
     "Call",
@@ -35,6 +38,7 @@ __all__ = [
     "Replace",
     "Statement",
     "NativeDecl",
+    "NATIVE_KINDS",
     "Rule",
     "PatternFile",
     "VALUE_CONSTRAINTS",
@@ -42,6 +46,9 @@ __all__ = [
     "iter_match_nodes",
     "bound_names",
     "default_benefit",
+    "required_ops",
+    "op_key_text",
+    "parse_op_key",
 ]
 
 
@@ -137,6 +144,11 @@ class OpMatch:
     it); `output` picks which output of the node the operand refers to. Interior
     ops are single-use by default; a `shared` op may have users outside the match
     (it then survives the rewrite), e.g. a Shape feeding several Gathers.
+
+    `op<Relu|Tanh|Sigmoid>` accepts any of several op types: `alternatives` holds
+    the (domain, op_type) pairs after the first; `type_bind` (`op<kind: Relu|Tanh>`)
+    binds the type that matched, as text ("Relu", "graphopt.FusedConv"), for the
+    rewrite (an attribute value, or `op<kind>(...)` to build the same op).
     """
 
     op_type: str
@@ -146,6 +158,13 @@ class OpMatch:
     name: str | None = None
     output: int = 0
     shared: bool = False
+    alternatives: tuple[tuple[str, str], ...] = ()
+    type_bind: str | None = None
+
+    @property
+    def keys(self) -> tuple[tuple[str, str], ...]:
+        """Every (domain, op_type) this op matches, the first one first."""
+        return ((self.domain, self.op_type), *self.alternatives)
 
 
 @dataclass(frozen=True)
@@ -161,6 +180,27 @@ class AltMatch:
 
 
 MatchNode = Var | OpMatch | AltMatch
+
+
+@dataclass(frozen=True)
+class OpsetGuard:
+    """`where opset >= 20;`: the rule applies only where the model imports `domain`
+    at a version in [low, high] (None: unbounded). Checked once per graph, before matching."""
+
+    domain: str = ""
+    low: int | None = None
+    high: int | None = None
+
+    def admits(self, version: int | None) -> bool:
+        if version is None:  # the model does not import the domain: older than any version
+            return self.low is None
+        return (self.low is None or version >= self.low) and (self.high is None or version <= self.high)
+
+    def describe(self) -> str:
+        what = f"opset({self.domain})" if self.domain else "opset"
+        if self.low is not None and self.high is not None:
+            return f"{what} >= {self.low}, <= {self.high}" if self.low != self.high else f"{what} == {self.low}"
+        return f"{what} >= {self.low}" if self.low is not None else f"{what} <= {self.high}"
 
 # -------------------------------------------------------------- rewrite half
 
@@ -193,7 +233,9 @@ class Build:
     """A new node: `op<Conv>(x, f.w, f.b) {..conv, group = 1}`.
 
     `copy_from` copies every attribute of a matched node; `attrs` are set on
-    top of that. An operand of None is an omitted optional input.
+    top of that. An operand of None is an omitted optional input. `type_ref`
+    names a matched op type (`op<kind: Relu|Tanh>` in the match, `op<kind>(y)`
+    here): the new node gets that type, and `op_type` / `domain` are empty.
     """
 
     op_type: str
@@ -202,6 +244,7 @@ class Build:
     attrs: tuple[tuple[str, Expr], ...] = ()
     copy_from: str | None = None
     num_outputs: int = 1
+    type_ref: str | None = None
 
 
 @dataclass(frozen=True)
@@ -216,7 +259,26 @@ class Choose:
     branches: tuple[tuple[str, Expr | None], ...]  # None: `_`, an omitted input
 
 
-Expr = Ref | Lit | Call | Build | Choose
+@dataclass(frozen=True)
+class OpsetChoose:
+    """`alt opset { >= 20: expr, < 20: expr }`: the first branch whose range admits
+    the model's version of `domain`; none admitting it declines the rewrite."""
+
+    domain: str
+    branches: tuple[tuple[OpsetGuard, Expr], ...]
+
+
+@dataclass(frozen=True)
+class FirstOf:
+    """`first { a, b }`: `a` if the target can run what it builds, else `b`, and so on.
+
+    The driver tries the rule once per option (see `graphopt.match.rewrite.target_variants`):
+    one rule where two used to differ only in the op the target runs."""
+
+    options: tuple[Expr, ...]
+
+
+Expr = Ref | Lit | Call | Build | Choose | OpsetChoose | FirstOf
 
 
 @dataclass(frozen=True)
@@ -236,15 +298,31 @@ class Replace:
 Statement = Let | Replace
 
 
+#: What a native helper's parameter or result is (`Rewrite F(q: value, eps: attr) -> (w: value)`):
+#: a graph value (a tensor: bound value, matched op, built op, array result), an attribute
+#: value or literal, an alternative's tag, a matched op type; "any" when not declared.
+NATIVE_KINDS: frozenset[str] = frozenset({"value", "attr", "tag", "type", "any"})
+
+
 @dataclass(frozen=True)
 class NativeDecl:
-    """A body-less `Constraint Name(a, b);` or `Rewrite Name(a) -> (x, y);`."""
+    """A body-less `Constraint Name(a: value, b: attr);` or `Rewrite Name(a) -> (x: value, y: attr);`.
+
+    `param_kinds` / `result_kinds` are one of NATIVE_KINDS each (empty: all "any")."""
 
     kind: str  # "Constraint" or "Rewrite"
     name: str
     params: tuple[str, ...] = ()
     results: tuple[str, ...] = ()
     loc: SourceLoc | None = None
+    param_kinds: tuple[str, ...] = ()
+    result_kinds: tuple[str, ...] = ()
+
+    def param_kind(self, i: int) -> str:
+        return self.param_kinds[i] if i < len(self.param_kinds) else "any"
+
+    def result_kind(self, name: str) -> str:
+        return self.result_kinds[self.results.index(name)] if name in self.results and self.result_kinds else "any"
 
 
 @dataclass(frozen=True)
@@ -256,6 +334,7 @@ class Rule:
     benefit: int | None = None
     doc: str = ""
     loc: SourceLoc | None = None
+    guards: tuple[OpsetGuard, ...] = ()
     # Not part of the rule's meaning; excluded from equality so round trips compare rules.
     natives: tuple[NativeDecl, ...] = field(default=(), compare=False)
 
@@ -264,8 +343,9 @@ class Rule:
         return self.benefit if self.benefit is not None else default_benefit(self.root)
 
     @property
-    def root_key(self) -> tuple[str, str]:
-        return (self.root.domain, self.root.op_type)
+    def root_keys(self) -> tuple[tuple[str, str], ...]:
+        """Every (domain, op_type) the root matches: the driver tries the rule at nodes of each."""
+        return self.root.keys
 
 
 @dataclass(frozen=True)
@@ -294,7 +374,7 @@ def iter_match_nodes(node: MatchNode, _seen: set[int] | None = None):
 
 
 def bound_names(node: MatchNode) -> set[str]:
-    """Names a match binds: vars, let names, attribute bindings and alt tags."""
+    """Names a match binds: vars, let names, op type and attribute bindings, alt tags."""
     names: set[str] = set()
     for n in iter_match_nodes(node):
         if isinstance(n, Var) and n.name != "_":
@@ -302,6 +382,8 @@ def bound_names(node: MatchNode) -> set[str]:
         elif isinstance(n, OpMatch):
             if n.name:
                 names.add(n.name)
+            if n.type_bind:
+                names.add(n.type_bind)
             names.update(a.bind for a in n.attrs if a.bind)
         elif isinstance(n, AltMatch):
             names.add(n.tag_var)
@@ -323,3 +405,38 @@ def default_benefit(node: MatchNode) -> int:
         return 0
 
     return count(node)
+
+
+def required_ops(node: MatchNode) -> tuple[frozenset[tuple[str, str]], ...]:
+    """The op types a match needs in the graph: one set per op position that every
+    way of matching goes through, each set listing the types that can fill it (an
+    alternative of ops needs one of its branches' root types; deeper in a branch, nothing). A graph lacking every type of one set
+    cannot match: the driver skips the rule there (early reject)."""
+    needed: dict[frozenset[tuple[str, str]], None] = {}
+    seen: set[int] = set()
+
+    def walk(n: MatchNode) -> None:
+        if id(n) in seen or isinstance(n, Var):
+            return
+        if isinstance(n, AltMatch):  # one of its branches: their ops, if every branch is an op
+            if all(isinstance(b, OpMatch) for _, b in n.branches):
+                needed.setdefault(frozenset(k for _, b in n.branches for k in b.keys), None)  # type: ignore[union-attr]
+            return
+        seen.add(id(n))
+        needed.setdefault(frozenset(n.keys), None)
+        for operand in n.operands:
+            walk(operand)
+
+    walk(node)
+    return tuple(needed)
+
+
+def op_key_text(key: tuple[str, str]) -> str:
+    """("", "Relu") -> "Relu"; ("graphopt", "FusedConv") -> "graphopt.FusedConv"."""
+    return f"{key[0]}.{key[1]}" if key[0] else key[1]
+
+
+def parse_op_key(text: str) -> tuple[str, str]:
+    """The inverse of `op_key_text`."""
+    domain, _, op_type = text.rpartition(".")
+    return domain, op_type

@@ -16,6 +16,7 @@ import difflib
 import functools
 import hashlib
 import importlib.util
+import inspect
 import os
 import re
 import sys
@@ -26,7 +27,7 @@ import onnx
 
 from graphopt.errors import PatternError
 from graphopt.pattern.ir import NativeDecl, OpMatch, Rule, iter_match_nodes
-from graphopt.pattern.native import lookup
+from graphopt.pattern.native import NativeFn, declared_fields, lookup
 from graphopt.pattern.pdll import parse_pdll_file
 
 __all__ = ["load_patterns"]
@@ -113,7 +114,12 @@ def _import_error(path: Path, e: BaseException) -> PatternError:
 
 
 def _resolve(decl: NativeDecl) -> None:
-    if lookup(decl.kind, decl.name) is not None:
+    native = lookup(decl.kind, decl.name)
+    if native is not None:
+        if native.params is not None or native.results is not None:
+            _check_declaration(decl, native)
+        else:
+            _check_arity(decl, native.fn, native.source)
         return
     other = "Rewrite" if decl.kind == "Constraint" else "Constraint"
     hint = f" (a {other} of that name is registered)" if lookup(other, decl.name) else ""
@@ -123,6 +129,46 @@ def _resolve(decl: NativeDecl) -> None:
         f"{where}: {decl.kind} '{decl.name}' has no Python implementation{hint}; "
         f'register one with @{register}("{decl.name}") in a .py file beside the patterns'
     )
+
+
+def _check_declaration(decl: NativeDecl, native: NativeFn) -> None:
+    """The .pdll declaration names the same parameters and results, of the same kinds,
+    as the Python one (a kind left out in the .pdll file is taken from Python)."""
+    where = str(decl.loc) if decl.loc else "<unknown>:1:1"
+    if not decl.params and not decl.results:
+        return  # called without a declaration in this file: the Python one is the declaration
+    for what, names, kinds, cls in (
+        ("parameters", decl.params, [decl.param_kind(i) for i in range(len(decl.params))], native.params),
+        ("results", decl.results, [decl.result_kind(r) for r in decl.results], native.results),
+    ):
+        if cls is None:
+            continue
+        python = declared_fields(cls)
+        if tuple(names) != tuple(n for n, _ in python):
+            raise PatternError(
+                f"{where}: {decl.kind} '{decl.name}' is declared with {what} ({', '.join(names)}), but its Python declaration "
+                f"{cls.__name__} at {native.source} has ({', '.join(n for n, _ in python)})"
+            )
+        for name, kind, (_, py_kind) in zip(names, kinds, python):
+            if "any" not in (kind, py_kind) and kind != py_kind:
+                raise PatternError(f"{where}: {decl.kind} '{decl.name}': '{name}' is declared as a {kind}, but {cls.__name__}.{name} is a {py_kind}")
+
+
+def _check_arity(decl: NativeDecl, fn: object, source: str) -> None:
+    """A declared helper's Python function must take `ctx` and one argument per declared
+    parameter: a mismatch is an error at the declaration, not a TypeError mid-optimization."""
+    if not decl.params:
+        return  # no parameters declared (or synthesized from a call without a declaration): nothing to hold it to
+    try:
+        inspect.signature(fn).bind(None, *decl.params)  # type: ignore[arg-type]
+    except TypeError:
+        where = str(decl.loc) if decl.loc else "<unknown>:1:1"
+        raise PatternError(
+            f"{where}: {decl.kind} '{decl.name}' is declared with {len(decl.params)} parameter(s) ({', '.join(decl.params)}), "
+            f"but its Python implementation at {source} cannot take them (after ctx)"
+        ) from None
+    except ValueError:
+        return  # a builtin without a signature: nothing to check
 
 
 def _check_known_ops(rules: list[Rule]) -> None:

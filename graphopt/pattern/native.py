@@ -8,21 +8,35 @@ Every helper receives a `ctx` first (see `graphopt.match.context.MatchContext`),
 through which it reads constant arrays, dtypes and shapes of the bound values in a
 way that works on ONNX and FX graphs alike. A constraint returns True, or False /
 a string saying why it failed. A rewrite returns a value, an array (turned into a
-constant), or a mapping / named tuple whose fields the rule reads as `f.w`; it
+constant), or a mapping / dataclass whose fields the rule reads as `f.w`; it
 raises `RewriteDeclined` to back out of the rewrite with a reason.
+
+A helper may declare what it takes and returns as frozen dataclasses whose fields
+are annotated with the kinds below (`q: Value`, `eps: Attr`, `form: Tag`,
+`kind: OpType`): `@native_rewrite("F", params=FArgs, results=FResult)`. It then
+receives one `FArgs` (named fields instead of a positional bag), and the loader
+holds every `.pdll` declaration of "F" to the same names and kinds, so a wrong call
+is an error at load time with file:line:col, not at run time.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import traceback
-from collections.abc import Callable
+import typing
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 from graphopt.errors import GraphoptError, PatternError
 
 __all__ = [
     "NativeFn",
+    "Value",
+    "Attr",
+    "Tag",
+    "OpType",
+    "declared_fields",
     "RewriteDeclined",
     "native_constraint",
     "native_rewrite",
@@ -38,37 +52,65 @@ class RewriteDeclined(Exception):
     """Raised by a native rewrite that finds, late, that the rewrite is not valid."""
 
 
+# The kinds of a helper's parameters and results, as annotations of its dataclass fields.
+Value = Annotated[Any, "value"]  # a graph value: bound value, matched or built op, array result
+Attr = Annotated[Any, "attr"]  # an attribute value or a literal
+Tag = Annotated[Any, "tag"]  # an alternative's tag (None where the alternative was not reached)
+OpType = Annotated[Any, "type"]  # a matched op type, "Relu" or "graphopt.FusedConv"
+
+
+def declared_fields(cls: type) -> tuple[tuple[str, str], ...]:
+    """(name, kind) of each field of a helper's params/results dataclass, in order."""
+    hints = typing.get_type_hints(cls, include_extras=True)
+    out = []
+    for f in dataclasses.fields(cls):
+        meta = getattr(hints.get(f.name), "__metadata__", ())
+        out.append((f.name, str(meta[0]) if meta else "any"))
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class NativeFn:
     kind: str  # "Constraint" or "Rewrite"
     name: str
     fn: Callable[..., Any]
     source: str  # "file:line" of the Python implementation
+    params: type | None = None  # a dataclass: the helper receives one instance of it
+    results: type | None = None  # a dataclass of what a Rewrite returns (declared, not enforced)
+
+    def call(self, ctx: Any, args: Sequence[Any]) -> Any:
+        if self.params is not None:
+            return self.fn(ctx, self.params(*args))
+        return self.fn(ctx, *args)
 
 
 _REGISTRY: dict[tuple[str, str], NativeFn] = {}
 
 
-def _register(kind: str, name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def _register(kind: str, name: str, params: type | None, results: type | None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    for what, cls in (("params", params), ("results", results)):
+        if cls is not None and not dataclasses.is_dataclass(cls):
+            raise TypeError(f"{kind} {name}: {what}= takes a dataclass, not {cls!r}")
+
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         code = getattr(fn, "__code__", None)
         source = f"{code.co_filename}:{code.co_firstlineno}" if code else repr(fn)
         # Re-registering the same function (a module imported twice) is harmless;
         # a different function under the same name replaces the old one on purpose.
-        _REGISTRY[(kind, name)] = NativeFn(kind, name, fn, source)
+        _REGISTRY[(kind, name)] = NativeFn(kind, name, fn, source, params, results)
         return fn
 
     return decorate
 
 
-def native_constraint(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Register the implementation of `Constraint name(...)`."""
-    return _register("Constraint", name)
+def native_constraint(name: str, *, params: type | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register the implementation of `Constraint name(...)` (see the module doc for `params`)."""
+    return _register("Constraint", name, params, None)
 
 
-def native_rewrite(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Register the implementation of `Rewrite name(...)`."""
-    return _register("Rewrite", name)
+def native_rewrite(name: str, *, params: type | None = None, results: type | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register the implementation of `Rewrite name(...) -> (...)` (see the module doc for `params`, `results`)."""
+    return _register("Rewrite", name, params, results)
 
 
 def lookup(kind: str, name: str) -> NativeFn | None:
@@ -84,7 +126,7 @@ def call_native(native: NativeFn, ctx: Any, *args: Any, rule: str | None = None)
     sys.exit) becomes a PatternError `file:line: Kind name: message`, the line being the
     deepest one in the helper's own file; RewriteDeclined and GraphoptError pass."""
     try:
-        return native.fn(ctx, *args)
+        return native.call(ctx, args)
     except (RewriteDeclined, GraphoptError):
         raise
     except (Exception, SystemExit) as error:

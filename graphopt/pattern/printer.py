@@ -24,11 +24,14 @@ from graphopt.pattern.ir import (
     Call,
     Choose,
     Expr,
+    FirstOf,
     Let,
     Lit,
     MatchNode,
     NativeDecl,
     OpMatch,
+    OpsetChoose,
+    OpsetGuard,
     PatternFile,
     Ref,
     Replace,
@@ -55,10 +58,13 @@ def print_pattern_file(pf: PatternFile) -> str:
 
 
 def print_native(decl: NativeDecl) -> str:
-    params = ", ".join(_name(p) for p in decl.params)
+    def typed(name: str, kind: str) -> str:
+        return _name(name) if kind == "any" else f"{_name(name)}: {kind}"
+
+    params = ", ".join(typed(p, decl.param_kind(i)) for i, p in enumerate(decl.params))
     text = f"{decl.kind} {_name(decl.name)}({params})"
     if decl.kind == "Rewrite" and decl.results:
-        text += f" -> ({', '.join(_name(r) for r in decl.results)})"
+        text += f" -> ({', '.join(typed(r, decl.result_kind(r)) for r in decl.results)})"
     elif decl.kind not in ("Constraint", "Rewrite"):
         raise ValueError(f"native kind must be Constraint or Rewrite, got {decl.kind!r}")
     return text + ";"
@@ -158,6 +164,7 @@ class _RulePrinter:
             raise ValueError(f"rule {rule.name}: the root op must have a let name")
         self.use_match(rule.root)
         out += [_INDENT + line for line in self.lines]
+        out += [_INDENT + f"where {_opset_of(g.domain)} {_opset_cmp(g)};" for g in rule.guards]
         out += [_INDENT + f"{self.call(c)};" for c in rule.constraints]
         body = rule.body
         if len(body) == 1 and isinstance(body[0], Replace) and body[0].target == rule.root.name:
@@ -193,7 +200,10 @@ class _RulePrinter:
         return self.var(node)
 
     def inline_op(self, node: OpMatch) -> str:
-        text = ("shared " if node.shared else "") + f"op<{_op_name(node.domain, node.op_type)}>(" + ", ".join(self.use_match(o) for o in node.operands) + ")"
+        types = "|".join(_op_name(d, t) for d, t in node.keys)
+        if node.type_bind is not None:
+            types = f"{_name(node.type_bind)}: {types}"
+        text = ("shared " if node.shared else "") + f"op<{types}>(" + ", ".join(self.use_match(o) for o in node.operands) + ")"
         if node.attrs:
             text += " {" + ", ".join(self.match_attr(a) for a in node.attrs) + "}"
         if node.output:
@@ -256,7 +266,7 @@ class _RulePrinter:
         if isinstance(e, Call):
             return self.call(e)
         if isinstance(e, Build):
-            head = _op_name(e.domain, e.op_type) + (f", {e.num_outputs}" if e.num_outputs != 1 else "")
+            head = (_name(e.type_ref) if e.type_ref is not None else _op_name(e.domain, e.op_type)) + (f", {e.num_outputs}" if e.num_outputs != 1 else "")
             text = f"op<{head}>(" + ", ".join(self.expr(o) for o in e.operands) + ")"
             attrs = ([f"..{_name(e.copy_from)}"] if e.copy_from is not None else []) + [f"{_name(k)} = {self.expr(v)}" for k, v in e.attrs]
             if attrs:
@@ -265,4 +275,26 @@ class _RulePrinter:
         if isinstance(e, Choose):
             branches = ", ".join(f"{_name(label)}: {self.expr(v)}" for label, v in e.branches)
             return f"alt {self.expr(e.tag)} {{ {branches} }}"
+        if isinstance(e, FirstOf):
+            return "first { " + ", ".join(self.expr(o) for o in e.options) + " }"
+        if isinstance(e, OpsetChoose):
+            branches = ", ".join(f"{_opset_cmp(g)}: {self.expr(v)}" for g, v in e.branches)
+            return f"alt {_opset_of(e.domain)} {{ {branches} }}"
         raise ValueError(f"not an expression: {e!r}")
+
+
+def _opset_of(domain: str) -> str:
+    return f"opset({'.'.join(_name(p) for p in domain.split('.'))})" if domain else "opset"
+
+
+def _opset_cmp(g: OpsetGuard) -> str:
+    """`>= 20`: a range as one comparison (a two-sided range only as `==`)."""
+    if g.low is not None and g.high is not None:
+        if g.low != g.high:
+            raise ValueError(f"opset range {g.low}..{g.high} is written as two `where` guards, not one")
+        return f"== {g.low}"
+    if g.low is not None:
+        return f">= {g.low}"
+    if g.high is not None:
+        return f"<= {g.high}"
+    raise ValueError("an opset guard needs a bound")

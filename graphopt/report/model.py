@@ -124,6 +124,8 @@ class RuleStats:
     benefit: int
     doc: str = ""
     attempts: int = 0
+    #: Times it would have been tried but the graph lacked an op it needs (early reject).
+    skipped: int = 0
     matches: int = 0
     applications: int = 0
     #: Sites where the rule's own code (matcher, native helper, rewrite) raised and the rule was skipped.
