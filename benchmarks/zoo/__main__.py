@@ -11,6 +11,7 @@ import argparse
 import importlib.metadata
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -71,7 +72,7 @@ def _version(dist: str) -> str:
 
 
 def _foreign_version(python: str, dists: list[str]) -> str:
-    code = "import importlib.metadata as m; print(' '.join(d + ' ' + m.version(d) for d in %r))" % (dists,)
+    code = f"import importlib.metadata as m; print(' '.join(d + ' ' + m.version(d) for d in {dists!r}))"
     try:
         return subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60).stdout.strip()
     except (OSError, subprocess.SubprocessError):
@@ -180,7 +181,8 @@ def build(name: str, cache: Path, rebuild: bool = False) -> dict[str, Any]:
         meta["status"] = "ok" if meta["check"]["ok"] else "mismatch"
     except Exception as e:  # noqa: BLE001 - one model's failure is recorded, the zoo goes on
         meta["status"] = "failed"
-        meta["reason"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
+        first = re.sub(r"\x1b\[[0-9;]*m", "", str(e).strip()).splitlines()[0][:300] if str(e).strip() else ""
+        meta["reason"] = f"{type(e).__name__}: {first}"
         (tmp / "error.txt").write_text(traceback.format_exc())
     (tmp / "expected.npz").unlink(missing_ok=True)   # used by the check only: keeps the cache small
     (tmp / "meta.json").write_text(json.dumps(meta, indent=1, default=str))

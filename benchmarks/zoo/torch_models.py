@@ -21,8 +21,10 @@ __all__ = ["TORCH_MODELS", "TorchModel", "export_torch"]
 SEED = 14
 TEXT_SEQ = 128
 VOCAB = 256
-# One small transformer shape for every text family: 2 layers, hidden 128, 4 heads.
-H, HEADS, FF, LAYERS = 128, 4, 256, 2
+# One small transformer shape for every text family: 2 layers, hidden 64, 2 heads of 32
+# (GQA: 1 key/value head), feed-forward 4 x hidden. Small enough that the zoo's files stay
+# near 40 MB (they travel to the GPU machine); the export forms are those of full size.
+H, HEADS, FF, LAYERS = 64, 2, 256, 2
 
 
 @dataclass(frozen=True)
@@ -109,7 +111,7 @@ def _randomize_norm_stats(module: Any) -> None:
 _BERT_LIKE = dict(vocab_size=VOCAB, hidden_size=H, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
                   intermediate_size=FF, max_position_embeddings=TEXT_SEQ + 4)
 _LLM = dict(vocab_size=VOCAB, hidden_size=H, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
-            num_key_value_heads=2, intermediate_size=FF, max_position_embeddings=2 * TEXT_SEQ)
+            num_key_value_heads=1, intermediate_size=FF, max_position_embeddings=2 * TEXT_SEQ)
 _NO_CACHE = {"use_cache": False}
 _IDS = ("input_ids", "attention_mask")
 
@@ -272,7 +274,7 @@ TORCH_MODELS: list[TorchModel] = [
     TorchModel("distilbert-dynamo", "dynamo", "DistilBERT",
                _text("DistilBertModel", "DistilBertConfig", vocab_size=VOCAB, dim=H, n_layers=LAYERS, n_heads=HEADS, hidden_dim=FF)),
     TorchModel("deberta-v2-torchscript", "torchscript", "DeBERTa-v2", _text("DebertaV2Model", "DebertaV2Config", **_BERT_LIKE)),
-    TorchModel("electra-dynamo", "dynamo", "ELECTRA", _text("ElectraModel", "ElectraConfig", embedding_size=64, **_BERT_LIKE)),
+    TorchModel("electra-dynamo", "dynamo", "ELECTRA", _text("ElectraModel", "ElectraConfig", embedding_size=32, **_BERT_LIKE)),
     # decoders
     TorchModel("gpt2-dynamo", "dynamo", "GPT-2", _text("GPT2Model", "GPT2Config", call_kw=_NO_CACHE, vocab_size=VOCAB, n_embd=H,
                                                      n_layer=LAYERS, n_head=HEADS, n_positions=TEXT_SEQ)),
@@ -286,13 +288,13 @@ TORCH_MODELS: list[TorchModel] = [
     TorchModel("qwen2-dynamo", "dynamo", "Qwen2 (GQA, rotary, qkv bias)", _text("Qwen2Model", "Qwen2Config", call_kw=_NO_CACHE, **_LLM)),
     TorchModel("mistral-torchscript", "torchscript", "Mistral (GQA, rotary)", _text("MistralModel", "MistralConfig", call_kw=_NO_CACHE, **_LLM)),
     TorchModel("phi3-dynamo", "dynamo", "Phi-3 (fused qkv, rotary)", _text("Phi3Model", "Phi3Config", call_kw=_NO_CACHE, pad_token_id=0, **_LLM)),
-    TorchModel("gemma-dynamo", "dynamo", "Gemma (GQA, rotary, GeGLU)", _text("GemmaModel", "GemmaConfig", call_kw=_NO_CACHE, head_dim=32, **_LLM)),
+    TorchModel("gemma-dynamo", "dynamo", "Gemma (GQA, rotary, GeGLU)", _text("GemmaModel", "GemmaConfig", call_kw=_NO_CACHE, head_dim=H // HEADS, **_LLM)),
     # encoder-decoders
     TorchModel("t5-dynamo", "dynamo", "T5 (encoder+decoder)", _text("T5Model", "T5Config", ("input_ids", "attention_mask", "decoder_input_ids"),
-                                                                   call_kw=_NO_CACHE, vocab_size=VOCAB, d_model=H, d_kv=32, d_ff=FF,
+                                                                   call_kw=_NO_CACHE, vocab_size=VOCAB, d_model=H, d_kv=H // HEADS, d_ff=FF,
                                                                    num_layers=LAYERS, num_heads=HEADS, decoder_start_token_id=0)),
     TorchModel("t5-torchscript", "torchscript", "T5 (encoder+decoder)", _text("T5Model", "T5Config", ("input_ids", "attention_mask", "decoder_input_ids"),
-                                                                   call_kw=_NO_CACHE, vocab_size=VOCAB, d_model=H, d_kv=32, d_ff=FF,
+                                                                   call_kw=_NO_CACHE, vocab_size=VOCAB, d_model=H, d_kv=H // HEADS, d_ff=FF,
                                                                    num_layers=LAYERS, num_heads=HEADS, decoder_start_token_id=0)),
     TorchModel("bart-torchscript", "torchscript", "BART (encoder+decoder)",
                _text("BartModel", "BartConfig", ("input_ids", "attention_mask", "decoder_input_ids"), call_kw=_NO_CACHE,
@@ -327,7 +329,7 @@ TORCH_MODELS: list[TorchModel] = [
     TorchModel("resnet-dynamo", "dynamo", "ResNet (basic)",
                _vision("ResNetModel", "ResNetConfig", 128, embedding_size=16, hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1],
                        layer_type="basic")),
-    TorchModel("mobilenetv2-dynamo", "dynamo", "MobileNetV2 (ReLU6)", _vision("MobileNetV2Model", "MobileNetV2Config", 128, depth_multiplier=0.5)),
+    TorchModel("mobilenetv2-dynamo", "dynamo", "MobileNetV2 (ReLU6)", _vision("MobileNetV2Model", "MobileNetV2Config", 128, depth_multiplier=0.5, finegrained_output=False)),
     TorchModel("efficientnet-torchscript", "torchscript", "EfficientNet (SiLU, squeeze-excite)",
                _vision("EfficientNetModel", "EfficientNetConfig", 128, width_coefficient=0.5, depth_coefficient=0.5, image_size=128,
                        hidden_dim=640)),

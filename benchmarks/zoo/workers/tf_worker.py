@@ -28,9 +28,12 @@ def mobilenetv3() -> tuple[object, tuple[int, ...]]:
 def efficientnet() -> tuple[object, tuple[int, ...]]:
     from keras.src.applications import efficientnet
 
-    model = efficientnet.EfficientNet(0.5, 0.5, 128, 0.2, name="efficientnet_small", include_top=False, weights=None,
-                                      input_shape=(128, 128, 3), pooling="avg")
-    return model, (1, 128, 128, 3)
+    full = efficientnet.EfficientNet(0.5, 0.5, 128, 0.2, name="efficientnet_small", include_top=False, weights=None,
+                                     input_shape=(128, 128, 3), pooling="avg")
+    # Without its Rescaling/Normalization front: tf2onnx turns the Normalization layer's
+    # statistics into extra graph inputs instead of constants.
+    stem = full.get_layer("stem_conv_pad")
+    return keras.Model(stem.input, full.output), (1, 128, 128, 3)
 
 
 def resnet() -> tuple[object, tuple[int, ...]]:
@@ -50,9 +53,15 @@ def transformer() -> tuple[object, tuple[int, ...]]:
     """A Keras text encoder: Embedding + positions, 2 blocks of MultiHeadAttention,
     LayerNormalization and a GELU feed-forward, pooled into a classifier."""
     layers = keras.layers
+    class AddPositions(layers.Layer):
+        def build(self, shape):
+            self.table = self.add_weight(shape=(shape[1], shape[2]), initializer="random_normal")
+
+        def call(self, x):
+            return x + self.table[None]
+
     ids = keras.Input((128,), dtype="int32", name="input_ids")
-    h = layers.Embedding(256, 128)(ids)
-    h = h + layers.Embedding(128, 128)(tf.range(128))[None]
+    h = AddPositions()(layers.Embedding(256, 128)(ids))
     for _ in range(2):
         a = layers.MultiHeadAttention(num_heads=4, key_dim=32)(h, h)
         h = layers.LayerNormalization(epsilon=1e-6)(h + a)
