@@ -229,7 +229,7 @@ def _segformer() -> tuple[Any, dict[str, np.ndarray]]:
     import transformers
 
     torch.manual_seed(SEED)
-    cfg = transformers.SegformerConfig(num_encoder_blocks=4, depths=[1, 1, 1, 1], sr_ratios=[8, 4, 2, 1], hidden_sizes=[16, 32, 64, 128],
+    cfg = transformers.SegformerConfig(num_encoder_blocks=4, depths=[1, 1, 1, 1], sr_ratios=[8, 4, 2, 1], hidden_sizes=[16, 32, 48, 96],
                                        num_attention_heads=[1, 2, 4, 8], decoder_hidden_size=64, num_labels=8)
     inner = transformers.SegformerForSemanticSegmentation(cfg).eval()
     _randomize_norm_stats(inner)
@@ -329,10 +329,10 @@ TORCH_MODELS: list[TorchModel] = [
     TorchModel("resnet-dynamo", "dynamo", "ResNet (basic)",
                _vision("ResNetModel", "ResNetConfig", 128, embedding_size=16, hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1],
                        layer_type="basic")),
-    TorchModel("mobilenetv2-dynamo", "dynamo", "MobileNetV2 (ReLU6)", _vision("MobileNetV2Model", "MobileNetV2Config", 128, depth_multiplier=0.5, finegrained_output=False)),
+    TorchModel("mobilenetv2-dynamo", "dynamo", "MobileNetV2 (ReLU6)", _vision("MobileNetV2Model", "MobileNetV2Config", 128, depth_multiplier=0.35, finegrained_output=False)),
     TorchModel("efficientnet-torchscript", "torchscript", "EfficientNet (SiLU, squeeze-excite)",
-               _vision("EfficientNetModel", "EfficientNetConfig", 128, width_coefficient=0.5, depth_coefficient=0.5, image_size=128,
-                       hidden_dim=640)),
+               _vision("EfficientNetModel", "EfficientNetConfig", 128, width_coefficient=0.35, depth_coefficient=0.5, image_size=128,
+                       hidden_dim=448)),
     TorchModel("regnet-dynamo", "dynamo", "RegNet (group conv, squeeze-excite)",
                _vision("RegNetModel", "RegNetConfig", 128, embedding_size=16, hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 2, 1],
                        groups_width=8, layer_type="y")),
@@ -342,12 +342,25 @@ TORCH_MODELS: list[TorchModel] = [
 ]
 
 
+def _perturb_vectors(module: Any) -> None:
+    """Freshly initialized biases are 0 and norm scales 1, which an optimizer may drop
+    (x + 0, x * 1) where a trained model's would stay: give every 1-D parameter noise."""
+    import torch
+
+    gen = torch.Generator().manual_seed(SEED + 1)
+    with torch.no_grad():
+        for p in module.parameters():
+            if p.ndim == 1:
+                p.add_(torch.randn(p.shape, generator=gen) * 0.1)
+
+
 def export_torch(model: TorchModel, out: Path) -> dict[str, Any]:
     """Export ``model`` to ``out`` (one file); returns the inputs and torch's outputs for the check."""
     import onnx
     import torch
 
     module, feeds = model.make()
+    _perturb_vectors(module)
     args = tuple(torch.from_numpy(v) for v in feeds.values())
     with torch.no_grad():
         expected = module(*args)

@@ -73,8 +73,11 @@ MODELS = {"cnn": (CNN, (1, 96, 96, 3), 21), "transformer": (Transformer, (1, 96,
 
 
 def _randomize_bn(model) -> None:
+    """BatchNorm statistics and every 1-D parameter (biases, scales) away from their initial 0 and 1."""
     rng = np.random.default_rng(14)
     for _, m in nnx.iter_graph(model):
+        if isinstance(m, nnx.Param) and m.value.ndim == 1:
+            m.set_value(m.value + (rng.standard_normal(m.value.shape) * 0.1).astype(np.float32))
         if isinstance(m, nnx.BatchNorm):
             m.mean.set_value((rng.standard_normal(m.mean.shape) * 0.1).astype(np.float32))
             m.var.set_value((rng.random(m.var.shape) + 0.5).astype(np.float32))

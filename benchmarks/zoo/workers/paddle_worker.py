@@ -31,7 +31,7 @@ class SmallResNet(nn.Layer):
         self.stem = nn.Sequential(nn.Conv2D(3, 16, 7, stride=2, padding=3, bias_attr=False), nn.BatchNorm2D(16), nn.ReLU(),
                                   nn.MaxPool2D(3, stride=2, padding=1))
         blocks, c = [], 16
-        for out, stride in ((16, 1), (32, 2), (64, 2), (128, 2)):
+        for out, stride in ((16, 1), (24, 2), (48, 2), (96, 2)):
             down = None if (stride == 1 and c == out) else nn.Sequential(nn.Conv2D(c, out, 1, stride=stride, bias_attr=False), nn.BatchNorm2D(out))
             blocks += [BasicBlock(c, out, stride, down), BasicBlock(out, out)]
             c = out
@@ -81,7 +81,11 @@ MODELS = {"mobilenetv3": (mobilenetv3, 13), "resnet": (resnet, 13), "crnn": (crn
 
 
 def _randomize_bn(model: nn.Layer) -> None:
+    """BatchNorm statistics and every 1-D parameter (biases, scales) away from their initial 0 and 1."""
     rng = np.random.default_rng(14)
+    for param in model.parameters():
+        if len(param.shape) == 1:
+            param.set_value(param.numpy() + (rng.standard_normal(param.shape) * 0.1).astype(np.float32))
     for layer in model.sublayers():
         if isinstance(layer, nn.BatchNorm2D):
             layer._mean.set_value((rng.standard_normal(layer._mean.shape) * 0.1).astype(np.float32))

@@ -20,7 +20,7 @@ keras = tf.keras
 
 
 def mobilenetv3() -> tuple[object, tuple[int, ...]]:
-    model = keras.applications.MobileNetV3Small(input_shape=(128, 128, 3), alpha=0.75, weights=None, include_top=False,
+    model = keras.applications.MobileNetV3Small(input_shape=(128, 128, 3), alpha=0.5, weights=None, include_top=False,
                                                 pooling="avg", include_preprocessing=False)
     return model, (1, 128, 128, 3)
 
@@ -28,7 +28,7 @@ def mobilenetv3() -> tuple[object, tuple[int, ...]]:
 def efficientnet() -> tuple[object, tuple[int, ...]]:
     from keras.src.applications import efficientnet
 
-    full = efficientnet.EfficientNet(0.5, 0.5, 128, 0.2, name="efficientnet_small", include_top=False, weights=None,
+    full = efficientnet.EfficientNet(0.35, 0.5, 128, 0.2, name="efficientnet_small", include_top=False, weights=None,
                                      input_shape=(128, 128, 3), pooling="avg")
     # Without its Rescaling/Normalization front: tf2onnx turns the Normalization layer's
     # statistics into extra graph inputs instead of constants.
@@ -42,8 +42,8 @@ def resnet() -> tuple[object, tuple[int, ...]]:
     def stack_fn(x):
         x = kr.stack_residual_blocks_v1(x, 16, 1, stride1=1, name="conv2")
         x = kr.stack_residual_blocks_v1(x, 32, 2, name="conv3")
-        x = kr.stack_residual_blocks_v1(x, 64, 2, name="conv4")
-        return kr.stack_residual_blocks_v1(x, 128, 1, name="conv5")
+        x = kr.stack_residual_blocks_v1(x, 48, 2, name="conv4")
+        return kr.stack_residual_blocks_v1(x, 96, 1, name="conv5")
 
     model = kr.ResNet(stack_fn, False, True, name="resnet_small", include_top=False, weights=None, input_shape=(128, 128, 3), pooling="avg")
     return model, (1, 128, 128, 3)
@@ -75,10 +75,15 @@ MODELS = {"mobilenetv3": (mobilenetv3, 13), "efficientnet": (efficientnet, 13), 
 
 
 def _randomize_bn(model) -> None:
+    """BatchNormalization statistics and every 1-D weight (biases, norm scales) get values
+    other than their initial 0 and 1, which an optimizer could drop where trained ones stay."""
     rng = np.random.default_rng(14)
     for layer in model.layers:
+        weights = layer.get_weights()
+        if weights and not isinstance(layer, keras.layers.BatchNormalization):
+            layer.set_weights([w + (rng.standard_normal(w.shape) * 0.1).astype(w.dtype) if w.ndim == 1 else w for w in weights])
         if isinstance(layer, keras.layers.BatchNormalization):
-            weights = layer.get_weights()   # gamma, beta, moving mean, moving var
+            weights = [w + (rng.standard_normal(w.shape) * 0.1).astype(w.dtype) for w in weights]   # gamma, beta, mean, var
             weights[-2] = (rng.standard_normal(weights[-2].shape) * 0.1).astype(np.float32)
             weights[-1] = (rng.random(weights[-1].shape) + 0.5).astype(np.float32)
             layer.set_weights(weights)
