@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from graphopt.pattern.native import RewriteDeclined, native_constraint, native_rewrite
 
 
@@ -27,3 +29,37 @@ def constant_value(ctx, y):
     if array is None:
         raise RewriteDeclined("the Constant's value cannot be read")
     return {"value": array}
+
+
+def _static(shape) -> bool:
+    return shape is not None and all(isinstance(d, int) for d in shape)
+
+
+@native_constraint("IsNeutralConstant")
+def is_neutral_constant(ctx, x, c, neutral):
+    """c holds only `neutral`, has x's dtype and broadcasts to x's shape without growing it."""
+    array = ctx.array(c)
+    if array is None or array.size == 0 or not np.all(array == float(neutral)):
+        return f"the constant is not all {neutral:g}"
+    if ctx.dtype(x) != ctx.dtype(c):
+        return f"the constant is {ctx.dtype(c)}, the input {ctx.dtype(x)}"
+    shape = ctx.shape(x)
+    if shape is None or len(shape) < array.ndim:
+        return "the input's rank is unknown or below the constant's"
+    for c_dim, x_dim in zip(reversed(array.shape), reversed(shape)):
+        if c_dim != 1 and c_dim != x_dim:
+            return f"the constant's shape {list(array.shape)} would broadcast the input's {list(shape)}"
+    return True
+
+
+@native_constraint("ResizeKeepsShape")
+def resize_keeps_shape(ctx, x, y, scales, sizes):
+    shape = ctx.shape(x)
+    if not _static(shape):
+        return "the input's shape is not static"
+    if sizes is not None and ctx.array(sizes) is not None and ctx.array(sizes).size:
+        return True if [int(v) for v in ctx.array(sizes)] == list(shape) else "the sizes differ from the input's dims"
+    s = ctx.array(scales) if scales is not None else None
+    if s is not None and s.size == len(shape) and np.all(s == 1.0):
+        return True
+    return "the Resize changes the shape (or its scales and sizes are not constants)"

@@ -60,3 +60,52 @@ def test_constant_nodes_in_subgraphs_stay() -> None:
     assert rewrites(report, "ConstantNodeToInitializer") == 0
     assert [n.op_type for n in optimized.graph.node[0].attribute[0].g.node] == ["Constant"]
     assert_same_outputs(model, optimized, feeds={"c": np.array(True)})
+
+
+NEUTRAL = ["DropAddZero", "DropMulOne", "DropDivOne", "DropNoOpResize"]
+
+
+def test_add_zero_mul_one_div_one_go() -> None:
+    model = make_model(
+        [helper.make_node("Add", ["zeros", "x"], ["a"]), helper.make_node("Mul", ["a", "ones"], ["m"]),
+         helper.make_node("Div", ["m", "one"], ["d"]), helper.make_node("Relu", ["d"], ["y"])],
+        [helper.make_tensor_value_info("x", F, [2, 3])], [helper.make_tensor_value_info("y", F, None)],
+        [init("zeros", np.zeros(3, np.float32)), init("ones", np.ones((1, 3), np.float32)), init("one", np.array(1.0, np.float32))])
+    optimized, report = optimize_with(model, NEUTRAL)
+    assert [rewrites(report, r) for r in NEUTRAL[:3]] == [1, 1, 1]
+    assert op_types(optimized) == ["Relu"]
+    assert_same_outputs(model, optimized)
+
+
+def test_neutral_constant_that_broadcasts_stays() -> None:
+    """x [3] + zeros [2, 3] has shape [2, 3]: the Add makes the broadcast and stays; so does a non-zero Add and an int one."""
+    model = make_model(
+        [helper.make_node("Add", ["x", "zeros"], ["a"]), helper.make_node("Add", ["a", "half"], ["y"])],
+        [helper.make_tensor_value_info("x", F, [3])], [helper.make_tensor_value_info("y", F, None)],
+        [init("zeros", np.zeros((2, 3), np.float32)), init("half", np.full(3, 0.5, np.float32))])
+    optimized, report = optimize_with(model, NEUTRAL)
+    assert rewrites(report, "DropAddZero") == 0
+    assert op_types(optimized) == ["Add", "Add"]
+    assert_same_outputs(model, optimized)
+
+
+def test_div_of_one_by_x_stays() -> None:
+    model = make_model([helper.make_node("Div", ["one", "x"], ["y"])], [helper.make_tensor_value_info("x", F, [3])],
+                       [helper.make_tensor_value_info("y", F, None)], [init("one", np.ones(3, np.float32))])
+    optimized, report = optimize_with(model, NEUTRAL)
+    assert rewrites(report, "DropDivOne") == 0 and op_types(optimized) == ["Div"]
+
+
+def test_resize_to_the_same_shape_goes_and_upsampling_stays() -> None:
+    roi = init("roi", np.array([], np.float32))
+    same = make_model([helper.make_node("Resize", ["x", "roi", "s1"], ["r"], mode="nearest"), helper.make_node("Relu", ["r"], ["y"])],
+                      [helper.make_tensor_value_info("x", F, [1, 2, 4, 4])], [helper.make_tensor_value_info("y", F, None)],
+                      [roi, init("s1", np.ones(4, np.float32))], opset=13)
+    optimized, report = optimize_with(same, NEUTRAL)
+    assert rewrites(report, "DropNoOpResize") == 1 and op_types(optimized) == ["Relu"]
+    assert_same_outputs(same, optimized)
+    up = make_model([helper.make_node("Resize", ["x", "roi", "", "sizes"], ["y"], mode="nearest")],
+                    [helper.make_tensor_value_info("x", F, [1, 2, 4, 4])], [helper.make_tensor_value_info("y", F, None)],
+                    [roi, init("sizes", np.array([1, 2, 8, 8], np.int64))], opset=13)
+    optimized, report = optimize_with(up, NEUTRAL)
+    assert rewrites(report, "DropNoOpResize") == 0 and op_types(optimized) == ["Resize"]
