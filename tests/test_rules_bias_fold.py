@@ -8,7 +8,7 @@ import pytest
 from rule_testing import TensorProto, assert_same_outputs, helper, init, make_model, op_types, optimize_with, rand, rewrites
 
 F = TensorProto.FLOAT
-RULES = ["FoldAddIntoConvBias", "FoldAddIntoConvTransposeBias", "FoldChannelsLastAddIntoConvBias"]
+RULES = ["FoldAddIntoConvBias", "FoldAddIntoConvBiasBeforeRelu", "FoldAddIntoConvTransposeBias", "FoldChannelsLastAddIntoConvBias"]
 
 
 def bn_inits(c: int):
@@ -115,3 +115,21 @@ def test_int_bias_does_not_fold() -> None:
                        [init("w", rand(8, 4, 3, 3)), init("c", np.ones((1, 8, 1, 1), np.int64))])
     optimized, report = optimize_with(model, RULES)
     assert rewrites(report, "FoldAddIntoConvBias") == 0 and len(optimized.graph.node) == 3
+
+
+@pytest.mark.parametrize("with_relu", [False, True])
+def test_squeeze_excite_bias_stays_a_bias_on_ort_cpu(with_relu: bool) -> None:
+    """A 1x1 Conv of a pooled [1, C, 1, 1] tensor plus its [1, C, 1, 1] bias: the bias goes into the
+    Conv (then FusedConv's activation), not into FusedConv's residual input Z."""
+    nodes = [helper.make_node("GlobalAveragePool", ["x"], ["p"]), helper.make_node("Conv", ["p", "w"], ["conv"]),
+             helper.make_node("Add", ["conv", "c"], ["a" if with_relu else "y"])]
+    if with_relu:
+        nodes.append(helper.make_node("Relu", ["a"], ["y"]))
+    model = make_model(nodes, [helper.make_tensor_value_info("x", F, [1, 8, 5, 5])], [helper.make_tensor_value_info("y", F, None)],
+                       [init("w", rand(4, 8, 1, 1)), init("c", rand(1, 4, 1, 1))])
+    optimized, report = optimize_with(model, None, target="ort-cpu")
+    assert rewrites(report, "FoldAddIntoConvBiasBeforeRelu" if with_relu else "FoldAddIntoConvBias") == 1
+    assert rewrites(report, "FuseConvAddRelu") == 0 and rewrites(report, "FuseConvAdd") == 0
+    conv = optimized.graph.node[-1]
+    assert len([i for i in conv.input if i]) == 3   # x, w, b: no Z
+    assert_same_outputs(model, optimized)

@@ -181,8 +181,10 @@ def build(name: str, cache: Path, rebuild: bool = False) -> dict[str, Any]:
         meta["status"] = "ok" if meta["check"]["ok"] else "mismatch"
     except Exception as e:  # noqa: BLE001 - one model's failure is recorded, the zoo goes on
         meta["status"] = "failed"
-        first = re.sub(r"\x1b\[[0-9;]*m", "", str(e).strip()).splitlines()[0][:300] if str(e).strip() else ""
-        meta["reason"] = f"{type(e).__name__}: {first}"
+        lines = [line for line in re.sub(r"\x1b\[[0-9;]*m", "", str(e)).splitlines() if line.strip()]
+        # torch's ConversionError puts the cause last, after its advice; others put it first
+        cause = next((line for line in reversed(lines) if "Error" in line and line is not lines[0]), lines[0] if lines else "")
+        meta["reason"] = f"{type(e).__name__}: {cause.strip()[:300]}"
         (tmp / "error.txt").write_text(traceback.format_exc())
     (tmp / "expected.npz").unlink(missing_ok=True)   # used by the check only: keeps the cache small
     (tmp / "meta.json").write_text(json.dumps(meta, indent=1, default=str))
