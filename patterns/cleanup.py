@@ -63,3 +63,13 @@ def resize_keeps_shape(ctx, x, y, scales, sizes):
     if s is not None and s.size == len(shape) and np.all(s == 1.0):
         return True
     return "the Resize changes the shape (or its scales and sizes are not constants)"
+
+
+@native_constraint("SameStaticDims")
+def same_static_dims(ctx, x, y):
+    sx, sy = ctx.shape(x), ctx.shape(y)
+    if not (_static(sx) and _static(sy)):
+        return "a shape is not static"
+    if tuple(sx) != tuple(sy):
+        return f"the shapes differ: {list(sx)} vs {list(sy)}"
+    return True if ctx.dtype(x) == ctx.dtype(y) else "the dtypes differ"

@@ -109,3 +109,25 @@ def test_resize_to_the_same_shape_goes_and_upsampling_stays() -> None:
                     [roi, init("sizes", np.array([1, 2, 8, 8], np.int64))], opset=13)
     optimized, report = optimize_with(up, NEUTRAL)
     assert rewrites(report, "DropNoOpResize") == 0 and op_types(optimized) == ["Resize"]
+
+
+def test_squeeze_reshape_round_trip_goes() -> None:
+    """tf2onnx's squeeze-excite: GlobalAveragePool [N, C, 1, 1], Squeeze to [N, C], Reshape back to [N, C, 1, 1]."""
+    model = make_model(
+        [helper.make_node("GlobalAveragePool", ["x"], ["p"]), helper.make_node("Squeeze", ["p", "axes"], ["s"]),
+         helper.make_node("Reshape", ["s", "shape"], ["r"]), helper.make_node("Mul", ["x", "r"], ["y"])],
+        [helper.make_tensor_value_info("x", F, [1, 4, 3, 3])], [helper.make_tensor_value_info("y", F, None)],
+        [init("axes", np.array([2, 3], np.int64)), init("shape", np.array([1, 4, 1, 1], np.int64))], opset=13)
+    optimized, report = optimize_with(model, ["DropReshapeRoundTrip"])
+    assert rewrites(report, "DropReshapeRoundTrip") == 1
+    assert op_types(optimized) == ["GlobalAveragePool", "Mul"]
+    assert_same_outputs(model, optimized)
+
+
+def test_squeeze_reshape_to_another_shape_stays() -> None:
+    model = make_model(
+        [helper.make_node("Squeeze", ["x", "axes"], ["s"]), helper.make_node("Reshape", ["s", "shape"], ["y"])],
+        [helper.make_tensor_value_info("x", F, [1, 4, 1, 1])], [helper.make_tensor_value_info("y", F, None)],
+        [init("axes", np.array([2, 3], np.int64)), init("shape", np.array([1, 1, 4, 1], np.int64))], opset=13)
+    optimized, report = optimize_with(model, ["DropReshapeRoundTrip"])
+    assert rewrites(report, "DropReshapeRoundTrip") == 0 and op_types(optimized) == ["Squeeze", "Reshape"]
