@@ -2,6 +2,8 @@
 
     python benchmarks/zoo_bench.py                         # every model in benchmarks/.zoo, CUDA if present
     python benchmarks/zoo_bench.py --device cpu --models bert-dynamo,resnet-dynamo --runs 20
+    python benchmarks/zoo_bench.py --jobs 8 --models a,b,c --out part1.json   # variants made 8 models at once, then timed
+    python benchmarks/zoo_bench.py --report part1.json part2.json             # one table from several runs
     python benchmarks/zoo_bench.py --help
 
 Per model, in one subprocess (a crash or a hang costs one model, not the run), the
@@ -275,13 +277,31 @@ def _ratios(result: dict[str, Any], precision: str) -> dict[str, Any]:
     return out
 
 
+def prepare(entry: ZooEntry, work: Path, device: str, precisions: list[str]) -> dict[str, dict[str, Any]]:
+    """Make the variants into work/<model>/ and record them in its variants.json (reused by the timing)."""
+    folder = work / entry.name
+    folder.mkdir(parents=True, exist_ok=True)
+    variants = make_variants(entry, folder, device, precisions)
+    (folder / "variants.json").write_text(json.dumps({"device": device, "precisions": precisions, "variants": variants}, indent=1))
+    return variants
+
+
+def _prepared(entry: ZooEntry, work: Path | None, device: str, precisions: list[str]) -> dict[str, dict[str, Any]] | None:
+    if work is None or not (work / entry.name / "variants.json").exists():
+        return None
+    saved = json.loads((work / entry.name / "variants.json").read_text())
+    if saved["device"] != device or saved["precisions"] != precisions:
+        return None
+    return saved["variants"]
+
+
 def bench_one(entry: ZooEntry, device: str, precisions: list[str], runs: int, rounds: int, warmup: int,
-              remeasure: int, threads: int) -> dict[str, Any]:
+              remeasure: int, threads: int, work: Path | None = None) -> dict[str, Any]:
     feeds = load_inputs(entry)
     result: dict[str, Any] = {"model": entry.name, "exporter": entry.meta.get("exporter"), "opset": entry.meta.get("opset"),
                               "nodes": entry.meta.get("nodes"), "device": device}
     with tempfile.TemporaryDirectory(prefix=f"zoo-{entry.name}-") as tmp:
-        variants = make_variants(entry, Path(tmp), device, precisions)
+        variants = _prepared(entry, work, device, precisions) or make_variants(entry, Path(tmp), device, precisions)
         import onnx
 
         runners: dict[str, Runner] = {}
@@ -402,15 +422,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=0, help="CPU provider intra-op threads (0: onnxruntime's default)")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per model")
     parser.add_argument("--out", type=Path, default=None, help="JSON results (default benchmarks/results/zoo_bench-DATE-DEVICE.json)")
-    parser.add_argument("--one", default=None, help=argparse.SUPPRESS)   # internal: bench one model, JSON on stdout
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="make the variants of this many models at once first (CPU work; the timing stays one model at a time)")
+    parser.add_argument("--work", type=Path, default=None, help="where --jobs puts the variants (default: a temporary folder)")
+    parser.add_argument("--report", type=Path, nargs="+", default=None, help="print the table of earlier JSON results (several merge) and exit")
+    parser.add_argument("--one", default=None, help=argparse.SUPPRESS)       # internal: bench one model, JSON on stdout
+    parser.add_argument("--prepare", default=None, help=argparse.SUPPRESS)   # internal: make one model's variants into --work
     args = parser.parse_args(argv)
+    if args.report:
+        docs = [json.loads(p.read_text()) for p in args.report]
+        results = [r for d in docs for r in d["results"]]
+        precisions_seen = list(dict.fromkeys(p for d in docs for p in d["precisions"]))
+        for d, path in zip(docs, args.report):
+            print(f"{path}: {d['date']} {d['device']} {d.get('gpu') or d.get('cpu')} onnxruntime {d['onnxruntime']}; {d['command']}")
+        print_table(results, precisions_seen)
+        return 0
 
     if args.device == "auto":
         args.device = "cuda" if "CUDAExecutionProvider" in _ort().get_available_providers() else "cpu"
     precisions = [p for p in (args.precisions or ("fp32,fp16" if args.device == "cuda" else "fp32")).split(",") if p]
+    if args.prepare:
+        prepare(cached_models(args.cache, [args.prepare])[0], args.work, args.device, precisions)
+        return 0
     if args.one:
         entry = cached_models(args.cache, [args.one])[0]
-        result = bench_one(entry, args.device, precisions, args.runs, args.rounds, args.warmup, args.remeasure, args.threads)
+        result = bench_one(entry, args.device, precisions, args.runs, args.rounds, args.warmup, args.remeasure, args.threads, args.work)
         print("@@RESULT@@" + json.dumps(result, default=float))
         return 0
 
@@ -436,11 +472,28 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cuda":
         with_smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"], capture_output=True, text=True)
         doc["gpu"] = with_smi.stdout.strip()
+    common = ["--cache", str(args.cache), "--device", args.device, "--precisions", ",".join(precisions)]
+    work_tmp = None
+    if args.jobs > 1:
+        if args.work is None:
+            work_tmp = tempfile.TemporaryDirectory(prefix="zoo-bench-")
+            args.work = Path(work_tmp.name)
+        t0 = time.perf_counter()
+
+        def prepare_in_subprocess(name: str) -> None:
+            subprocess.run([sys.executable, str(Path(__file__).resolve()), "--prepare", name, "--work", str(args.work)] + common,
+                           capture_output=True, text=True, timeout=args.timeout)
+
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(args.jobs) as pool:
+            list(pool.map(prepare_in_subprocess, [e.name for e in entries]))
+        print(f"[zoo_bench] variants of {len(entries)} models made in {time.perf_counter() - t0:.0f}s ({args.jobs} at once)", flush=True)
     for entry in entries:
         t0 = time.perf_counter()
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--one", entry.name, "--cache", str(args.cache), "--device", args.device,
-               "--precisions", ",".join(precisions), "--runs", str(args.runs), "--rounds", str(args.rounds), "--warmup", str(args.warmup),
-               "--remeasure", str(args.remeasure), "--threads", str(args.threads)]
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--one", entry.name] + common + [
+               "--runs", str(args.runs), "--rounds", str(args.rounds), "--warmup", str(args.warmup),
+               "--remeasure", str(args.remeasure), "--threads", str(args.threads)] + (["--work", str(args.work)] if args.work else [])
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
             marker = [line for line in proc.stdout.splitlines() if line.startswith("@@RESULT@@")]
@@ -461,6 +514,8 @@ def main(argv: list[str] | None = None) -> int:
         tmp = out.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(doc, indent=1, default=float))
         os.replace(tmp, out)
+    if work_tmp is not None:
+        work_tmp.cleanup()
     print(f"\nresults: {out}")
     print_table(doc["results"], precisions)
     return 0
