@@ -3,6 +3,7 @@
     python benchmarks/zoo_bench.py                         # every model in benchmarks/.zoo, CUDA if present
     python benchmarks/zoo_bench.py --device cpu --models bert-dynamo,resnet-dynamo --runs 20
     python benchmarks/zoo_bench.py --jobs 8 --models a,b,c --out part1.json   # variants made 8 models at once, then timed
+    python benchmarks/zoo_bench.py --shard 1/2 --jobs 8 --out part1.json       # the first half of the zoo
     python benchmarks/zoo_bench.py --report part1.json part2.json             # one table from several runs
     python benchmarks/zoo_bench.py --help
 
@@ -422,6 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=0, help="CPU provider intra-op threads (0: onnxruntime's default)")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per model")
     parser.add_argument("--out", type=Path, default=None, help="JSON results (default benchmarks/results/zoo_bench-DATE-DEVICE.json)")
+    parser.add_argument("--shard", default="", help="I/N: only the I-th of N equal parts of the models (runs that fit a time limit)")
     parser.add_argument("--jobs", type=int, default=1,
                         help="make the variants of this many models at once first (CPU work; the timing stays one model at a time)")
     parser.add_argument("--work", type=Path, default=None, help="where --jobs puts the variants (default: a temporary folder)")
@@ -451,6 +453,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     entries = cached_models(args.cache, [m for m in args.models.split(",") if m] or None)
+    if args.shard:
+        index, count = (int(v) for v in args.shard.split("/"))
+        size = -(-len(entries) // count)
+        entries = entries[(index - 1) * size:index * size]
     if not entries:
         print(f"error: no zoo models in {args.cache} (build them with `python -m benchmarks.zoo`)", file=sys.stderr)
         return 2
