@@ -73,3 +73,9 @@ def same_static_dims(ctx, x, y):
     if tuple(sx) != tuple(sy):
         return f"the shapes differ: {list(sx)} vs {list(sy)}"
     return True if ctx.dtype(x) == ctx.dtype(y) else "the dtypes differ"
+
+
+@native_constraint("NotGraphOutput")
+def not_graph_output(ctx, y):
+    """Dropping a node whose output is a graph output would only put an Identity in its place."""
+    return "its output is a graph output" if y.is_graph_output() else True

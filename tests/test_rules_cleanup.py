@@ -21,12 +21,27 @@ def test_identity_dropout_concat_go() -> None:
     assert_same_outputs(model, optimized)
 
 
-def test_identity_as_graph_output_keeps_the_output_name() -> None:
+def test_identity_as_graph_output_stays() -> None:
+    """Dropping it would only put another Identity in its place (a loop of rewrites)."""
     model = make_model([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Identity", ["r"], ["y"])],
                        [helper.make_tensor_value_info("x", F, [2, 3])], [helper.make_tensor_value_info("y", F, None)])
-    optimized, _ = optimize_with(model, RULES)
-    assert [o.name for o in optimized.graph.output] == ["y"]
-    assert_same_outputs(model, optimized)
+    optimized, report = optimize_with(model, RULES)
+    assert rewrites(report, "DropIdentity") == 0
+    assert op_types(optimized) == ["Relu", "Identity"] and [o.name for o in optimized.graph.output] == ["y"]
+
+
+def test_identity_on_a_loop_body_output_stays() -> None:
+    body = helper.make_graph(
+        [helper.make_node("Relu", ["v_in"], ["r"]), helper.make_node("Identity", ["r"], ["v_out"]), helper.make_node("Identity", ["c_in"], ["c_out"])],
+        "body", [helper.make_tensor_value_info("i", TensorProto.INT64, []), helper.make_tensor_value_info("c_in", TensorProto.BOOL, []),
+                 helper.make_tensor_value_info("v_in", F, [2])],
+        [helper.make_tensor_value_info("c_out", TensorProto.BOOL, []), helper.make_tensor_value_info("v_out", F, [2])])
+    model = make_model([helper.make_node("Loop", ["n", "", "x"], ["y"], body=body)],
+                       [helper.make_tensor_value_info("n", TensorProto.INT64, []), helper.make_tensor_value_info("x", F, [2])],
+                       [helper.make_tensor_value_info("y", F, None)])
+    optimized, report = optimize_with(model, RULES)
+    assert rewrites(report, "DropIdentity") == 0
+    assert_same_outputs(model, optimized, feeds={"n": np.array(3, np.int64), "x": np.array([-1.0, 2.0], np.float32)})
 
 
 def test_training_dropout_stays() -> None:
