@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# One GPU session's work, step by step (each step fits one device run of at most 10 minutes).
+# Run from the repository root on the GPU machine, with $OUT set:
+#
+#   bash benchmarks/gpu_session.sh setup       # onnxruntime-gpu from /tmp/ort (its parts copied there first), lark from .whl/
+#   bash benchmarks/gpu_session.sh decisions   # measure the cost table (decisions_bench.py), merge it, then the zoo's first half
+#   bash benchmarks/gpu_session.sh zoo 2/2     # the zoo's second half (or 1/1 for all)
+#   bash benchmarks/gpu_session.sh torch       # torch.compile: graphopt against inductor on the issue-15 models
+#
+# Every step prints the GPU's name and writes its full results under $OUT; the short tables come last.
+set -uo pipefail
+step=${1:?step}
+export PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD:/tmp/ort:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+# The cost table measured by the decisions step (kept on the machine: each run gets a fresh checkout).
+if [ -f /tmp/measured_cost_table.json ]; then
+  python3 benchmarks/decisions_bench.py --merge /tmp/measured_cost_table.json --into graphopt/decisions/cost_table.json >/dev/null
+fi
+
+case "$step" in
+setup)
+  if [ -d /tmp/ort ] && ls /tmp/ort/part.* >/dev/null 2>&1 && [ ! -d /tmp/ort/onnxruntime ]; then
+    cat /tmp/ort/part.* | xz -d | tar x -C /tmp/ort
+  fi
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+  python3 -c "import onnxruntime as o; o.preload_dlls(); print(o.__version__, o.get_available_providers())"
+  ;;
+decisions)
+  timeout 200 python3 benchmarks/decisions_bench.py --out "$OUT" --budget-s 150 > "$OUT/decisions.log" 2>&1
+  tail -25 "$OUT/decisions.log"
+  if [ -f "$OUT/cost_table.json" ]; then
+    cp "$OUT/cost_table.json" /tmp/measured_cost_table.json
+    python3 benchmarks/decisions_bench.py --merge "$OUT/cost_table.json" --into graphopt/decisions/cost_table.json
+  fi
+  timeout 330 python3 benchmarks/zoo_bench.py --device cuda --jobs 12 --runs 10 --rounds 3 --warmup 5 --shard "${2:-1/2}" \
+    --out "$OUT/zoo_bench-1.json" > "$OUT/zoo-1.log" 2>&1
+  tail -40 "$OUT/zoo-1.log"
+  ;;
+zoo)
+  shard=${2:-2/2}
+  timeout 450 python3 benchmarks/zoo_bench.py --device cuda --jobs 12 --runs 10 --rounds 3 --warmup 5 --shard "$shard" \
+    --out "$OUT/zoo_bench-${shard%/*}.json" > "$OUT/zoo-${shard%/*}.log" 2>&1
+  tail -60 "$OUT/zoo-${shard%/*}.log"
+  ;;
+torch)
+  timeout 300 python3 benchmarks/torch_compile.py --models "${2:-llama,convnext}" --variants inductor,graphopt+inductor \
+    --out "$OUT/torch_compile.json" > "$OUT/torch.log" 2>&1
+  tail -20 "$OUT/torch.log"
+  ;;
+*)
+  echo "unknown step $step" >&2; exit 2
+  ;;
+esac
