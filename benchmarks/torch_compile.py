@@ -55,7 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_profile import kernel_profile  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-VARIANTS = ("eager", "inductor", "inductor-ro", "graphopt", "graphopt-cg", "graphopt+inductor", "graphopt+inductor-all",
+VARIANTS = ("eager", "inductor", "inductor-ro", "graphopt", "graphopt-cg", "graphopt+inductor", "graphopt+inductor-tune", "graphopt+inductor-all",
             "graphopt+inductor-ro", "graphopt+inductor-all-ro")
 MODELS = ("bert", "gpt2", "vit", "resnet50", "llama", "t5", "convnext")
 CUDA_ONLY = {"inductor-ro", "graphopt-cg", "graphopt+inductor-ro", "graphopt+inductor-all-ro"}
@@ -165,6 +165,7 @@ def compile_variant(model: Any, variant: str) -> Any:
         "graphopt": {"inductor": False},
         "graphopt-cg": {"inductor": False, "mode": "reduce-overhead"},
         "graphopt+inductor": {},
+        "graphopt+inductor-tune": {"tune": True},
         "graphopt+inductor-all": {"kernels": "all"},
         "graphopt+inductor-ro": {"mode": "reduce-overhead"},
         "graphopt+inductor-all-ro": {"kernels": "all", "mode": "reduce-overhead"},
