@@ -10,7 +10,10 @@ from graphopt.pattern.native import RewriteDeclined, native_constraint, native_r
 @native_constraint("InMainGraph")
 def in_main_graph(ctx, x):
     """The value lives in the model's main graph (where constants are initializers)."""
-    return True if getattr(x, "graph", None) is ctx.view.model.graph else "the node is in a subgraph or a function"
+    model = getattr(ctx.view, "model", None)   # an ONNX view; FX graphs have no Constant nodes to move
+    if model is None or getattr(x, "graph", None) is not model.graph:
+        return "the node is not in an ONNX model's main graph"
+    return True
 
 
 @native_constraint("IsInferenceDropout")
@@ -33,23 +36,6 @@ def constant_value(ctx, y):
 
 def _static(shape) -> bool:
     return shape is not None and all(isinstance(d, int) for d in shape)
-
-
-@native_constraint("IsNeutralConstant")
-def is_neutral_constant(ctx, x, c, neutral):
-    """c holds only `neutral`, has x's dtype and broadcasts to x's shape without growing it."""
-    array = ctx.array(c)
-    if array is None or array.size == 0 or not np.all(array == float(neutral)):
-        return f"the constant is not all {neutral:g}"
-    if ctx.dtype(x) != ctx.dtype(c):
-        return f"the constant is {ctx.dtype(c)}, the input {ctx.dtype(x)}"
-    shape = ctx.shape(x)
-    if shape is None or len(shape) < array.ndim:
-        return "the input's rank is unknown or below the constant's"
-    for c_dim, x_dim in zip(reversed(array.shape), reversed(shape)):
-        if c_dim != 1 and c_dim != x_dim:
-            return f"the constant's shape {list(array.shape)} would broadcast the input's {list(shape)}"
-    return True
 
 
 @native_constraint("ResizeKeepsShape")

@@ -6,7 +6,7 @@ import numpy as np
 from rule_testing import TensorProto, assert_same_outputs, helper, init, make_model, op_types, optimize_with, rewrites
 
 F = TensorProto.FLOAT
-RULES = ["DropIdentity", "DropInferenceDropout", "DropSingleInputConcat", "ConstantNodeToInitializer"]
+RULES = ["DropPassThrough", "DropInferenceDropout", "DropSingleInputConcat", "ConstantNodeToInitializer"]
 
 
 def test_identity_dropout_concat_go() -> None:
@@ -15,7 +15,7 @@ def test_identity_dropout_concat_go() -> None:
          helper.make_node("Concat", ["d"], ["c"], axis=1), helper.make_node("Sigmoid", ["c"], ["y"])],
         [helper.make_tensor_value_info("x", F, [2, 3])], [helper.make_tensor_value_info("y", F, None)], opset=13)
     optimized, report = optimize_with(model, RULES)
-    assert rewrites(report, "DropIdentity") == 1 and rewrites(report, "DropInferenceDropout") == 1
+    assert rewrites(report, "DropPassThrough") == 1 and rewrites(report, "DropInferenceDropout") == 1
     assert rewrites(report, "DropSingleInputConcat") == 1
     assert op_types(optimized) == ["Relu", "Sigmoid"]
     assert_same_outputs(model, optimized)
@@ -26,7 +26,7 @@ def test_identity_as_graph_output_stays() -> None:
     model = make_model([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Identity", ["r"], ["y"])],
                        [helper.make_tensor_value_info("x", F, [2, 3])], [helper.make_tensor_value_info("y", F, None)])
     optimized, report = optimize_with(model, RULES)
-    assert rewrites(report, "DropIdentity") == 0
+    assert rewrites(report, "DropPassThrough") == 0
     assert op_types(optimized) == ["Relu", "Identity"] and [o.name for o in optimized.graph.output] == ["y"]
 
 
@@ -40,7 +40,7 @@ def test_identity_on_a_loop_body_output_stays() -> None:
                        [helper.make_tensor_value_info("n", TensorProto.INT64, []), helper.make_tensor_value_info("x", F, [2])],
                        [helper.make_tensor_value_info("y", F, None)])
     optimized, report = optimize_with(model, RULES)
-    assert rewrites(report, "DropIdentity") == 0
+    assert rewrites(report, "DropPassThrough") == 0
     assert_same_outputs(model, optimized, feeds={"n": np.array(3, np.int64), "x": np.array([-1.0, 2.0], np.float32)})
 
 
@@ -77,38 +77,7 @@ def test_constant_nodes_in_subgraphs_stay() -> None:
     assert_same_outputs(model, optimized, feeds={"c": np.array(True)})
 
 
-NEUTRAL = ["DropAddZero", "DropMulOne", "DropDivOne", "DropNoOpResize"]
-
-
-def test_add_zero_mul_one_div_one_go() -> None:
-    model = make_model(
-        [helper.make_node("Add", ["zeros", "x"], ["a"]), helper.make_node("Mul", ["a", "ones"], ["m"]),
-         helper.make_node("Div", ["m", "one"], ["d"]), helper.make_node("Relu", ["d"], ["y"])],
-        [helper.make_tensor_value_info("x", F, [2, 3])], [helper.make_tensor_value_info("y", F, None)],
-        [init("zeros", np.zeros(3, np.float32)), init("ones", np.ones((1, 3), np.float32)), init("one", np.array(1.0, np.float32))])
-    optimized, report = optimize_with(model, NEUTRAL)
-    assert [rewrites(report, r) for r in NEUTRAL[:3]] == [1, 1, 1]
-    assert op_types(optimized) == ["Relu"]
-    assert_same_outputs(model, optimized)
-
-
-def test_neutral_constant_that_broadcasts_stays() -> None:
-    """x [3] + zeros [2, 3] has shape [2, 3]: the Add makes the broadcast and stays; so does a non-zero Add and an int one."""
-    model = make_model(
-        [helper.make_node("Add", ["x", "zeros"], ["a"]), helper.make_node("Add", ["a", "half"], ["y"])],
-        [helper.make_tensor_value_info("x", F, [3])], [helper.make_tensor_value_info("y", F, None)],
-        [init("zeros", np.zeros((2, 3), np.float32)), init("half", np.full(3, 0.5, np.float32))])
-    optimized, report = optimize_with(model, NEUTRAL)
-    assert rewrites(report, "DropAddZero") == 0
-    assert op_types(optimized) == ["Add", "Add"]
-    assert_same_outputs(model, optimized)
-
-
-def test_div_of_one_by_x_stays() -> None:
-    model = make_model([helper.make_node("Div", ["one", "x"], ["y"])], [helper.make_tensor_value_info("x", F, [3])],
-                       [helper.make_tensor_value_info("y", F, None)], [init("one", np.ones(3, np.float32))])
-    optimized, report = optimize_with(model, NEUTRAL)
-    assert rewrites(report, "DropDivOne") == 0 and op_types(optimized) == ["Div"]
+NEUTRAL = ["DropNoOpResize"]
 
 
 def test_resize_to_the_same_shape_goes_and_upsampling_stays() -> None:

@@ -278,12 +278,24 @@ def _leaf_producers(view: GraphView, match: Match) -> list[Any]:
     return result
 
 
+#: standard ops whose output has their first input's type: a value a rewrite just made
+#: (no type recorded yet) takes its type from there
+_SAME_TYPE_OPS = frozenset({"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Expand", "Flatten", "Identity", "Slice", "Concat"})
+
+
 def _first_dtype(view: GraphView, node: Any) -> str | None:
     inputs = list(view.inputs(node))
     # The kernel tables key on the data type: Where's is its second input, not the condition.
     domain, op_type = view.op_key(node)
     typed = inputs[1:] if op_type == "Where" and not domain else inputs
     first = next((v for v in typed if v is not None), None)
+    for _ in range(8):   # e.g. MultiHeadAttention of a Reshape the same rewrite made
+        if first is None or view.dtype(first) is not None:
+            break
+        producer = view.producer(first)
+        if producer is None or view.op_key(producer) not in {("", op) for op in _SAME_TYPE_OPS}:
+            break
+        first = next(iter(view.inputs(producer)), None)
     return view.dtype(first) if first is not None else None
 
 
