@@ -6,8 +6,8 @@
 The page is rendered from the report's JSON form (docs/report-schema.md), so both
 commands give the same page. It has a summary (model, target, nodes, parameters and
 op histogram before and after, verification, latency, times), a table of the rules,
-every rewrite with the matched subgraph before and its replacement after (drawn by
-Graphviz `dot`), the near-misses with a hint where one is known, and a filter by
+every rewrite with the matched subgraph before and its replacement after (laid out
+in Python, drawing.py: no system tool needed), the near-misses with a hint where one is known, and a filter by
 rule, op type or node name. Everything is inline (CSS, a little vanilla JS, SVG):
 the page fetches nothing and opens offline.
 
@@ -29,7 +29,7 @@ from typing import Any
 from graphopt.errors import GraphoptError
 from graphopt.report.hints import hint_for
 from graphopt.report.model import MAX_LOCATIONS, SCHEMA_NAME, SCHEMA_VERSION, Report
-from graphopt.report.snapshot import GraphvizUnavailable, format_type, render_svgs, snapshot_to_dot
+from graphopt.report.drawing import format_type, snapshot_to_svg
 
 __all__ = ["render_html", "write_html", "load_report_document", "check_document"]
 
@@ -89,15 +89,15 @@ def check_document(document: Any, where: str = "report") -> None:
 # ------------------------------------------------------------------ output
 
 
-def write_html(report: Report | Mapping[str, Any], path: str | os.PathLike[str], *, dot: str | None = "dot") -> None:
+def write_html(report: Report | Mapping[str, Any], path: str | os.PathLike[str], *, drawings: bool = True) -> None:
     """Render the report (a Report, or its JSON form) and write it atomically."""
     from graphopt.report.render import write_text_atomically
 
-    write_text_atomically(render_html(report, dot=dot), path)  # rendered first: a failure leaves nothing behind
+    write_text_atomically(render_html(report, drawings=drawings), path)  # rendered first: a failure leaves nothing behind
 
 
-def render_html(report: Report | Mapping[str, Any], *, dot: str | None = "dot") -> str:
-    """The page as a string. `dot` names Graphviz's executable (None: draw nothing)."""
+def render_html(report: Report | Mapping[str, Any], *, drawings: bool = True) -> str:
+    """The page as a string (`drawings=False`: no pictures, a smaller page)."""
     if isinstance(report, Report):
         from graphopt.report.render import report_to_json
 
@@ -105,7 +105,7 @@ def render_html(report: Report | Mapping[str, Any], *, dot: str | None = "dot") 
     else:
         document = report
     check_document(document)
-    return _Page(document, dot).render()
+    return _Page(document, drawings).render()
 
 
 # ------------------------------------------------------------------ reading helpers
@@ -174,57 +174,48 @@ def _change(before: int, after: int) -> str:
 
 
 class _Drawings:
-    """Distinct DOT graphs, each drawn once and kept in one <template>."""
+    """Distinct drawings, each kept once in one <template>."""
 
-    def __init__(self) -> None:
-        self.ids: dict[str, str] = {}  # DOT text -> template id
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.ids: dict[str, str] = {}  # SVG text -> template id
 
     def add(self, snapshot: Any, kind: str) -> str | None:
-        if not isinstance(snapshot, dict) or not (snapshot.get("nodes") or snapshot.get("edges")):
+        if not self.enabled or not isinstance(snapshot, dict) or not (snapshot.get("nodes") or snapshot.get("edges")):
             return None
-        source = snapshot_to_dot(snapshot, kind)
-        return self.ids.setdefault(source, f"g{len(self.ids)}")
+        svg = snapshot_to_svg(snapshot, kind)
+        return self.ids.setdefault(svg, f"g{len(self.ids)}") if svg else None
 
-    def templates(self, dot: str | None) -> tuple[str, str]:
-        """(templates HTML, note): the note is empty when every drawing was made."""
-        if not self.ids:
-            return "", ""
-        if dot is None:
-            return "", "Drawings are turned off."
-        try:
-            svgs = render_svgs(self.ids, dot)
-        except GraphvizUnavailable as why:
-            return "", f"No drawings: {why}."
-        return "".join(f'<template id="{tid}">{svg}</template>' for tid, svg in zip(self.ids.values(), svgs)), ""
+    def templates(self) -> str:
+        return "".join(f'<template id="{tid}">{svg}</template>' for svg, tid in self.ids.items())
 
 
 # ------------------------------------------------------------------ the page
 
 
 class _Page:
-    def __init__(self, document: Mapping[str, Any], dot: str | None) -> None:
+    def __init__(self, document: Mapping[str, Any], drawings: bool) -> None:
         self.doc = document
-        self.dot = dot
         self.rules = [r for r in _list(document, "rules") if isinstance(r, dict)]
         # At most MAX_LOCATIONS entries per rule, so a huge model still gives a page a browser opens.
         self.rewrites = sorted(
             (rw for rule in self.rules for rw in _list(rule, "rewrites")[:MAX_LOCATIONS] if isinstance(rw, dict)),
             key=lambda rw: _int(rw, "index"),
         )
-        self.drawings = _Drawings()
+        self.drawings = _Drawings(drawings)
 
     def render(self) -> str:
         model = _str(self.doc, "input_path")
         title = f"graphopt report: {Path(model).name}" if model else "graphopt report"
         rewrites = self._rewrites()  # first: collects the drawings
-        templates, note = self.drawings.templates(self.dot)
+        templates = self.drawings.templates()
         body = "".join(
             [
                 self._header(title),
                 self._summary(),
                 self._op_histogram(),
                 self._rules(),
-                rewrites.replace("<!--drawing-note-->", f'<p class="note">{_e(note)}</p>' if note else ""),
+                rewrites,
                 self._near_misses(),
                 self._passes(),
                 f'<footer>graphopt {_e(_str(_dict(self.doc, "tool"), "version"))} · report schema '
@@ -396,7 +387,7 @@ class _Page:
             f'<select id="rule-filter" aria-label="rule"><option value="">all rules</option>{options}</select>'
             '<button type="button" id="expand">expand shown</button><button type="button" id="collapse">collapse all</button>'
             f'<span id="shown">{len(self.rewrites)} of {len(self.rewrites)} rewrites</span></div>'
-            f"<!--drawing-note-->{'<p class=muted>' + _e(kept_note) + '</p>' if kept_note else ''}"
+            f"{'<p class=muted>' + _e(kept_note) + '</p>' if kept_note else ''}"
             f'<div id="rewrite-list">{rows or "<p class=muted>No rewrite applied.</p>"}</div></section>'
         )
 
