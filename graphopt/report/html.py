@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from graphopt.errors import GraphoptError
+from graphopt.report.drawing import format_type, snapshot_to_svg
 from graphopt.report.hints import hint_for
 from graphopt.report.model import MAX_LOCATIONS, SCHEMA_NAME, SCHEMA_VERSION, Report
-from graphopt.report.drawing import format_type, snapshot_to_svg
 
 __all__ = ["render_html", "write_html", "load_report_document", "check_document"]
 
