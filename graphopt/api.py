@@ -13,7 +13,6 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TypeVar
 
 import onnx
@@ -23,6 +22,7 @@ from graphopt.errors import RuleNameError
 from graphopt.ir.onnx_io import load_model, save_model
 from graphopt.ir.onnx_view import OnnxView
 from graphopt.ir.provenance import tag_new_nodes
+from graphopt.library import BUILTIN_PATTERNS_DIR
 from graphopt.match.driver import DriverOptions, RuleSet, apply_rules
 from graphopt.ops.lowering import lower_fused_ops
 from graphopt.ops.targets import get_target
@@ -34,15 +34,6 @@ __all__ = ["OptimizeOptions", "optimize", "optimize_file", "builtin_rules", "sel
 ModelLike = TypeVar("ModelLike", ir.Model, onnx.ModelProto)
 
 
-def _builtin_patterns_dir() -> Path:
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "_patterns", here.parent / "patterns"):  # installed wheel, then source tree
-        if candidate.is_dir():
-            return candidate
-    return here.parent / "patterns"
-
-
-BUILTIN_PATTERNS_DIR = _builtin_patterns_dir()
 
 
 @dataclass

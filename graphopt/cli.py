@@ -282,7 +282,7 @@ def optimize(
     if verification is not None and not verification.passed:
         _fail(f"verification failed, nothing written: {verification.message}", EXIT_VERIFY_FAILED)
     if not quiet:
-        print_summary(result, console)
+        print_summary(result, console, json_report=report)
         console.print(f"wrote {escape(str(output))}" + (f" and {escape(str(report))}" if report else ""), highlight=False)
 
 

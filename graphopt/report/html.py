@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from graphopt.errors import GraphoptError
+from graphopt.library import display_source
 from graphopt.report.drawing import format_type, snapshot_to_svg
-from graphopt.report.hints import hint_for
+from graphopt.report.hints import hint_for, summarize_target_gaps, target_gap
 from graphopt.report.model import MAX_LOCATIONS, SCHEMA_NAME, SCHEMA_VERSION, Report
 
 __all__ = ["render_html", "write_html", "load_report_document", "check_document"]
@@ -230,6 +231,19 @@ class _Page:
             f'<body><main>{body}</main>\n<div hidden id="drawings">{templates}</div>\n<script>{_JS}</script></body></html>\n'
         )
 
+    def _lowered(self, op: str) -> str:
+        """A rewrite inserts graphopt.X; the model (and the op table) has what the target lowers it to."""
+        domain, _, op_type = op.rpartition(".")
+        if domain != "graphopt":
+            return op
+        from graphopt.ops.targets import TARGETS
+
+        target = TARGETS.get(_str(self.doc, "target"))
+        low = target.lowering(op_type) if target is not None else None
+        if low is None:
+            return op
+        return f"{low.domain}.{low.op_type}" if low.domain else low.op_type
+
     # ---------------------------------------------------------- sections
     def _header(self, title: str) -> str:
         doc = self.doc
@@ -360,7 +374,7 @@ class _Page:
                 f'<div class="doc">{_e(_str(r, "doc"))}</div></td>'
                 f'<td class="num">{_int(r, "applications")}</td><td class="num">{_int(r, "matches")}</td>'
                 f'<td class="num">{_int(r, "attempts")}</td><td class="num">{_e(_seconds(time_s))}</td>'
-                f'<td class="src"><code>{_e(_str(r, "source"))}</code></td></tr>'
+                f'<td class="src"><code>{_e(display_source(_str(r, "source")))}</code></td></tr>'
             )
         more = (
             f'<details class="untried"><summary>{len(untried)} more rules loaded but never tried (no node has their root op)</summary>'
@@ -393,13 +407,13 @@ class _Page:
 
     def _rewrite(self, rw: dict[str, Any]) -> str:
         rule, node, scope, op = _str(rw, "rule"), _str(rw, "node"), _str(rw, "scope") or "main", _str(rw, "op")
-        added = [str(a) for a in _list(rw, "added")]
+        added = [self._lowered(str(a)) for a in _list(rw, "added")]
         before, after = rw.get("before"), rw.get("after")
         matched_nodes = _list(before, "nodes") if isinstance(before, dict) else []
         matched = [(_str(m, "name"), _str(m, "op")) for m in matched_nodes if isinstance(m, dict)]
         if not matched:
             matched = [(str(name), "") for name in _list(rw, "matched")] or [(node, op)]
-        search = " ".join([rule, node, scope, op, *added, *(f"{n} {o}" for n, o in matched)]).lower()
+        search = " ".join([rule, node, scope, op, *added, *map(str, _list(rw, "added")), *(f"{n} {o}" for n, o in matched)]).lower()
         summary = (
             f'<span class="idx">#{_int(rw, "index")}</span> <span class="rule">{_e(rule)}</span> at '
             f'<span class="node">{_e(node)}</span>'
@@ -407,7 +421,10 @@ class _Page:
             + f' <span class="delta">−{_int(rw, "removed")} nodes, + {_e(", ".join(added) or "nothing")}</span>'
         )
         where = "".join(f"<li><code>{_e(name)}</code> <span class=\"opname\">{_e(o)}</span></li>" for name, o in matched)
-        figures = self._figure("before: matched", before, "before") + self._figure("after: replacement", after, "after")
+        fused = sorted({str(a) for a in _list(rw, "added") if self._lowered(str(a)) != str(a)})
+        lowered = "; ".join(f"{op} is lowered to {self._lowered(op)} for {_str(self.doc, 'target')}" for op in fused)
+        caption = "after: replacement" + (f" ({lowered})" if lowered else "")
+        figures = self._figure("before: matched", before, "before") + self._figure(caption, after, "after")
         return (
             f'<details class="rw" data-rule="{_e(rule)}" data-search="{_e(search)}"><summary>{summary}</summary>'
             f'<div class="rw-body"><div class="where"><b>scope</b> {_e(scope)} · <b>root</b> <code>{_e(node)}</code> ({_e(op)})'
@@ -453,16 +470,21 @@ class _Page:
                 applied_at.add((_str(rw, "rule"), _str(rw, "scope"), matched[0]))
             for name in matched:
                 taken_by.setdefault((_str(rw, "scope"), name), f"{_str(rw, 'rule')} (#{_int(rw, 'index')})")
-        groups, resolved = [], 0
+        groups, resolved, gaps = [], 0, []
         for rule in self.rules:
             misses = [m for m in _list(rule, "near_misses") if isinstance(m, dict)]
             open_misses = [m for m in misses if (_str(rule, "name"), _str(m, "scope"), _str(m, "node")) not in applied_at]
             resolved += len(misses) - len(open_misses)
+            # "target T has no lowering for OP" at every site: one line above the table, no rows.
+            gaps += [(_str(rule, "name"), _str(m, "reason")) for m in open_misses if target_gap(_str(m, "reason"))]
+            open_misses = [m for m in open_misses if not target_gap(_str(m, "reason"))]
             if open_misses:
                 groups.append((rule, open_misses))
         later = f" {resolved} misses at nodes where the rule applied in a later sweep are left out." if resolved else ""
+        gap_lines = "".join(f'<p class="gap">{_e(line)}</p>' for line in summarize_target_gaps(gaps))
         if not groups:
-            return f'<section id="near-misses"><h2>Near-misses</h2><p class="muted">No rule failed part-way.{_e(later)}</p></section>'
+            return f'<section id="near-misses"><h2>Near-misses</h2>{gap_lines}<p class="muted">No other rule failed part-way.{_e(later)}</p></section>'
+        hints: dict[str, int] = {}  # hint text -> number: each hint is written once, rows point to it
         groups.sort(key=lambda g: (-max(_int(m, "depth") for m in g[1]), _str(g[0], "name")))
         rows = []
         for rule, misses in groups:
@@ -471,6 +493,7 @@ class _Page:
             for m in sorted(misses, key=lambda m: -_int(m, "depth")):
                 reason, depth = _str(m, "reason"), _int(m, "depth")
                 hint = hint_for(reason)
+                number = hints.setdefault(hint, len(hints) + 1) if hint else 0
                 node, failed_at = _str(m, "node"), _str(m, "failed_at")
                 taken = taken_by.get((_str(m, "scope"), node))
                 search = " ".join([name, node, _str(m, "op"), failed_at, reason]).lower()
@@ -481,15 +504,18 @@ class _Page:
                     + (f'<div class="doc">failed at <code>{_e(failed_at)}</code></div>' if failed_at and failed_at != node else "")
                     + (f'<div class="doc taken">later rewritten by {_e(taken)}</div>' if taken else "")
                     + f'</td><td class="num">{depth}</td><td class="reason">{_e(reason)}</td>'
-                    f'<td class="hint">{_with_code(hint) if hint else ""}</td></tr>'
+                    f'<td class="hint">{f"<a href=#hint-{number}>hint {number}</a>" if hint else ""}</td></tr>'
                 )
         deep = sum(1 for _, misses in groups for m in misses if _int(m, "depth") > SHALLOW_DEPTH)
+        hint_list = "".join(f'<li id="hint-{number}">{_with_code(text)}</li>' for text, number in hints.items())
         return (
-            '<section id="near-misses"><h2>Near-misses</h2>'
+            f'<section id="near-misses"><h2>Near-misses</h2>{gap_lines}'
             '<p class="muted">Where a rule got part of the way and which check stopped it, deepest first (depth: ops matched before the '
             f'failing check).{_e(later)} <label><input type="checkbox" id="shallow"> also show the {len(rows) - deep} misses at the first op</label></p>'
             '<table class="misses"><thead><tr><th>rule</th><th>node</th><th>depth</th><th>why not</th><th>hint</th></tr></thead>'
-            f'<tbody>{"".join(rows)}</tbody></table></section>'
+            f'<tbody>{"".join(rows)}</tbody></table>'
+            + (f'<h3>Hints</h3><ol class="hints">{hint_list}</ol>' if hint_list else "")
+            + "</section>"
         )
 
     def _passes(self) -> str:
@@ -549,7 +575,7 @@ figcaption{font-weight:600;margin-bottom:6px}
 ul.io{list-style:none;padding:0;margin:6px 0 0;font-size:12px}ul.io li{margin:1px 0}.ty{color:var(--muted);font-family:ui-monospace,monospace}
 table.misses td.reason{font-family:ui-monospace,monospace;font-size:12px}table.misses td.hint{font-size:12px;color:#0550ae;max-width:420px}
 table.misses tr.shallow{display:none}table.misses.all tr.shallow{display:table-row}
-.untried{margin-top:8px;color:var(--muted)}
+.untried{margin-top:8px;color:var(--muted)}p.gap{margin:4px 0}ol.hints{font-size:13px;color:#0550ae}ol.hints li:target{background:#fff8c5}
 footer{margin-top:40px;color:var(--muted);font-size:12px}
 """
 

@@ -14,9 +14,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from graphopt.report.model import Report
+from graphopt.report.hints import summarize_target_gaps, target_gap
+from graphopt.report.model import NearMiss, Report
 
-__all__ = ["report_to_json", "write_json", "print_summary", "MAX_NEAR_MISS_ROWS"]
+__all__ = ["report_to_json", "write_json", "print_summary", "render_summary", "open_near_misses", "MAX_NEAR_MISS_ROWS"]
 
 #: Near-miss rows shown in the terminal, in all and per rule (the JSON keeps all of them).
 MAX_NEAR_MISS_ROWS = 10
@@ -73,8 +74,33 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.1f}"
 
 
-def print_summary(report: Report, console: Console) -> None:
-    """Nodes before/after by op, rewrites by rule, near-misses, warnings, verification, times."""
+def open_near_misses(report: Report) -> tuple[list[NearMiss], list[tuple[str, str]]]:
+    """(rows, gaps): the near-misses worth a row, deepest first, and (rule, reason) of those
+    that only say the target lacks the op (one summary line each, not rows).
+
+    Left out: misses where the same rule applied at the same node in a later sweep (after
+    constant folding or another rewrite prepared it) and repeats of a node's miss."""
+    report.finalize()
+    rules = [s for s in report.rules.values() if s.applications < s.attempts]
+    applied_at = {(s.name, r.scope, r.matched[0] if r.matched else r.node) for s in report.rules.values() for r in s.rewrites}
+    rows: list[NearMiss] = []
+    gaps: list[tuple[str, str]] = []
+    seen: set[tuple[str, str, str]] = set()
+    for m in sorted((m for s in rules for m in s.near_misses), key=lambda m: -m.depth):
+        if (m.rule, m.scope, m.node) in applied_at or (m.rule, m.node, m.reason) in seen:
+            continue
+        seen.add((m.rule, m.node, m.reason))
+        if target_gap(m.reason) is not None:
+            gaps.append((m.rule, m.reason))
+        else:
+            rows.append(m)
+    return rows, gaps
+
+
+def print_summary(report: Report, console: Console, *, json_report: str | os.PathLike[str] | None = None) -> None:
+    """Nodes before/after by op, the rules that applied, near-misses, warnings, verification, times.
+
+    `json_report`: where the JSON report was written, if it was (the near-miss table points to it)."""
     before = report.before.ops if report.before else {}
     after = report.after.ops if report.after else {}
     nodes = Table(title="Nodes by op type", title_justify="left")
@@ -98,49 +124,53 @@ def print_summary(report: Report, console: Console) -> None:
     console.print(nodes)
 
     rules = sorted(report.rules.values(), key=lambda s: (-s.applications, -s.matches, s.name))
-    active = [s for s in rules if s.attempts or s.applications]
-    if active:
+    applied = [s for s in rules if s.applications]
+    tried = sum(1 for s in rules if s.attempts)
+    if applied:
         table = Table(title="Rewrites by rule", title_justify="left")
         table.add_column("rule")
         table.add_column("applied", justify="right")
         table.add_column("matched", justify="right")
         table.add_column("attempts", justify="right")
         table.add_column("time ms", justify="right")
-        for s in active:
+        for s in applied:
             table.add_row(escape(s.name), str(s.applications), str(s.matches), str(s.attempts), _ms(s.time_s))
         table.add_row(
             "[bold]total[/]",
             str(report.total_rewrites),
-            str(sum(s.matches for s in active)),
-            str(sum(s.attempts for s in active)),
-            _ms(sum(s.time_s for s in active)),
+            str(sum(s.matches for s in applied)),
+            str(sum(s.attempts for s in applied)),
+            _ms(sum(s.time_s for s in applied)),
             end_section=True,
         )
+        others = tried - sum(1 for s in applied if s.attempts)
+        if others:
+            table.caption = f"{others} other rules were tried and did not apply (time {_ms(sum(s.time_s for s in rules if not s.applications))} ms)"
         console.print(table)
+    elif tried:
+        console.print(f"No rule applied ({tried} rules were tried).")
     else:
         console.print("No rule was tried: no node has an op that a rule starts from.")
 
-    # Near-misses matter where a rule did not apply everywhere it was tried: deepest first.
-    report.finalize()
-    misses, seen, per_rule = [], set(), Counter[str]()
-    for m in sorted((m for s in rules if s.applications < s.attempts for m in s.near_misses), key=lambda m: -m.depth):
-        # A node retried in a later sweep fails the same way; and a few rows per rule keep
-        # one rule tried at many nodes from crowding out the rest.
-        if (m.rule, m.node, m.reason) not in seen and per_rule[m.rule] < MAX_NEAR_MISSES_PER_RULE:
-            seen.add((m.rule, m.node, m.reason))
-            per_rule[m.rule] += 1
-            misses.append(m)
-    if misses:
+    misses, gaps = open_near_misses(report)
+    for line in summarize_target_gaps(gaps):
+        console.print(escape(line), highlight=False)
+    # A few rows per rule keep one rule tried at many nodes from crowding out the rest.
+    per_rule = Counter[str]()
+    shown = [m for m in misses if per_rule.update([m.rule]) or per_rule[m.rule] <= MAX_NEAR_MISSES_PER_RULE][:MAX_NEAR_MISS_ROWS]
+    if shown:
         table = Table(title="Near-misses (why a rule did not apply)", title_justify="left")
         table.add_column("rule")
         table.add_column("node")
         table.add_column("failed check")
-        for m in misses[:MAX_NEAR_MISS_ROWS]:
+        for m in shown:
             where = m.node if not m.failed_at or m.failed_at == m.node else f"{m.node} (at {m.failed_at})"
             table.add_row(escape(m.rule), escape(where), escape(m.reason))
-        if len(misses) > MAX_NEAR_MISS_ROWS:
-            table.caption = f"{len(misses) - MAX_NEAR_MISS_ROWS} more in the JSON report"
         console.print(table)
+        if len(misses) > len(shown):
+            more = len(misses) - len(shown)
+            line = f"{more} more near-misses in {json_report}" if json_report else f"{more} more near-misses: --report FILE.json lists them all"
+            console.print(escape(line), highlight=False)
 
     conversion = report.precision_conversion
     if conversion is not None:
@@ -163,3 +193,12 @@ def print_summary(report: Report, console: Console) -> None:
     times = ", ".join(f"{name} {_ms(t)} ms" for name, t in report.times_s.items())
     if times:
         console.print(f"time: {times}", highlight=False)
+
+
+def render_summary(report: Report, width: int = 100) -> str:
+    """The terminal summary as plain text (what `print(report)` shows)."""
+    import io
+
+    buffer = io.StringIO()
+    print_summary(report, Console(file=buffer, width=width, force_terminal=False, no_color=True, highlight=False))
+    return buffer.getvalue().rstrip("\n")
