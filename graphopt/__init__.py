@@ -3,12 +3,39 @@
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-from graphopt.api import OptimizeOptions, optimize, optimize_file  # noqa: E402
 from graphopt.errors import GraphoptError, ModelError, PatternError, RuleNameError  # noqa: E402
-from graphopt.report.model import Report  # noqa: E402
+
+if TYPE_CHECKING:
+    from graphopt.api import OptimizeOptions, optimize, optimize_file
+    from graphopt.report.model import Report
+
+# Imported on first use, so `import graphopt` (and `graphopt --help`) stays fast: the
+# optimizer pulls in onnx, onnx-ir and sympy, which take most of a second to import.
+_LAZY = {
+    "optimize": "graphopt.api",
+    "optimize_file": "graphopt.api",
+    "OptimizeOptions": "graphopt.api",
+    "Report": "graphopt.report.model",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'graphopt' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # once imported, a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
 
 
 def load_patterns(path: str):  # type: ignore[no-untyped-def]
@@ -44,4 +71,5 @@ __all__ = [
     "ModelError",
     "PatternError",
     "RuleNameError",
+    "Report",
 ]

@@ -306,8 +306,13 @@ class _Page:
         return ("latency", f"{fmt(b)} → {fmt(a)}", detail)
 
     def _extras(self) -> str:
-        """One line each for the layout pass and the precision conversion, when they ran."""
+        """One line each for fixed input shapes, the layout pass and the precision conversion, when they apply."""
         lines = []
+        fixed = self.doc.get("input_shapes")
+        if isinstance(fixed, dict):
+            given = ", ".join(f"{name}={','.join(map(str, dims))}" for name, dims in _dict(fixed, "inputs").items() if isinstance(dims, list))
+            symbols = ", ".join(f"{name}={size}" for name, size in _dict(fixed, "symbols").items())
+            lines.append(f"input shapes fixed: {given}" + (f" (symbolic dims {symbols})" if symbols else ""))
         layout = self.doc.get("layout")
         if isinstance(layout, dict):
             converted = ", ".join(f"{op} {n}" for op, n in _dict(layout, "converted").items()) or "none"

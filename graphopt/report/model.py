@@ -247,6 +247,9 @@ class Report:
     layout: LayoutSummary | None = None
     #: Run time before and after, when something measured it (None otherwise).
     latency: Latency | None = None
+    #: Input shapes fixed before optimizing (--input-shape): {"inputs": {name: dims},
+    #: "symbols": {dim name: size}}; None when none were.
+    input_shapes: dict[str, Any] | None = None
     _applied: int = 0
 
     # ----------------------------------------------------------- recording

@@ -59,6 +59,7 @@ def write_text_atomically(text: str, path: str | os.PathLike[str]) -> None:
     folder = path.parent if str(path.parent) else Path(".")
     fd, staged = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes it private (0600); a report is an ordinary file
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
         os.replace(staged, path)
@@ -68,6 +69,13 @@ def write_text_atomically(text: str, path: str | os.PathLike[str]) -> None:
         except OSError:
             pass
         raise
+
+
+def _umask() -> int:
+    # The only portable way to read the umask is to set it; set it straight back.
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _ms(seconds: float) -> str:
@@ -171,6 +179,11 @@ def print_summary(report: Report, console: Console, *, json_report: str | os.Pat
             more = len(misses) - len(shown)
             line = f"{more} more near-misses in {json_report}" if json_report else f"{more} more near-misses: --report FILE.json lists them all"
             console.print(escape(line), highlight=False)
+
+    if report.input_shapes:
+        given = ", ".join(f"{name}={','.join(map(str, dims))}" for name, dims in report.input_shapes.get("inputs", {}).items())
+        symbols = ", ".join(f"{name}={size}" for name, size in report.input_shapes.get("symbols", {}).items())
+        console.print(escape(f"input shapes fixed: {given}" + (f" (symbolic dims {symbols})" if symbols else "")), highlight=False)
 
     conversion = report.precision_conversion
     if conversion is not None:
