@@ -200,6 +200,7 @@ def _run_pipeline(model: ir.Model, rules: RuleSet, target: Any, report: Report, 
         report.warnings.append(f"stopped after {options.max_sweeps} sweeps without reaching a fixpoint")
     if report.limit_reached and not report.warnings:
         report.warnings.append("rewrite limit reached; the result is valid but may not be fully optimized")
+    view.restore_node_names()  # a node a rewrite stood in for leaves its name to its replacement
     if plan is not None:
         say(f"precision: {plan.precision}")
         with tag_new_nodes(model, "precision"):

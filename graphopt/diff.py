@@ -199,9 +199,18 @@ def _change_group(before: _Node, after: _Node) -> tuple[Any, ...]:
     return _group_key(after.node)
 
 
+def _is_made(node: ir.Node, original: ir.Node) -> bool:
+    return provenance.RULE_KEY in node.metadata_props and provenance.RULE_KEY not in original.metadata_props
+
+
 def diff_models(a: ir.Model, b: ir.Model, a_name: str = "A", b_name: str = "B") -> ModelDiff:
     """The node-level difference from `a` to `b`, grouped by B's provenance."""
     before, after = _nodes(a), _nodes(b)
+    # A node a rewrite made may carry the name of the node it stands in for (a Conv folded with
+    # its BatchNormalization keeps the Conv's name): it is still that rewrite's new node, and
+    # the old one is removed. Such pairs are compared as different nodes.
+    made = {key for key, item in after.items() if key in before and _is_made(item.node, before[key].node)}
+    before = {(key if key not in made else (key[0], key[1], "before")): item for key, item in before.items()}  # type: ignore[misc]
     groups: dict[tuple[Any, ...], DiffGroup] = {}
 
     def group(key: tuple[Any, ...]) -> DiffGroup:
@@ -241,6 +250,7 @@ def diff_models(a: ir.Model, b: ir.Model, a_name: str = "A", b_name: str = "B") 
                     replaced_by[(key[0], name)] = group_key
     for key, item in before.items():
         if key not in after:
+            key = key[:2]
             group(removed_by.get(key) or replaced_by.get(key, (OTHER,))).removed.append(item.entry)
     for key, item in after.items():
         if key in before:

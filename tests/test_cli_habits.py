@@ -145,3 +145,21 @@ def test_report_files_respect_the_umask(tmp_path: Path, mask: int, mode: int) ->
     finally:
         os.umask(old)
     assert (tmp_path / "r.json").stat().st_mode & 0o777 == mode
+
+
+@pytest.mark.parametrize("target", ["onnx", "ort-cpu"])
+def test_node_names_stay_the_users(example: Path, tmp_path: Path, target: str) -> None:
+    # Surviving nodes keep their names (a Conv folded with its BatchNormalization stays
+    # `layer1.a.conv`); nodes a rewrite made get short names derived from the node they
+    # stand in for (`fc.add_1`), never chains like `layer3.c.conv__go9__go12`.
+    out = tmp_path / "o.onnx"
+    assert run_cli("optimize", example, out, "--target", target, "-q").returncode == 0
+    before = {n.name: n.op_type for n in onnx.load(example).graph.node}
+    names = [n.name for n in onnx.load(out).graph.node]
+    assert len(names) == len(set(names))
+    for name in names:
+        assert name in before or re.fullmatch(r"(.+)_\d+", name) and re.fullmatch(r"(.+)_\d+", name).group(1) in before, name  # type: ignore[union-attr]
+    if target == "onnx":
+        assert "layer1.a.conv" in names and "fc.add_1" in names
+    values = [v.name for v in onnx.load(out).graph.initializer]
+    assert not any("__go" in name for name in names + values)
