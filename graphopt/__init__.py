@@ -53,6 +53,27 @@ def last_report() -> Report | None:
     return None if backend is None else backend.last_report()
 
 
+def compile(model: Any, *, options: dict[str, Any] | None = None, mode: str | None = None, **torch_compile_kwargs: Any) -> Any:  # noqa: A001
+    """`torch.compile(model, backend="graphopt", ...)`, with graphopt's options checked first.
+
+    torch.compile hands the options to the backend only when dynamo compiles the first graph,
+    so a misspelt rule would surface then, inside dynamo's traceback; here it is a
+    GraphoptError at once."""
+    import torch
+
+    from graphopt.torch_backend import check_options
+
+    check_options(options, mode)
+    return torch.compile(model, backend="graphopt", options=options, mode=mode, **torch_compile_kwargs)
+
+
+def check_torch_options(options: dict[str, Any] | None = None, mode: str | None = None) -> None:
+    """Raise GraphoptError now if `torch.compile(..., backend="graphopt", options=...)` would fail on them."""
+    from graphopt.torch_backend import check_options
+
+    check_options(options, mode)
+
+
 def torch_reports() -> list[Report]:
     """The reports of every graph the torch backend compiled, in order (the index in report file names)."""
     backend = sys.modules.get("graphopt.torch_backend")
@@ -63,6 +84,8 @@ __all__ = [
     "__version__",
     "last_report",
     "torch_reports",
+    "compile",
+    "check_torch_options",
     "optimize",
     "optimize_file",
     "OptimizeOptions",
