@@ -163,3 +163,16 @@ def test_node_names_stay_the_users(example: Path, tmp_path: Path, target: str) -
         assert "layer1.a.conv" in names and "fc.add_1" in names
     values = [v.name for v in onnx.load(out).graph.initializer]
     assert not any("__go" in name for name in names + values)
+
+
+def test_every_link_in_the_docs_stays_in_the_repository() -> None:
+    # A user's clone has only the repository: README and docs link nothing outside it.
+    for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
+            if re.match(r"[a-z]+://", target):
+                continue
+            resolved = (page.parent / target).resolve()
+            assert resolved.is_relative_to(REPO) and resolved.exists(), f"{page.name}: {target}"
+    assert "(docs/design.md)" in (REPO / "README.md").read_text()
+    design = (REPO / "docs" / "design.md").read_text()
+    assert "## Decisions by measurement" in design and "## Habits taken from the anchors" in design
