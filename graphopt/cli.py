@@ -151,7 +151,9 @@ def _guard_input(input_path: Path, output: Path, model: ir.Model, force: bool) -
 
 
 def _parse_shapes(values: list[str]) -> dict[str, list[int]]:
-    from graphopt.verify import parse_shape
+    if not values:
+        return {}
+    from graphopt.verify import parse_shape  # onnxruntime comes with it: only when asked
 
     shapes: dict[str, list[int]] = {}
     for text in values:
@@ -258,9 +260,11 @@ def optimize(
     errors = Console(stderr=True)
     with _user_errors():
         get_target(target)  # an unknown target is an error before any work
-        from graphopt.passes.precision import parse_precision
+        precision_name = None
+        if precision.strip().lower() != "fp32":  # the precision pass is imported only when asked for
+            from graphopt.passes.precision import parse_precision
 
-        precision_name = parse_precision(precision)  # so is an unknown precision
+            precision_name = parse_precision(precision)  # so is an unknown precision
         if keep_fp32 and precision_name is None:
             raise GraphoptError("--keep-fp32 only applies with --precision fp16 or bf16")
         if layout not in ("auto", "nchw", "nhwc"):

@@ -1,0 +1,105 @@
+"""Start-up and small-job times, whole process, against onnxruntime's offline optimizer and onnxsim.
+
+    python benchmarks/startup.py [--runs 5] [--out results/startup.json]
+
+Builds the README's example model (examples/make_example.py: a 47-node ResNet-style CNN,
+245 KB) and times, as separate processes from start to exit, median of `--runs` after
+one warm-up run (file caches warm):
+
+* `python -c pass` (the interpreter alone),
+* `graphopt --help`, `python -c "import graphopt"`, `graphopt --version`,
+* `graphopt optimize model.onnx out.onnx -q` (file to file),
+* onnxruntime's offline optimizer (a session with `optimized_model_filepath`, all
+  graph optimizations, CPU provider), and `onnxsim model.onnx out.onnx` when installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+ORT_OFFLINE = (
+    "import sys, onnxruntime as ort\n"
+    "so = ort.SessionOptions()\n"
+    "so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL\n"
+    "so.optimized_model_filepath = sys.argv[2]\n"
+    "ort.InferenceSession(sys.argv[1], so, providers=['CPUExecutionProvider'])\n"
+)
+
+
+def _time(command: list[str], runs: int, env: dict[str, str]) -> dict[str, float | list[float]]:
+    subprocess.run(command, check=True, capture_output=True, env=env)  # warm-up: file caches
+    times = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        subprocess.run(command, check=True, capture_output=True, env=env)
+        times.append(time.perf_counter() - started)
+    return {"median_s": statistics.median(times), "min_s": min(times), "max_s": max(times), "runs_s": times}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")])))
+    py = sys.executable
+    graphopt = [py, "-m", "graphopt"]
+    script = shutil.which("graphopt")
+    folder = Path(tempfile.mkdtemp(prefix="graphopt-startup-"))
+    model = folder / "model.onnx"
+    subprocess.run([py, str(REPO / "examples" / "make_example.py"), str(model)], check=True, capture_output=True, env=env)
+    commands: dict[str, list[str]] = {
+        "python -c pass": [py, "-c", "pass"],
+        "python -m graphopt --help": [*graphopt, "--help"],
+        "python -c 'import graphopt'": [py, "-c", "import graphopt"],
+        "python -m graphopt --version": [*graphopt, "--version"],
+        "python -m graphopt optimize model.onnx out.onnx -q": [*graphopt, "optimize", str(model), str(folder / "go.onnx"), "-q"],
+        "onnxruntime offline optimizer (ORT_ENABLE_ALL, CPU)": [py, "-c", ORT_OFFLINE, str(model), str(folder / "ort.onnx")],
+    }
+    if script:
+        commands["graphopt --help (console script)"] = [script, "--help"]
+    try:
+        import onnxsim  # noqa: F401
+
+        commands["onnxsim model.onnx out.onnx"] = [py, "-m", "onnxsim", str(model), str(folder / "sim.onnx")]
+    except ImportError:
+        print("onnxsim is not installed: left out", file=sys.stderr)
+    results = {}
+    for name, command in commands.items():
+        results[name] = _time(command, args.runs, env)
+        print(f"{name:60s} median {results[name]['median_s']:.3f} s (min {results[name]['min_s']:.3f}, max {results[name]['max_s']:.3f})", flush=True)
+    versions = {}
+    for package in ("onnx", "onnx-ir", "onnxruntime", "sympy", "typer", "onnxsim"):
+        try:
+            from importlib.metadata import version
+
+            versions[package] = version(package)
+        except Exception:  # noqa: BLE001 - not installed
+            versions[package] = None
+    document = {
+        "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "model": f"examples/make_example.py ({model.stat().st_size} bytes)",
+        "runs": args.runs,
+        "versions": versions,
+        "results": results,
+    }
+    if args.out:
+        args.out.write_text(json.dumps(document, indent=2) + "\n")
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
