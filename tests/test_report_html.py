@@ -318,7 +318,7 @@ def test_drawings_can_be_turned_off(bert: Rendered) -> None:
 
 def test_drawing_layout_is_layered() -> None:
     # A chain in -> A -> B -> out is drawn top to bottom, each box below the one feeding it,
-    # with one arrow per edge and the edge's type as its label.
+    # with one arrow per edge and the edge's type as its label, on the edge between the two.
     from graphopt.report.drawing import snapshot_to_svg
 
     snapshot = {
@@ -334,8 +334,12 @@ def test_drawing_layout_is_layered() -> None:
     svg = parse(snapshot_to_svg(snapshot, "after"))
     boxes = {t.text(): float(t.attrs["y"]) for t in svg.find_all("text") if t.attrs.get("text-anchor") == "middle"}
     assert boxes["in 0"] < boxes["Conv"] < boxes["Relu"] < boxes["out 0"]
-    assert len(svg.find_all("polyline")) == len(svg.find_all("polygon")) == 3
-    assert [t.text() for t in svg.find_all("text")].count("f32[1,3]") == 3
+    assert len(svg.find_all("polygon")) == 3  # arrowheads
+    assert len(svg.find_all("polyline")) == 6  # each edge in two pieces, its label between them
+    texts = [(t.text(), float(t.attrs["y"])) for t in svg.find_all("text")]
+    types = sorted(y for text, y in texts if text == "f32[1,3]")
+    assert len(types) == 3
+    assert boxes["in 0"] < types[0] < boxes["Conv"] < types[1] < boxes["Relu"] < types[2] < boxes["out 0"]
     assert snapshot_to_svg(snapshot, "after") == snapshot_to_svg(snapshot, "after")  # deterministic: identical rewrites share one drawing
 
 

@@ -3,7 +3,9 @@
 A snapshot (see snapshot.py) is a small DAG: the ops a rule matched or inserted,
 plus the values crossing its boundary. grandalf's Sugiyama layout (layers top to
 bottom, crossings reduced by barycentre sweeps, long edges routed through dummy
-points) places the boxes; this module only measures labels and writes the SVG.
+points) places the boxes; this module only measures labels and writes the SVG. An
+edge's type label is laid out as a vertex of its own on the edge (as Graphviz does),
+so labels never overlap each other or the boxes.
 No system tool is needed, so `pip install graphopt` is enough for a report with
 pictures. Labels carry op types and value types only, never names, so the same
 rewrite repeated in every layer gives identical SVG text (drawn once in the page).
@@ -22,7 +24,7 @@ __all__ = ["snapshot_to_svg", "format_type"]
 _PALETTE = {"before": ("#fff4e0", "#c7892b"), "after": ("#e6f4ea", "#3d8b56")}
 _OP_FONT, _EDGE_FONT, _BOUNDARY_FONT = 11.0, 8.0, 8.0
 _CHAR_WIDTH = 0.6  # of the font size: an upper bound for Helvetica's average glyph
-_X_SPACE, _Y_SPACE = 16.0, 30.0  # between boxes of a layer, between layers (room for edge labels)
+_X_SPACE, _Y_SPACE = 12.0, 10.0  # between boxes of a layer, between layers
 _MARGIN = 4.0
 _ENDPOINT = re.compile(r"[nio]\d+")
 
@@ -36,12 +38,14 @@ def format_type(dtype: str | None, shape: Sequence[Any] | None) -> str:
 
 
 class _Box:
-    """What grandalf calls a vertex's view: its size in, its centre (xy) out."""
+    """What grandalf calls a vertex's view: its size in, its centre (xy) out. `kind`: "op",
+    "boundary" (a value from or to outside, dashed) or "label" (an edge's type, text only)."""
 
-    def __init__(self, label: str, font: float, boundary: bool) -> None:
-        self.label, self.font, self.boundary = label, font, boundary
-        self.w = max(len(label) * font * _CHAR_WIDTH + (10 if boundary else 16), 30.0)
-        self.h = font + (8 if boundary else 12)
+    def __init__(self, label: str, font: float, kind: str) -> None:
+        self.label, self.font, self.kind = label, font, kind
+        pad_w, pad_h, least = {"op": (16, 12, 30.0), "boundary": (10, 8, 30.0), "label": (6, 4, 10.0)}[kind]
+        self.w = max(len(label) * font * _CHAR_WIDTH + pad_w, least)
+        self.h = font + pad_h
         self.xy = (0.0, 0.0)
 
 
@@ -62,29 +66,38 @@ def snapshot_to_svg(snapshot: Mapping[str, Any], kind: str = "before") -> str:
 
     boxes: dict[str, _Box] = {}
     for k, node in enumerate(snapshot.get("nodes") or []):
-        boxes[f"n{k}"] = _Box(str(node.get("op", "?")) if isinstance(node, Mapping) else "?", _OP_FONT, False)
+        boxes[f"n{k}"] = _Box(str(node.get("op", "?")) if isinstance(node, Mapping) else "?", _OP_FONT, "op")
     for k, value in enumerate(snapshot.get("inputs") or []):
         const = isinstance(value, Mapping) and value.get("const")
-        boxes[f"i{k}"] = _Box(f"const {k}" if const else f"in {k}", _BOUNDARY_FONT, True)
+        boxes[f"i{k}"] = _Box(f"const {k}" if const else f"in {k}", _BOUNDARY_FONT, "boundary")
     for k, _ in enumerate(snapshot.get("outputs") or []):
-        boxes[f"o{k}"] = _Box(f"out {k}", _BOUNDARY_FONT, True)
+        boxes[f"o{k}"] = _Box(f"out {k}", _BOUNDARY_FONT, "boundary")
     if not boxes:
         return ""
-    vertices = {key: Vertex(key) for key in boxes}
-    for key, vertex in vertices.items():
-        vertex.view = boxes[key]
-    edges: list[tuple[Any, str]] = []  # (grandalf edge, label)
+    # (source, target) per drawn edge; a typed edge goes through a label vertex "e<k>".
+    links: list[tuple[str, str]] = []
     for edge in snapshot.get("edges") or []:
         if not isinstance(edge, Mapping):
             continue
         src, dst = str(edge.get("src", "")), str(edge.get("dst", ""))
-        if not (_ENDPOINT.fullmatch(src) and _ENDPOINT.fullmatch(dst)) or src not in vertices or dst not in vertices or src == dst:
+        if not (_ENDPOINT.fullmatch(src) and _ENDPOINT.fullmatch(dst)) or src not in boxes or dst not in boxes or src == dst:
             continue  # not written by graphopt: never drawn
         known = edge.get("dtype") is not None or edge.get("shape") is not None  # new nodes are untyped until inference
+        if known:
+            label = f"e{len(links)}"
+            boxes[label] = _Box(format_type(edge.get("dtype"), edge.get("shape")), _EDGE_FONT, "label")
+            links += [(src, label), (label, dst)]
+        else:
+            links.append((src, dst))
+    vertices = {key: Vertex(key) for key in boxes}
+    for key, vertex in vertices.items():
+        vertex.view = boxes[key]
+    edges = []
+    for src, dst in links:
         e = Edge(vertices[src], vertices[dst])
         e.view = _Path()
-        edges.append((e, format_type(edge.get("dtype"), edge.get("shape")) if known else ""))
-    graph = Graph(list(vertices.values()), [e for e, _ in edges])
+        edges.append(e)
+    graph = Graph(list(vertices.values()), edges)
 
     # Lay out each connected part, then place the parts side by side.
     offset, height = 0.0, 0.0
@@ -107,18 +120,21 @@ def snapshot_to_svg(snapshot: Mapping[str, Any], kind: str = "before") -> str:
     fill, border = _PALETTE.get(kind, _PALETTE["before"])
     shapes: list[str] = []
     labels: list[str] = []
-    for e, label in edges:
+    for e in edges:
         points = _clip(e.view.points or [e.v[0].view.xy, e.v[1].view.xy], e.v[0].view, e.v[1].view)
         path = " ".join(f"{x:.1f},{y:.1f}" for x, y in points)
         shapes.append(f'<polyline points="{path}" fill="none" stroke="#777777" stroke-width="1"/>')
-        shapes.append(_arrowhead(points[-2], points[-1]))
-        if label:
-            (x0, y0), (x1, y1) = points[0], points[1]
-            lx, ly = x0 + (x1 - x0) * 0.5 + 3, y0 + (y1 - y0) * 0.5 + _EDGE_FONT / 3
-            labels.append(f'<text x="{lx:.1f}" y="{ly:.1f}" font-size="{_EDGE_FONT:g}" fill="#333333">{escape(label)}</text>')
+        if e.v[1].view.kind != "label":  # one arrowhead per edge, where it ends
+            shapes.append(_arrowhead(points[-2], points[-1]))
     for box in boxes.values():
         x, y = box.xy[0] - box.w / 2, box.xy[1] - box.h / 2
-        if box.boundary:
+        if box.kind == "label":
+            labels.append(
+                f'<text x="{box.xy[0]:.1f}" y="{box.xy[1] + box.font / 3:.1f}" font-size="{box.font:g}" text-anchor="middle" '
+                f'fill="#333333">{escape(box.label)}</text>'
+            )
+            continue
+        if box.kind == "boundary":
             style = 'fill="white" stroke="#999999" stroke-dasharray="3,2"'
             text_fill = "#555555"
         else:
@@ -133,9 +149,7 @@ def snapshot_to_svg(snapshot: Mapping[str, Any], kind: str = "before") -> str:
     if truncated:
         height += 14
         labels.append(f'<text x="0" y="{height - 2:.1f}" font-size="9" fill="#555555">… {truncated} more nodes not drawn</text>')
-    # Edge labels may stick out to the right of the last box.
-    longest = max((len(label) for _, label in edges), default=0) * _EDGE_FONT * _CHAR_WIDTH
-    width = max(width + longest / 2, 60.0)
+    width = max(width, 60.0)
     w, h = width + 2 * _MARGIN, height + 2 * _MARGIN
     return (
         f'<svg viewBox="{-_MARGIN:g} {-_MARGIN:g} {w:.1f} {h:.1f}" width="{w:.0f}pt" height="{h:.0f}pt" role="img">'
