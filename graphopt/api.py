@@ -34,8 +34,6 @@ __all__ = ["OptimizeOptions", "optimize", "optimize_file", "builtin_rules", "sel
 ModelLike = TypeVar("ModelLike", ir.Model, onnx.ModelProto)
 
 
-
-
 @dataclass
 class OptimizeOptions:
     target: str = "onnx"
