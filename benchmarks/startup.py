@@ -1,6 +1,6 @@
 """Start-up and small-job times, whole process, against onnxruntime's offline optimizer and onnxsim.
 
-    python benchmarks/startup.py [--runs 5] [--out results/startup.json]
+    python benchmarks/startup.py [--runs 5] [--out results/startup.json] [--checkout PATH]
 
 Builds the README's example model (examples/make_example.py: a 47-node ResNet-style CNN,
 245 KB) and times, as separate processes from start to exit, median of `--runs` after
@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -38,8 +39,10 @@ ORT_OFFLINE = (
 )
 
 
-def _time(command: list[str], runs: int, env: dict[str, str]) -> dict[str, float | list[float]]:
-    subprocess.run(command, check=True, capture_output=True, env=env)  # warm-up: file caches
+def _time(command: list[str], runs: int, env: dict[str, str]) -> dict[str, Any]:
+    warm = subprocess.run(command, capture_output=True, env=env, text=True)  # warm-up: file caches
+    if warm.returncode != 0:  # e.g. an older checkout without --version
+        return {"error": (warm.stderr.strip().splitlines() or [f"exit {warm.returncode}"])[-1]}
     times = []
     for _ in range(runs):
         started = time.perf_counter()
@@ -52,11 +55,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--checkout", type=Path, default=REPO, help="the graphopt checkout to time (default: this one), e.g. an older commit's worktree")
     args = parser.parse_args()
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")])))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(args.checkout), os.environ.get("PYTHONPATH", "")])))
     py = sys.executable
     graphopt = [py, "-m", "graphopt"]
-    script = shutil.which("graphopt")
+    script = shutil.which("graphopt")  # the console script; with PYTHONPATH it runs the checkout's code
     folder = Path(tempfile.mkdtemp(prefix="graphopt-startup-"))
     model = folder / "model.onnx"
     subprocess.run([py, str(REPO / "examples" / "make_example.py"), str(model)], check=True, capture_output=True, env=env)
@@ -78,9 +82,12 @@ def main() -> None:
         print("onnxsim is not installed: left out", file=sys.stderr)
     results = {}
     for name, command in commands.items():
-        results[name] = _time(command, args.runs, env)
-        print(f"{name:60s} median {results[name]['median_s']:.3f} s (min {results[name]['min_s']:.3f}, max {results[name]['max_s']:.3f})", flush=True)
-    versions = {}
+        result = results[name] = _time(command, args.runs, env)
+        if "error" in result:
+            print(f"{name:60s} failed: {result['error']}", flush=True)
+        else:
+            print(f"{name:60s} median {result['median_s']:.3f} s (min {result['min_s']:.3f}, max {result['max_s']:.3f})", flush=True)
+    versions: dict[str, str | None] = {}
     for package in ("onnx", "onnx-ir", "onnxruntime", "sympy", "typer", "onnxsim"):
         try:
             from importlib.metadata import version
@@ -92,6 +99,7 @@ def main() -> None:
         "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "model": f"examples/make_example.py ({model.stat().st_size} bytes)",
+        "checkout": str(args.checkout),
         "runs": args.runs,
         "versions": versions,
         "results": results,
