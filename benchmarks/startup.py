@@ -8,9 +8,15 @@ one warm-up run (file caches warm):
 
 * `python -c pass` (the interpreter alone),
 * `graphopt --help`, `python -c "import graphopt"`, `graphopt --version`,
-* `graphopt optimize model.onnx out.onnx -q` (file to file),
+* `graphopt optimize model.onnx -o out.onnx -q` (file to file; the `-o` form older checkouts know too),
 * onnxruntime's offline optimizer (a session with `optimized_model_filepath`, all
   graph optimizations, CPU provider), and `onnxsim model.onnx out.onnx` when installed.
+
+Each is reported as wall time and as CPU time (user + system of the process): on a machine
+shared with other work the wall time grows with the load, the CPU time of a
+single-threaded start-up much less (onnxruntime's thread pool makes its CPU time exceed
+its wall time). The commands run from a temporary folder, so `python -m graphopt`
+imports the checkout named by `--checkout`, not the current folder.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shutil
 import statistics
 import subprocess
@@ -39,16 +46,28 @@ ORT_OFFLINE = (
 )
 
 
-def _time(command: list[str], runs: int, env: dict[str, str]) -> dict[str, Any]:
-    warm = subprocess.run(command, capture_output=True, env=env, text=True)  # warm-up: file caches
+def _time(command: list[str], runs: int, env: dict[str, str], cwd: Path) -> dict[str, Any]:
+    """Wall time and CPU time (user + system of the child) per run. On a machine shared with
+    other work the wall time grows with the load; the CPU time much less."""
+    warm = subprocess.run(command, capture_output=True, env=env, text=True, cwd=cwd)  # warm-up: file caches
     if warm.returncode != 0:  # e.g. an older checkout without --version
         return {"error": (warm.stderr.strip().splitlines() or [f"exit {warm.returncode}"])[-1]}
-    times = []
+    wall, cpu = [], []
     for _ in range(runs):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.perf_counter()
-        subprocess.run(command, check=True, capture_output=True, env=env)
-        times.append(time.perf_counter() - started)
-    return {"median_s": statistics.median(times), "min_s": min(times), "max_s": max(times), "runs_s": times}
+        subprocess.run(command, check=True, capture_output=True, env=env, cwd=cwd)
+        wall.append(time.perf_counter() - started)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+    return {
+        "median_s": statistics.median(wall),
+        "min_s": min(wall),
+        "max_s": max(wall),
+        "cpu_median_s": statistics.median(cpu),
+        "runs_s": wall,
+        "cpu_runs_s": cpu,
+    }
 
 
 def main() -> None:
@@ -69,7 +88,7 @@ def main() -> None:
         "python -m graphopt --help": [*graphopt, "--help"],
         "python -c 'import graphopt'": [py, "-c", "import graphopt"],
         "python -m graphopt --version": [*graphopt, "--version"],
-        "python -m graphopt optimize model.onnx out.onnx -q": [*graphopt, "optimize", str(model), str(folder / "go.onnx"), "-q"],
+        "python -m graphopt optimize model.onnx -o out.onnx -q": [*graphopt, "optimize", str(model), "-o", str(folder / "go.onnx"), "-q"],
         "onnxruntime offline optimizer (ORT_ENABLE_ALL, CPU)": [py, "-c", ORT_OFFLINE, str(model), str(folder / "ort.onnx")],
     }
     if script:
@@ -82,11 +101,15 @@ def main() -> None:
         print("onnxsim is not installed: left out", file=sys.stderr)
     results = {}
     for name, command in commands.items():
-        result = results[name] = _time(command, args.runs, env)
+        result = results[name] = _time(command, args.runs, env, cwd=folder)  # not the checkout: `python -m` would import from it
         if "error" in result:
             print(f"{name:60s} failed: {result['error']}", flush=True)
         else:
-            print(f"{name:60s} median {result['median_s']:.3f} s (min {result['min_s']:.3f}, max {result['max_s']:.3f})", flush=True)
+            print(
+                f"{name:55s} wall median {result['median_s']:.3f} s (min {result['min_s']:.3f}, max {result['max_s']:.3f}),"
+                f" CPU median {result['cpu_median_s']:.3f} s",
+                flush=True,
+            )
     versions: dict[str, str | None] = {}
     for package in ("onnx", "onnx-ir", "onnxruntime", "sympy", "typer", "onnxsim"):
         try:
@@ -96,6 +119,7 @@ def main() -> None:
         except Exception:  # noqa: BLE001 - not installed
             versions[package] = None
     document = {
+        "load_average": os.getloadavg(),
         "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "model": f"examples/make_example.py ({model.stat().st_size} bytes)",
