@@ -176,3 +176,26 @@ def test_every_link_in_the_docs_stays_in_the_repository() -> None:
     assert "(docs/design.md)" in (REPO / "README.md").read_text()
     design = (REPO / "docs" / "design.md").read_text()
     assert "## Decisions by measurement" in design and "## Habits taken from the anchors" in design
+
+
+HEAVY = ("onnx", "onnx_ir", "sympy", "torch", "onnxruntime", "numpy", "rich", "pydantic")
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import graphopt",
+        "import sys; sys.argv = ['graphopt', '--help']\nfrom graphopt.cli import main\ntry:\n    main()\nexcept SystemExit:\n    pass",
+        "import sys; sys.argv = ['graphopt', '--version']\nfrom graphopt.cli import main\ntry:\n    main()\nexcept SystemExit:\n    pass",
+    ],
+    ids=["import", "help", "version"],
+)
+def test_start_up_imports_nothing_heavy(code: str) -> None:
+    # Start-up time is import time: these must not pull in the optimizer's libraries
+    # (the times themselves are in benchmarks/RESULTS.md, measured by benchmarks/startup.py).
+    probe = code + f"\nimport sys\nprint('HEAVY:' + ','.join(sorted(m for m in {HEAVY!r} if m in sys.modules)))"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    heavy = [line for line in done.stdout.splitlines() if line.startswith("HEAVY:")]
+    assert heavy == ["HEAVY:"], heavy
