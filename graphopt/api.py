@@ -22,6 +22,7 @@ from graphopt.errors import PatternError, RuleNameError
 from graphopt.ir.onnx_io import load_model, save_model
 from graphopt.ir.onnx_view import OnnxView
 from graphopt.ir.provenance import tag_new_nodes
+from graphopt.library import BUILTIN_PATTERNS_DIR
 from graphopt.match.driver import DriverOptions, RuleSet, apply_rules
 from graphopt.ops.lowering import lower_fused_ops
 from graphopt.ops.targets import get_target
@@ -34,7 +35,6 @@ __all__ = ["OptimizeOptions", "optimize", "optimize_file", "builtin_rules", "sel
 ModelLike = TypeVar("ModelLike", ir.Model, onnx.ModelProto)
 
 
-from graphopt.builtin_library import BUILTIN_PATTERNS_DIR  # noqa: E402  (re-exported)
 
 
 @dataclass
@@ -220,6 +220,7 @@ def _run_pipeline(model: ir.Model, rules: RuleSet, target: Any, report: Report, 
     )
     pipeline = Pipeline(kind, rules, target, report, driver_options, max_sweeps=options.max_sweeps, say=say)
     pipeline.sweep()
+    view.restore_node_names()  # a node a rewrite stood in for leaves its name to its replacement
     if plan is not None:
         say(f"precision: {plan.precision}")
         with tag_new_nodes(model, "precision"):

@@ -22,21 +22,22 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
-import onnx_ir as ir
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from graphopt.errors import GraphoptError, printable
-from graphopt.errors import escape_markup as escape  # control characters escaped too
+
+if TYPE_CHECKING:  # imported where used: `graphopt --help` must not pay for onnx-ir, sympy or rich
+    import onnx_ir as ir
+    from rich.console import Console
 
 __all__ = ["app", "main", "EXIT_OK", "EXIT_VERIFY_FAILED", "EXIT_USAGE"]
 
@@ -50,7 +51,32 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    # Plain (click) help: typer's rich help imports rich's markdown and traceback modules,
+    # which tripled the time of `graphopt --help`.
+    rich_markup_mode=None,
 )
+
+
+class _Command(typer.core.TyperCommand):
+    """Help in the form onnxsim's and Polygraphy's users read: `IN.onnx [OUT.onnx]` on the
+    usage line (typer writes required arguments as `{IN.onnx}`) and no type tags such as
+    `<path>` after argument names (every argument has a metavar that says more)."""
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for param in self.get_params(ctx):
+            if isinstance(param, typer.core.TyperArgument):
+                name = param.metavar or (param.name or "").upper()
+                pieces.append(name if param.required or name.startswith("[") else f"[{name}]")
+            else:
+                pieces.extend(param.get_usage_pieces(ctx))
+        return pieces
+
+    def get_help(self, ctx: Any) -> str:
+        return _TYPE_TAG.sub("", super().get_help(ctx))
+
+
+_TYPE_TAG = re.compile(r" <(?:path|text|int|float|bool|int range|float range)>(?= |$)", re.M)
 
 
 def _fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
@@ -157,7 +183,9 @@ def _guard_paths(input_path: Path, output: Path, report: Path | None, model: ir.
 
 
 def _parse_shapes(values: list[str]) -> dict[str, list[int]]:
-    from graphopt.verify import parse_shape
+    if not values:
+        return {}
+    from graphopt.verify import parse_shape  # onnxruntime comes with it: only when asked
 
     shapes: dict[str, list[int]] = {}
     for text in values:
@@ -177,6 +205,8 @@ def _progress(console: Console, enabled: bool) -> Iterator[Callable[[str], None]
     if not enabled or not console.is_terminal:
         yield lambda message: None
         return
+    from rich.markup import escape
+
     with console.status("loading", spinner="dots") as status:
         started = time.perf_counter()
 
@@ -189,10 +219,15 @@ def _progress(console: Console, enabled: bool) -> Iterator[Callable[[str], None]
 # ------------------------------------------------------------------ commands
 
 
-@app.command()
+@app.command(cls=_Command)
 def optimize(
-    model: Annotated[Path, typer.Argument(help="The ONNX model to optimize.", show_default=False)],
-    output: Annotated[Path, typer.Option("--output", "-o", metavar="OUT", help="Where to write the optimized model.", show_default=False)],
+    model: Annotated[Path, typer.Argument(metavar="IN.onnx", help="The ONNX model to optimize.", show_default=False)],
+    output_argument: Annotated[
+        Path | None, typer.Argument(metavar="OUT.onnx", help="Where to write the optimized model (or -o OUT).", show_default=False)
+    ] = None,
+    output_option: Annotated[
+        Path | None, typer.Option("--output", "-o", metavar="OUT", help="Where to write the optimized model.", show_default=False)
+    ] = None,
     target: Annotated[
         str, typer.Option(metavar="TARGET", help="onnx (standard ops), ort-cpu or ort-cuda (onnxruntime's fused kernels).")
     ] = "onnx",
@@ -245,7 +280,10 @@ def optimize(
     input_shape: Annotated[
         list[str] | None,
         typer.Option(
-            "--input-shape", metavar="NAME=D1,D2,...", help="Pin an input's shape for --verify, e.g. input_ids=1,128 (repeatable)."
+            "--input-shape",
+            metavar="NAME=D1,D2,...",
+            help="Fix an input's shape (and the symbolic dims it names) before optimizing, e.g. input_ids=1,128; "
+            "the output model keeps it, --verify uses it (repeatable).",
         ),
     ] = None,
     report: Annotated[
@@ -258,10 +296,13 @@ def optimize(
     strict: Annotated[
         bool, typer.Option("--strict", help="A rule whose own code fails stops the run (exit 2) instead of being skipped there with a warning.")
     ] = False,
-    seed: Annotated[int, typer.Option(help="Seed of --verify's random inputs.")] = 0,
-    max_repairs: Annotated[int, typer.Option(help="Rewrites --verify may leave out before giving up.", min=0)] = 5,
+    seed: Annotated[int, typer.Option(metavar="N", help="Seed of --verify's random inputs.")] = 0,
+    max_repairs: Annotated[int, typer.Option(metavar="N", help="Rewrites --verify may leave out before giving up.", min=0)] = 5,
 ) -> None:
     """Optimize an ONNX model and write the result."""
+    from rich.console import Console
+    from rich.markup import escape
+
     from graphopt.api import OptimizeOptions
     from graphopt.api import optimize as run_optimize
     from graphopt.ir.onnx_io import load_model, save_model
@@ -272,9 +313,11 @@ def optimize(
     errors = Console(stderr=True)
     with _user_errors():
         get_target(target)  # an unknown target is an error before any work
-        from graphopt.passes.precision import parse_precision
+        precision_name = None
+        if precision.strip().lower() != "fp32":  # the precision pass is imported only when asked for
+            from graphopt.passes.precision import parse_precision
 
-        precision_name = parse_precision(precision)  # so is an unknown precision
+            precision_name = parse_precision(precision)  # so is an unknown precision
         if keep_fp32 and precision_name is None:
             raise GraphoptError("--keep-fp32 only applies with --precision fp16 or bf16")
         if layout not in ("auto", "nchw", "nhwc"):
@@ -285,9 +328,11 @@ def optimize(
             raise GraphoptError("--calibration-data only applies with --precision fp16")
         if calibration_data is not None and not calibration_data.is_file():
             raise GraphoptError(f"{calibration_data}: no such file")
+        output = _output_path(output_argument, output_option)
         shapes = _parse_shapes(input_shape or [])
-        if shapes and not verify:
-            raise GraphoptError("--input-shape only applies with --verify")
+        clash = sorted(set(enable or []) & set(disable or []))
+        if clash:
+            raise GraphoptError(f"--enable and --disable both name {', '.join(clash)}")
         _check_writable_folder(output, "output")
         if report is not None:
             _check_writable_folder(report, "report")
@@ -313,18 +358,31 @@ def optimize(
             t0 = time.perf_counter()
             original = load_model(model)
             load_s = time.perf_counter() - t0
+            pinned = None
+            if shapes:
+                from graphopt.explain import pin_input_shapes
+
+                pinned = pin_input_shapes(original, shapes)
+                options.shape_inference = True  # carry the fixed dims through the graph
             # Before optimizing: optimize() rewrites the model in place and may drop
             # references to the input's external data files.
             _guard_paths(model, output, report, original, list(patterns or []), force)
             optimized, result = run_optimize(original, options)
+            result.input_shapes = pinned
             result.input_path = str(model)
             result.times_s["load"] = load_s
             verification = None
             if verify:
                 from graphopt.verify import verify_and_repair
 
+                def load_original() -> ir.Model:  # as optimized: with the shapes fixed
+                    original = load_model(model)
+                    if shapes:
+                        pin_input_shapes(original, shapes)
+                    return original
+
                 optimized, verification = verify_and_repair(
-                    lambda: load_model(model), optimized, result, options, shapes, seed=seed, max_repairs=max_repairs
+                    load_original, optimized, result, options, shapes, seed=seed, max_repairs=max_repairs
                 )
             if verification is None or verification.passed:
                 say("saving")
@@ -344,15 +402,24 @@ def optimize(
     if verification is not None and not verification.passed:
         _fail(f"verification failed, nothing written: {verification.message}", EXIT_VERIFY_FAILED)
     if not quiet:
-        print_summary(result, console)
+        print_summary(result, console, json_report=report)
         console.print(f"wrote {escape(str(output))}" + (f" and {escape(str(report))}" if report else ""), highlight=False)
+
+
+def _output_path(argument: Path | None, option: Path | None) -> Path:
+    """`optimize IN OUT` (onnxsim's form) or `optimize IN -o OUT`; not both, unless they agree."""
+    if argument is None and option is None:
+        raise GraphoptError("no output: give OUT.onnx after the model, or -o OUT.onnx")
+    if argument is not None and option is not None and argument != option:
+        raise GraphoptError(f"two outputs given: {argument} and -o {option}")
+    return argument if argument is not None else option  # type: ignore[return-value]
 
 
 def _is_html(path: Path) -> bool:
     return path.suffix.lower() in (".html", ".htm")
 
 
-@app.command("report")
+@app.command("report", cls=_Command)
 def render_report(
     report_json: Annotated[Path, typer.Argument(metavar="REPORT.json", help="A JSON report written by `optimize --report`.", show_default=False)],
     output: Annotated[
@@ -373,7 +440,7 @@ def render_report(
     print(f"wrote {output}")
 
 
-@app.command("patterns")
+@app.command("patterns", cls=_Command)
 def list_patterns(
     patterns: Annotated[
         list[Path] | None, typer.Option("--patterns", metavar="DIR", help=PATTERNS_HELP)
@@ -381,6 +448,10 @@ def list_patterns(
     builtin: Annotated[bool, typer.Option("--builtin/--no-builtin", help="Include the built-in library.")] = True,
 ) -> None:
     """List every rule (with its one-line doc and source file:line) and the native helpers."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
     from graphopt.api import OptimizeOptions, select_rules
     from graphopt.pattern.native import registered
 
@@ -405,7 +476,8 @@ def list_patterns(
             helpers.add_row(native.kind, escape(native.name), escape(_short(native.source)))
         console.print(helpers)
         return
-    # Piped: plain tab-separated lines, one per entry, never wrapped.
+    # Piped: plain tab-separated lines under a header, one per entry, never wrapped.
+    print("kind\tname\tsource\tdoc")
     for rule in rules:
         print(f"rule\t{rule.name}\t{_short(rule.loc)}\t{rule.doc}")
     for native in natives:
@@ -413,21 +485,15 @@ def list_patterns(
 
 
 def _short(location: Any) -> str:
-    """file:line[:col], relative to the current folder when under it."""
-    text = str(location or "")
-    if not text:
-        return "?"
-    try:
-        path, _, rest = text.partition(":")
-        relative = os.path.relpath(path)
-        return f"{relative}:{rest}" if not relative.startswith("..") else text
-    except ValueError:
-        return text
+    """file:line[:col]: built-in rules relative to the library (patterns/...), others to the current folder."""
+    from graphopt.library import display_source
+
+    return display_source(location)
 
 
-@app.command("explain")
+@app.command("explain", cls=_Command)
 def explain_rules(
-    model: Annotated[Path, typer.Argument(help="The ONNX model to explain (it is not modified).", show_default=False)],
+    model: Annotated[Path, typer.Argument(metavar="MODEL.onnx", help="The ONNX model to explain (it is not modified).", show_default=False)],
     rule: Annotated[list[str] | None, typer.Option("--rule", metavar="NAME", help="Only this rule (repeatable).")] = None,
     node: Annotated[
         list[str] | None, typer.Option("--node", metavar="NAME", help="Only sites whose tried subgraph contains this node (repeatable).")
@@ -441,8 +507,13 @@ def explain_rules(
         list[str] | None,
         typer.Option("--input-shape", metavar="NAME=D1,D2,...", help="Pin an input's shape (and the symbolic dims it names) first (repeatable)."),
     ] = None,
+    details: Annotated[
+        bool, typer.Option("--details", help="One line per site (default with --rule or --node); otherwise sites with the same outcome share a line.")
+    ] = False,
 ) -> None:
     """Say, for each rule and each node it could start at, why it applied or which check failed. Writes nothing."""
+    from rich.console import Console
+
     from graphopt.api import OptimizeOptions
     from graphopt.explain import explain, print_explanation
     from graphopt.ops.targets import get_target
@@ -452,10 +523,10 @@ def explain_rules(
         get_target(target)
         options = OptimizeOptions(target=target, patterns=[str(p) for p in patterns or []], precision=parse_precision(precision))
         explanation = explain(model, options, rules=list(rule or []), nodes=list(node or []), input_shapes=_parse_shapes(input_shape or []))
-    print_explanation(explanation, Console())
+    print_explanation(explanation, Console(), details=True if details else None)
 
 
-@app.command("diff")
+@app.command("diff", cls=_Command)
 def diff_models(
     a: Annotated[Path, typer.Argument(metavar="A.onnx", help="The model before (e.g. the input of optimize).", show_default=False)],
     b: Annotated[Path, typer.Argument(metavar="B.onnx", help="The model after (e.g. optimize's output).", show_default=False)],
@@ -463,6 +534,8 @@ def diff_models(
 ) -> None:
     """Nodes removed, added and changed from A to B, grouped by the rewrite that made them where B says so."""
     import json
+
+    from rich.console import Console
 
     from graphopt.diff import diff_files, print_diff
 
@@ -474,15 +547,42 @@ def diff_models(
         print_diff(result, Console())
 
 
-@app.command()
-def version() -> None:
-    """Print graphopt's version and those of the libraries it runs on."""
-    import onnx
-    import onnxruntime
+def _version_line() -> str:
+    # Package metadata, not imports: importing onnx-ir and onnxruntime takes most of a second.
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
 
     from graphopt import __version__
 
-    print(f"graphopt {__version__} (onnx {onnx.__version__}, onnx-ir {ir.__version__}, onnxruntime {onnxruntime.__version__})")
+    def of(package: str) -> str:
+        try:
+            return installed(package)
+        except PackageNotFoundError:
+            return "not installed"
+
+    libraries = ", ".join(f"{name} {of(name)}" for name in ("onnx", "onnx-ir", "onnxruntime"))
+    return f"graphopt {__version__} ({libraries})"
+
+
+@app.command()
+def version() -> None:
+    """Print graphopt's version and those of the libraries it runs on."""
+    print(_version_line())
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        print(_version_line())
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    show_version: Annotated[
+        bool, typer.Option("--version", help="Print graphopt's version and exit.", callback=_print_version, is_eager=True)
+    ] = False,
+) -> None:
+    """A graph-rewrite optimizer for ONNX models."""
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -191,12 +191,26 @@ def _change_group(before: _Node, after: _Node) -> tuple[Any, ...]:
         producer = value.producer() if value is not None and value.name not in old_inputs else None
         if producer is not None and _group_key(producer)[0] == REWRITE:
             return _group_key(producer)
+    # Rewired onto a constant (no producer node): the rewrite left its record on this node.
+    records = provenance.removed_records(after.node.metadata_props)
+    if records and provenance.RULE_KEY not in after.node.metadata_props:
+        index, rule, _ = max(records, key=lambda record: record[0])
+        return (REWRITE, index, str(rule))
     return _group_key(after.node)
+
+
+def _is_made(node: ir.Node, original: ir.Node) -> bool:
+    return provenance.RULE_KEY in node.metadata_props and provenance.RULE_KEY not in original.metadata_props
 
 
 def diff_models(a: ir.Model, b: ir.Model, a_name: str = "A", b_name: str = "B") -> ModelDiff:
     """The node-level difference from `a` to `b`, grouped by B's provenance."""
     before, after = _nodes(a), _nodes(b)
+    # A node a rewrite made may carry the name of the node it stands in for (a Conv folded with
+    # its BatchNormalization keeps the Conv's name): it is still that rewrite's new node, and
+    # the old one is removed. Such pairs are compared as different nodes.
+    made = {key for key, item in after.items() if key in before and _is_made(item.node, before[key].node)}
+    before = {(key if key not in made else (key[0], key[1], "before")): item for key, item in before.items()}  # type: ignore[misc]
     groups: dict[tuple[Any, ...], DiffGroup] = {}
 
     def group(key: tuple[Any, ...]) -> DiffGroup:
@@ -212,7 +226,16 @@ def diff_models(a: ir.Model, b: ir.Model, a_name: str = "A", b_name: str = "B") 
     # Which rewrite removed which node: the lowest-numbered one that lists it (a later
     # rewrite built on an earlier one's nodes lists the input nodes the earlier one replaced).
     replaced_by: dict[tuple[str, str], tuple[Any, ...]] = {}
-    has_provenance = False
+    # B says exactly which rewrite removed which input node (graphopt.removed); the
+    # graphopt.replaced lists (all a fused node stands for) are the fallback for older files.
+    removed_by: dict[tuple[str, str], tuple[Any, ...]] = {}
+    for key, item in after.items():
+        for index, rule, names in provenance.removed_records(item.node.metadata_props):
+            for name in names:
+                known = removed_by.get((key[0], str(name)))
+                if known is None or known[1] > index:
+                    removed_by[(key[0], str(name))] = (REWRITE, index, str(rule))
+    has_provenance = bool(removed_by)
     for key, item in after.items():
         if key in before:
             continue
@@ -227,7 +250,8 @@ def diff_models(a: ir.Model, b: ir.Model, a_name: str = "A", b_name: str = "B") 
                     replaced_by[(key[0], name)] = group_key
     for key, item in before.items():
         if key not in after:
-            group(replaced_by.get(key, (OTHER,))).removed.append(item.entry)
+            key = key[:2]
+            group(removed_by.get(key) or replaced_by.get(key, (OTHER,))).removed.append(item.entry)
     for key, item in after.items():
         if key in before:
             change = _change(before[key], item)

@@ -20,9 +20,11 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import onnx_ir as ir
 from rich.console import Console
@@ -32,6 +34,7 @@ from graphopt.errors import GraphoptError, RuleNameError
 from graphopt.errors import escape_markup as escape  # control characters escaped too
 from graphopt.ir.onnx_io import load_model
 from graphopt.ir.onnx_view import OnnxView
+from graphopt.library import display_source
 from graphopt.match.driver import Attempt
 from graphopt.report.hints import hint_for
 from graphopt.report.model import Report
@@ -250,8 +253,10 @@ def _check_names(kind: str, given: Iterable[str], known: Iterable[str]) -> None:
         raise error(f"unknown {kind} '{name}' ({suggestion})")
 
 
-def pin_input_shapes(model: ir.Model, shapes: Mapping[str, Sequence[int]]) -> None:
-    """Give the named inputs these dims; every symbolic dim they name takes its size everywhere."""
+def pin_input_shapes(model: ir.Model, shapes: Mapping[str, Sequence[int]]) -> dict[str, dict[str, Any]]:
+    """Give the named inputs these dims; every symbolic dim they name takes its size everywhere.
+
+    Returns what was fixed, for the report: {"inputs": {name: dims}, "symbols": {dim name: size}}."""
     graph = model.graph
     inputs = {v.name: v for v in graph.inputs if v.name and v.name not in graph.initializers}
     symbols: dict[str, int] = {}
@@ -272,6 +277,7 @@ def pin_input_shapes(model: ir.Model, shapes: Mapping[str, Sequence[int]]) -> No
     for value in values:
         if value.shape is not None and any(isinstance(d, ir.SymbolicDim) and d.value in symbols for d in value.shape):
             value.shape = ir.Shape([symbols.get(d.value, d) if isinstance(d, ir.SymbolicDim) and d.value else d for d in value.shape])
+    return {"inputs": {name: [int(d) for d in dims] for name, dims in shapes.items()}, "symbols": symbols}
 
 
 # ------------------------------------------------------------------ rendering
@@ -333,17 +339,58 @@ def _lines(sites: Sequence[Site]) -> list[tuple[str, str, str, Site | None]]:
     return lines
 
 
-def print_explanation(explanation: Explanation, console: Console) -> None:
-    """Per rule: a heading, then one line per site (with its hint and later fate)."""
+def _grouped(sites: Sequence[Site]) -> list[tuple[str, str, str, str | None]]:
+    """(status, where, text, hint) per output line, sites with the same outcome on one line:
+    the rewrites a rule made, and each failing check with the nodes it failed at."""
+    groups: dict[tuple[str, str], list[Site]] = {}
+    for site in sites:
+        what = site.reason
+        if site.status == APPLIED:
+            what = _ops(site.added)
+        elif site.status == NOT_TRIED:  # "replaced by rewrite #7 (FoldConvBatchNorm) ...": the same for every #
+            what = re.sub(r"rewrite #\d+ \(([^)]*)\)", r"\1", what)
+        key = (site.status, what)
+        groups.setdefault(key, []).append(site)
+    lines: list[tuple[str, str, str, str | None]] = []
+    for (status, what), members in groups.items():
+        where = _names([_where(site) for site in members])
+        if status == APPLIED:
+            removed = sum(len(site.removed) for site in members)
+            numbers = _names([f"#{site.rewrite}" for site in members])
+            text = f"{len(members)} rewrite{'s' if len(members) != 1 else ''} ({numbers}): replaced {removed} nodes with {what or 'nothing'}"
+        else:
+            text = what
+        lines.append((status, where, text, members[0].hint))
+    return lines
+
+
+def print_explanation(explanation: Explanation, console: Console, *, details: bool | None = None) -> None:
+    """Per rule: a heading, then its sites. `details`: one line per site, with its hint and later
+    fate; otherwise sites with the same outcome share a line and each hint is said once. By
+    default, details only when --rule or --node narrowed the answer."""
+    if details is None:
+        details = explanation.filtered
     width = max(len(status) for status in _STYLE)
+    hinted: set[str] = set()
+    # In the summary, rules whose every candidate was rewritten by another rule first get one line at the end.
+    preempted = [] if details else [rule.name for rule in explanation.rules if rule.sites and all(s.status == NOT_TRIED for s in rule.sites)]
     for rule in explanation.rules:
+        if rule.name in preempted:
+            continue
         console.print()
         heading = f"[bold]{escape(rule.name)}[/]" + (f" — {escape(rule.doc)}" if rule.doc else "")
         console.print(heading, highlight=False, soft_wrap=True)
         tallies = ", ".join(f"{n} {status}" for status in _STYLE if (n := rule.count(status)))
         tallies = tallies or f"no candidate: the model has no {rule.op} node"
-        console.print(f"  [dim]{escape(_short(rule.source))} · root op {escape(rule.op)} · {tallies}[/]", highlight=False, soft_wrap=True)
+        console.print(f"  [dim]{escape(display_source(rule.source))} · root op {escape(rule.op)} · {tallies}[/]", highlight=False, soft_wrap=True)
         pad = " " * (width + 4)
+        if not details:
+            for status, where, text, hint in _grouped(rule.sites):
+                console.print(f"  [{_STYLE[status]}]{status:<{width}}[/]  {escape(where)}: {escape(text)}", highlight=False, soft_wrap=True)
+                if hint and hint not in hinted:
+                    hinted.add(hint)
+                    console.print(f"{pad}[yellow]hint:[/] {escape(hint)}", highlight=False, soft_wrap=True)
+            continue
         for status, where, text, site in _lines(rule.sites):
             console.print(f"  [{_STYLE[status]}]{status:<{width}}[/]  {escape(where)}: {escape(text)}", highlight=False, soft_wrap=True)
             if site is not None and site.hint:
@@ -358,7 +405,13 @@ def print_explanation(explanation: Explanation, console: Console) -> None:
     summary = f"{len(explanation.rules)} rules, {len(sites)} sites: {counts}"
     if explanation.idle_rules and not explanation.filtered:
         summary += f"; {explanation.idle_rules} more rules have no candidate node (no node with their root op)"
+    if preempted:
+        console.print(
+            f"Not tried anywhere (another rule rewrote each candidate node first): {', '.join(preempted)}.", highlight=False, soft_wrap=True
+        )
     console.print(summary, highlight=False, soft_wrap=True)
+    if not details and sites:
+        console.print("Sites with the same outcome share a line; --details lists each one.", highlight=False, soft_wrap=True)
     for warning in explanation.report.warnings:
         console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
 

@@ -26,6 +26,7 @@ Options and their meaning: docs/torch-compile.md.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 import time
@@ -59,7 +60,13 @@ __all__ = [
     "PRESERVED_OPS",
     "CudaGraphReplay",
     "cuda_graphs_refusal",
+    "check_options",
+    "LOG",
 ]
+
+#: One line per compiled graph at INFO (`GRAPHOPT_LOGS=info` prints them on stderr; or
+#: configure the "graphopt" logger as any other).
+LOG = logging.getLogger("graphopt.torch")
 
 aten = torch.ops.aten
 
@@ -205,9 +212,32 @@ def _indexed_path(path: str, index: int) -> Path:
 # --------------------------------------------------------------------------- the backend
 
 
+def check_options(options: Mapping[str, Any] | None = None, mode: str | None = None) -> TorchOptions:
+    """Check torch.compile options for graphopt now: unknown option, bad value, unknown rule or
+    a malformed pattern file raise GraphoptError (dynamo would only call the backend, and
+    report the error wrapped in its own traceback, at the first run). `graphopt.compile`
+    calls it before torch.compile."""
+    opts = TorchOptions.parse(options, mode)
+    _rule_set(opts)
+    return opts
+
+
+def _log_settings() -> None:
+    # GRAPHOPT_LOGS=info (or debug): print graphopt's log lines on stderr, as TORCH_LOGS does for torch's.
+    level = os.environ.get("GRAPHOPT_LOGS", "").strip().upper()
+    root = logging.getLogger("graphopt")
+    if level in ("INFO", "DEBUG", "1", "+") and not any(getattr(h, "_graphopt", False) for h in root.handlers):
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("[graphopt] %(message)s"))
+        handler._graphopt = True  # type: ignore[attr-defined]
+        root.addHandler(handler)
+        root.setLevel(logging.DEBUG if level == "DEBUG" else logging.INFO)
+
+
 def graphopt_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, options: Mapping[str, Any] | None = None,
                      mode: str | None = None, **_unused: Any) -> Callable[..., Any]:
     """The torch.compile backend: dynamo's graph in, a callable with the same inputs out."""
+    _log_settings()
     opts = TorchOptions.parse(options, mode)
     rules = _rule_set(opts)
     training = torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs)
@@ -262,6 +292,7 @@ def graphopt_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, optio
             compiled = _faster_of(compiled, gm, list(example_inputs), opts, report)
 
     index = _register(report, aten_gm)
+    LOG.info("graph %d: %s; %.2f s", index, report.one_line(), time.perf_counter() - started)
     if opts.report:
         path = _indexed_path(opts.report, index)
         report.output_path = str(path)

@@ -68,7 +68,8 @@ def test_model_without_provenance_still_diffs(tmp_path: Path) -> None:
     onnx.save(stripped, str(plain))
     result = diff_files(before, plain)
     assert [g.kind for g in result.groups] == [OTHER]
-    assert (result.count("removed"), result.count("added")) == (6, 4)
+    # Without provenance, the folded Convs (which keep their names) are changed nodes.
+    assert (result.count("removed"), result.count("added"), result.count("changed")) == (3, 1, 3)
     assert not result.provenance and "no graphopt provenance" in result.summary()
 
 
@@ -169,3 +170,35 @@ def test_bad_input_exits_2(tmp_path: Path) -> None:
         result = run_cli("diff", *args)
         assert result.returncode == 2
         assert result.stderr.startswith("error: ") and result.stdout == ""
+
+
+def test_removals_go_to_the_rewrite_that_made_them(tmp_path: Path) -> None:
+    # The README's example: a Cast pair collapsed (#k CollapseCastChain, into a new Cast) and then
+    # dropped as a no-op (DropNoOpCast, which inserts nothing), a Gather of a static dim folded into
+    # a constant (FoldGatherOfStaticDims, which inserts nothing either; it rewires the Concat).
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_example", Path(__file__).resolve().parent.parent / "examples" / "make_example.py")
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    before, after, report = _optimized(tmp_path, example.build())
+    result = diff_files(before, after)
+    removed = {entry.name: group.rule for group in result.groups for entry in group.removed}
+    changed = {change.name: group.rule for group in result.groups for change in group.changed}
+    by_rule = {rule.name: [rw.matched for rw in rule.rewrites] for rule in report.rules.values() if rule.rewrites}
+    assert by_rule["CollapseCastChain"] == [["to_f32", "to_f64"]]
+    assert removed["to_f32"] == removed["to_f64"] == "CollapseCastChain"  # not MatMulAddToGemm, not DropNoOpCast
+    assert removed["flatten.chan"] == "FoldGatherOfStaticDims"  # not "not from a rewrite"
+    assert changed["flatten.concat"] == "FoldGatherOfStaticDims"
+    assert removed["fc.matmul"] == removed["fc.add"] == "MatMulAddToGemm"
+    # The folded Convs keep their names, and are still the rewrite's new nodes in the diff.
+    added = {entry.name: group.rule for group in result.groups for entry in group.added}
+    assert added["layer1.a.conv"] == removed["layer1.a.conv"] == "FoldConvBatchNorm"
+    # Every removal the report made is attributed to the rule that made it.
+    for rule, sites in by_rule.items():
+        for matched in sites:
+            for name in matched:
+                if name in removed:  # an input node (not one an earlier rewrite made)
+                    assert removed[name] == rule, (name, removed[name], rule)
+    assert "not from a rewrite" not in [group.title for group in result.groups]

@@ -201,6 +201,59 @@ def test_summary_of_a_rule_stats_only_report() -> None:
     assert "No rule was tried" in _render(report)
 
 
+def _summary_report() -> Report:
+    """Two rules tried at many nodes: R1 applied at n0 (after failing there in the first sweep),
+    R2 never applied; R3 failed only because the target lacks its op."""
+    from graphopt.report.model import RewriteRecord
+
+    report = Report(target="onnx")
+    r1 = report.rule("R1", "a.pdll:1", 1)
+    r1.attempts, r1.matches, r1.applications = 30, 1, 1
+    r1.rewrites.append(RewriteRecord(1, "R1", "main", "n0", "Relu", 1, ["Relu"], matched=["n0"]))
+    r1.add_near_miss(NearMiss("R1", "main", "n0", "Relu", "", "'b' is not a constant", 3))
+    for k in range(1, 20):
+        r1.add_near_miss(NearMiss("R1", "main", f"m{k}", "Relu", "", f"check {k} failed", 2))
+    r2 = report.rule("R2", "a.pdll:9", 1)
+    r2.attempts = 4
+    r2.add_near_miss(NearMiss("R2", "main", "x1", "Add", "", "expected Mul, got Add", 1))
+    r3 = report.rule("R3", "a.pdll:20", 1)
+    r3.attempts = r3.matches = 3
+    for k in range(3):
+        r3.add_near_miss(NearMiss("R3", "main", f"c{k}", "Conv", "", "target onnx has no lowering for graphopt.FusedConv", 2))
+    report.rule("R4", "a.pdll:30", 1)  # loaded, never tried
+    return report
+
+
+def test_summary_lists_only_rules_that_applied() -> None:
+    text = _render(_summary_report())
+    table = text[text.index("Rewrites by rule"):text.index("other rules")]
+    assert "R1" in table and "R2" not in table and "R3" not in table and "R4" not in table
+    assert "2 other rules were tried and did not apply" in text
+    report = Report(target="onnx")
+    report.rule("R", "a.pdll:1", 1).attempts = 3
+    assert "No rule applied (1 rules were tried)." in _render(report)
+
+
+def test_summary_near_misses_target_gaps_resolved_and_more() -> None:
+    text = _render(_summary_report())
+    # The target gap is one line, not three rows.
+    assert text.count("has no lowering for graphopt.FusedConv") == 1
+    assert "3 matches not applied, target onnx has no lowering for graphopt.FusedConv (R3 ×3)" in text
+    # R1's miss at n0 was resolved by a later sweep: not listed; its other misses are.
+    assert "'b' is not a constant" not in text and "check " in text
+    # No JSON report: say how to get one, not "in the JSON report".
+    assert "more near-misses: --report FILE.json lists them all" in text and "in the JSON report" not in text
+    buffer = io.StringIO()
+    print_summary(_summary_report(), Console(file=buffer, width=200, color_system=None), json_report="out/r.json")
+    assert "more near-misses in out/r.json" in buffer.getvalue()
+
+
+def test_report_prints_its_summary() -> None:
+    report = _summary_report()
+    assert "Rewrites by rule" in str(report) and "R1" in str(report)
+    assert report.one_line() == "target onnx: 1 rewrites (R1 1)"
+
+
 def test_trace_lists_every_failed_attempt(tmp_path) -> None:
     import subprocess
     import sys

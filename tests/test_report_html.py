@@ -10,6 +10,7 @@ with bad input.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -23,7 +24,8 @@ from conftest import run_cli
 from test_report import validate
 
 from graphopt.api import optimize
-from graphopt.report.hints import hint_for
+from graphopt.library import display_source
+from graphopt.report.hints import hint_for, target_gap
 from graphopt.report.html import render_html, write_html
 from graphopt.report.model import MAX_LOCATIONS
 from graphopt.report.render import report_to_json
@@ -151,7 +153,9 @@ def test_one_entry_per_rewrite_with_counts_per_rule(name: str, request: pytest.F
         if rule["attempts"]:
             cells = [c.text().strip() for c in rows[rule["name"]].find_all("td")]
             assert cells[1:4] == [str(rule["applications"]), str(rule["matches"]), str(rule["attempts"])]
-            assert rule["source"] and cells[5] == rule["source"]
+            # Built-in rules are shown relative to the library, never as absolute (site-packages) paths.
+            assert rule["source"] and cells[5] == display_source(rule["source"])
+            assert cells[5].startswith("patterns/") and not os.path.isabs(cells[5])
     # The summary shows the node counts before and after.
     nodes = next(c for c in dom.find_all("div", "card") if c.attrs.get("data-card") == "nodes")
     assert f"{document['before']['nodes']:,} → {document['after']['nodes']:,}" in nodes.text()
@@ -172,7 +176,7 @@ def test_every_rewrite_has_a_drawing_before_and_after(name: str, request: pytest
         for template, snapshot in ((before, record["before"]), (after, record["after"])):
             assert template.find_all("svg"), "the template holds an SVG drawing"
             labels = [t.text() for t in template.find_all("text")]
-            # dot drew the snapshot's ops and its boundary nodes.
+            # The snapshot's ops and its boundary nodes are drawn.
             assert Counter(n["op"] for n in snapshot["nodes"]) <= Counter(labels)
             assert sum(1 for label in labels if re.fullmatch(r"(in|const) \d+", label)) == len(snapshot["inputs"])
         assert record["before"]["nodes"][0]["op"].split(".")[-1] == record["op"]  # the root comes first (record.op has no domain)
@@ -207,16 +211,23 @@ def test_near_misses_with_reasons_and_hints(resnet: Rendered, bert: Rendered) ->
         rows = rendered.dom.find_all("tr", "miss")
         texts = [row.text() for row in rows]
         expected, _ = _open_misses(rendered.document)
+        expected = [(rule, m) for rule, m in expected if not target_gap(m["reason"])]
         assert len(rows) == len(expected) > 0
         for rule, miss in expected:
             assert any(rule in text and miss["node"] in text and miss["reason"] in text for text in texts), (rule, miss)
-        # Each row's hint is the one the hint table gives for its reason.
+        # Each row points to the hint the hint table gives for its reason; each hint is written once.
+        listed = {li.attrs["id"]: li.text() for li in rendered.dom.find_all("li") if li.attrs.get("id", "").startswith("hint-")}
+        assert len(set(listed.values())) == len(listed) > 0
         for row in rows:
             reason = row.find_all("td", "reason")[0].text()
-            assert row.find_all("td", "hint")[0].text() == (hint_for(reason) or "").replace("`", "")
+            links = row.find_all("td", "hint")[0].find_all("a")
+            expected_hint = hint_for(reason)
+            assert (listed[links[0].attrs["href"][1:]] if links else None) == (expected_hint.replace("`", "") if expected_hint else None)
+        assert rendered.page.count("another --target (onnx, ort-cpu, ort-cuda) may take") <= 1
     # The BERT's embedding LayerNorm has a Min(512, seq) dim: the hint says how to fix the dims.
     skip = [row for row in bert.dom.find_all("tr", "miss") if row.attrs["data-rule"] == "FuseSkipLayerNorm"]
-    assert any("Min(512, seq)" in row.text() and "make_dynamic_shape_fixed" in row.text() for row in skip)
+    assert any("Min(512, seq)" in row.text() for row in skip)
+    assert "make_dynamic_shape_fixed" in bert.dom.text()
 
 
 def test_near_misses_resolved_later_are_left_out(resnet: Rendered) -> None:
@@ -275,23 +286,61 @@ def test_names_from_the_model_are_escaped(bert: Rendered) -> None:
     rule = next(r for r in document["rules"] if r["rewrites"])
     rule["rewrites"][0]["node"] = evil
     rule["rewrites"][0]["before"]["nodes"][0]["name"] = evil
-    rule["rewrites"][0]["before"]["nodes"][0]["op"] = 'Op"];evil[label="x'  # DOT quoting holds
+    rule["rewrites"][0]["before"]["nodes"][0]["op"] = 'Op"/><script>x</script'  # SVG text is escaped
     document["warnings"] = [evil]
     page = render_html(document)
     assert evil not in page and "<img" not in page
     assert page.count("<script>") == 1
     assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;" in page
     drawings = [t.text() for t in parse(page).find_all("text")]
-    assert 'Op"];evil[label="x' in drawings
+    assert 'Op"/><script>x</script' in drawings
 
 
-def test_without_graphviz_the_page_still_renders(bert: Rendered) -> None:
-    page = render_html(bert.document, dot="no-such-dot-program")
-    dom = parse(page)
+def test_drawings_need_no_system_tool(bert: Rendered, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Graphviz's `dot` (or any other program) is never run: with an empty PATH the page has its drawings.
+    import subprocess
+
+    monkeypatch.setenv("PATH", "")
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("a program was run"))
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("a program was run"))
+    dom = parse(render_html(bert.document))
+    assert len(dom.find_all("details", "rw")) == bert.document["total_rewrites"]
+    templates = dom.find_all("template")
+    assert templates and all(t.find_all("svg") and t.find_all("rect") and t.find_all("polyline") for t in templates)
+    assert not dom.find_all("p", "note")
+
+
+def test_drawings_can_be_turned_off(bert: Rendered) -> None:
+    dom = parse(render_html(bert.document, drawings=False))
     assert len(dom.find_all("details", "rw")) == bert.document["total_rewrites"]
     assert not dom.find_all("svg") and not dom.find_all("template")
-    notes = [p.text() for p in dom.find_all("p", "note")]
-    assert len(notes) == 1 and "Graphviz `dot` was not found" in notes[0]
+
+
+def test_drawing_layout_is_layered() -> None:
+    # A chain in -> A -> B -> out is drawn top to bottom, each box below the one feeding it,
+    # with one arrow per edge and the edge's type as its label, on the edge between the two.
+    from graphopt.report.drawing import snapshot_to_svg
+
+    snapshot = {
+        "nodes": [{"op": "Conv"}, {"op": "Relu"}],
+        "inputs": [{"name": "x", "dtype": "f32", "shape": [1, 3]}],
+        "outputs": [{"name": "y"}],
+        "edges": [
+            {"src": "i0", "dst": "n0", "dtype": "f32", "shape": [1, 3]},
+            {"src": "n0", "dst": "n1", "dtype": "f32", "shape": [1, 3]},
+            {"src": "n1", "dst": "o0", "dtype": "f32", "shape": [1, 3]},
+        ],
+    }
+    svg = parse(snapshot_to_svg(snapshot, "after"))
+    boxes = {t.text(): float(t.attrs["y"]) for t in svg.find_all("text") if t.attrs.get("text-anchor") == "middle"}
+    assert boxes["in 0"] < boxes["Conv"] < boxes["Relu"] < boxes["out 0"]
+    assert len(svg.find_all("polygon")) == 3  # arrowheads
+    assert len(svg.find_all("polyline")) == 6  # each edge in two pieces, its label between them
+    texts = [(t.text(), float(t.attrs["y"])) for t in svg.find_all("text")]
+    types = sorted(y for text, y in texts if text == "f32[1,3]")
+    assert len(types) == 3
+    assert boxes["in 0"] < types[0] < boxes["Conv"] < types[1] < boxes["Relu"] < types[2] < boxes["out 0"]
+    assert snapshot_to_svg(snapshot, "after") == snapshot_to_svg(snapshot, "after")  # deterministic: identical rewrites share one drawing
 
 
 def test_older_report_without_snapshots(bert: Rendered) -> None:
@@ -316,7 +365,7 @@ def test_entries_per_rule_are_capped(bert: Rendered) -> None:
     rule["rewrites"] += [dict(first, index=10_000 + k, node=f"copy_{k}") for k in range(extra)]
     rule["applications"] += extra
     document["total_rewrites"] += extra
-    dom = parse(render_html(document, dot=None))
+    dom = parse(render_html(document, drawings=False))
     shown = [e for e in dom.find_all("details", "rw") if e.attrs["data-rule"] == rule["name"]]
     assert len(shown) == MAX_LOCATIONS
     assert "5 more rewrites applied but not listed." in dom.text()
@@ -388,3 +437,26 @@ def test_write_html_is_atomic_and_keeps_the_old_page_on_failure(tmp_path: Path, 
     write_html(bert.document, target)
     assert target.read_text().startswith("<!DOCTYPE html>")
     assert [p.name for p in tmp_path.iterdir()] == ["r.html"]
+
+
+def test_headings_name_the_ops_the_model_has(resnet: Rendered) -> None:
+    # A rewrite inserts graphopt.FusedConv; the model (and the op table) has com.microsoft.FusedConv
+    # on ort-cpu: the heading says what the model has, the drawing's caption says both.
+    fused = [e for e in resnet.dom.find_all("details", "rw") if e.attrs["data-rule"] == "FuseConvRelu"]
+    assert fused
+    for entry in fused:
+        summary = entry.find_all("span", "delta")[0].text()
+        assert "com.microsoft.FusedConv" in summary and "graphopt.FusedConv" not in summary
+        assert "graphopt.FusedConv is lowered to com.microsoft.FusedConv for ort-cpu" in entry.text()
+    ops = [c.text() for c in resnet.dom.find_all("td", "op")]
+    assert "com.microsoft.FusedConv" in ops and "graphopt.FusedConv" not in ops
+
+
+def test_target_gaps_are_one_line_not_rows(tmp_path: Path) -> None:
+    # On target onnx (no FusedConv), every Conv+Relu site fails the same way: one line, no row.
+    model = models.ZOO["resnet-tiny-dynamo-noopt"]()
+    rendered = _render(model, "onnx")
+    gap_rows = [row for row in rendered.dom.find_all("tr", "miss") if "has no lowering" in row.text()]
+    assert gap_rows == []
+    lines = [p.text() for p in rendered.dom.find_all("p", "gap")]
+    assert len(lines) == 1 and "target onnx has no lowering for graphopt.FusedConv" in lines[0] and "FuseConvRelu ×" in lines[0]

@@ -8,7 +8,6 @@ mutations a rewrite needs while keeping untouched nodes exactly as they were.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator, Mapping, Sequence
 from functools import lru_cache
 from typing import Any
@@ -82,7 +81,6 @@ class OnnxView:
         # Before IR version 4 every initializer had to be listed among the inputs too;
         # such models mean them as weights, and onnxruntime treats them as constants.
         self.legacy_weight_inputs = (model.ir_version or 0) < 4
-        self._counter = itertools.count()
         self._names: set[str] = set()
         # Constant nodes made for a rewrite in a subgraph or function, inserted on commit.
         self._pending_constants: list[ir.Node] = []
@@ -92,8 +90,16 @@ class OnnxView:
         self._scope_labels: dict[int, str] = {}
         self._scopes: list[ir.Graph] = []
         self._refresh_scopes()
+        # Names made here (fresh_name): name -> the name it was made from, and the last suffix per base.
+        self._derived_from: dict[str, str] = {}
+        self._suffixes: dict[str, int] = {}
+        self._input_ops: dict[str, tuple[str, str]] = {}  # the input's node names -> (domain, op)
         for scope in self._scopes:
             self._names.update(v.name for v in self._scope_values(scope) if v.name)
+            for node in scope:
+                if node.name:
+                    self._names.add(node.name)
+                    self._input_ops[node.name] = (node.domain, node.op_type)
 
     def _refresh_scopes(self) -> None:
         """Rewrites and passes can add or remove If/Loop nodes, so scopes are listed anew when asked."""
@@ -248,11 +254,37 @@ class OnnxView:
 
     # ------------------------------------------------------------ mutating
     def fresh_name(self, hint: str) -> str:
+        """A name no value or node of the model has: `hint` when free, else `hint_N`. A name made
+        from a made name counts on from its base (conv_1 -> conv_2, never conv_1_1), so names stay
+        short however many rewrites a node goes through."""
+        base = self._derived_from.get(hint, hint)
+        if base not in self._names:
+            self._names.add(base)
+            return base
         while True:
-            name = f"{hint}__go{next(self._counter)}"
+            count = self._suffixes[base] = self._suffixes.get(base, 0) + 1
+            name = f"{base}_{count}"
             if name not in self._names:
                 self._names.add(name)
+                self._derived_from[name] = base
                 return name
+
+    def restore_node_names(self) -> int:
+        """A node that survives a rewrite keeps its name: a node named `base_N` here gets `base` back
+        when the input's node of that name had the same op and no node of the graph has the name
+        any more (a Conv folded with its BatchNormalization stays `layer1.conv`; the Gemm made
+        from an Add does not take the Add's name). Returns how many."""
+        restored = 0
+        for scope in self.scopes():
+            taken = {node.name for node in scope if node.name}
+            for node in scope:
+                base = self._derived_from.get(node.name or "")
+                if base is not None and base not in taken and self._input_ops.get(base) == (node.domain, node.op_type):
+                    taken.discard(node.name)
+                    taken.add(base)
+                    node.name = base
+                    restored += 1
+        return restored
 
     def new_node(
         self,

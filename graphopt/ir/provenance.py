@@ -10,14 +10,22 @@ tell which rule made a node and which of the input's nodes it stands in for:
                        builds on (and by later ones that only rewired onto its
                        nodes); cut at MAX_REPLACED_CHARS, ending in ",…" when cut
     graphopt.pass      the pass that made the node (constant_folding, precision, ...)
+    graphopt.removed   exactly which input nodes each rewrite removed itself, as a JSON
+                       list of [index, rule, [names]]: on the first node a rewrite inserted,
+                       or, for a rewrite that inserted none (it rewired readers onto an
+                       existing value: a Cast pair dropped, a Gather folded to a constant),
+                       on a node next to it; records move on to the node that replaces
+                       their carrier, so none is lost while the carrier is rewritten again
 
-Only nodes graphopt inserts get these keys: untouched nodes stay byte-identical.
+Only nodes graphopt inserts or rewires get these keys: untouched nodes stay byte-identical.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import onnx_ir as ir
 
@@ -26,11 +34,13 @@ __all__ = [
     "REWRITE_KEY",
     "REPLACED_KEY",
     "PASS_KEY",
+    "REMOVED_KEY",
     "MAX_REPLACED_CHARS",
     "TRUNCATED",
     "join_names",
     "split_names",
     "replaced_names",
+    "removed_records",
     "record_rewrite",
     "tag_new_nodes",
 ]
@@ -39,6 +49,7 @@ RULE_KEY = "graphopt.rule"
 REWRITE_KEY = "graphopt.rewrite"
 REPLACED_KEY = "graphopt.replaced"
 PASS_KEY = "graphopt.pass"
+REMOVED_KEY = "graphopt.removed"
 #: Bound on the length of a graphopt.replaced value (a fused attention replaces tens of nodes).
 MAX_REPLACED_CHARS = 4000
 #: The last item of a list that was cut.
@@ -90,18 +101,39 @@ def record_rewrite(
     no node to carry graphopt.replaced. A node an earlier rewrite made next to the rewired
     value (its producer, else one of its readers) takes the erased names on instead, so
     what a chain of rewrites removed stays with the fused node it ends in."""
+    erased = list(erased)
     replaced = replaced_names(erased, labels)
     for node in inserted:
         node.metadata_props.update(made_by)
         node.metadata_props[REPLACED_KEY] = replaced
-    if inserted or not replaced:
-        return
+    # Exactly what each rewrite removed: the input nodes this one erased itself, plus the
+    # records the graphopt-made nodes it erased were carrying.
+    records = [record for node in erased for record in removed_records(node.metadata_props)]
+    direct = [labels.get(id(node)) or node.name or "" for node in erased if not _has_provenance(node.metadata_props)]
+    if made_by.get(REWRITE_KEY, "").isdigit() and any(direct):
+        records.append([int(made_by[REWRITE_KEY]), made_by.get(RULE_KEY, "?"), [name for name in direct if name]])
     neighbours = [*(v.producer() for v in results), *(use.node for v in results for use in v.uses())]
-    for neighbour in neighbours:
-        if neighbour is not None and RULE_KEY in neighbour.metadata_props:
-            props = neighbour.metadata_props
-            props[REPLACED_KEY] = join_names([*props.get(REPLACED_KEY, "").split(","), *replaced.split(",")])
-            return
+    fused = next((n for n in neighbours if n is not None and RULE_KEY in n.metadata_props), None)
+    if not inserted and replaced and fused is not None:
+        props = fused.metadata_props
+        props[REPLACED_KEY] = join_names([*props.get(REPLACED_KEY, "").split(","), *replaced.split(",")])
+    # The carrier: the first inserted node; else the fused node next to the rewired value;
+    # else a reader the rewrite rewired (a Gather folded into a constant has no fused node).
+    readers = [use.node for v in results for use in v.uses()]
+    carrier = inserted[0] if inserted else fused or next(iter(readers), None)
+    if carrier is not None and records:
+        carrier.metadata_props[REMOVED_KEY] = json.dumps([*removed_records(carrier.metadata_props), *records], separators=(",", ":"))
+
+
+def removed_records(props: Mapping[str, str]) -> list[list[Any]]:
+    """The [index, rule, [names]] records of graphopt.removed ([] when absent or malformed)."""
+    try:
+        records = json.loads(props.get(REMOVED_KEY, "[]"))
+    except ValueError:
+        return []
+    if not isinstance(records, list):
+        return []
+    return [r for r in records if isinstance(r, list) and len(r) == 3 and isinstance(r[0], int) and isinstance(r[2], list)]
 
 
 def _all_nodes(model: ir.Model) -> Iterator[ir.Node]:

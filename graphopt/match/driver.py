@@ -23,10 +23,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from graphopt.builtin_library import BUILTIN_PATTERNS_DIR
 from graphopt.errors import GraphoptError
 from graphopt.ir import provenance
 from graphopt.ir.view import GraphView
+from graphopt.library import BUILTIN_PATTERNS_DIR
 from graphopt.match.cycles import TopoOrder, cycle_through
 from graphopt.match.matcher import Failure, Match, Matcher, OpBinding
 from graphopt.match.rewrite import plan_rewrite, target_variants

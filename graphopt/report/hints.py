@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["Hint", "HINTS", "hint_for"]
+__all__ = ["Hint", "HINTS", "hint_for", "target_gap", "summarize_target_gaps"]
 
 
 @dataclass(frozen=True)
@@ -83,3 +83,31 @@ def hint_for(reason: str) -> str | None:
         if hint.pattern.search(reason):
             return hint.text
     return None
+
+
+# "target onnx has no lowering for graphopt.FusedConv": the rule matched, and the target
+# lacks the op it would emit. The same words at every site of a model: one line says it.
+_TARGET_GAP = re.compile(r"target (\S+) has no (?:lowering for|kernel for) (\S+)")
+
+
+def target_gap(reason: str) -> tuple[str, str] | None:
+    """(target, op) when the only reason is that the target lacks the op; else None."""
+    found = _TARGET_GAP.fullmatch(reason.strip())
+    return (found.group(1), found.group(2)) if found else None
+
+
+def summarize_target_gaps(misses: list[tuple[str, str]]) -> list[str]:
+    """One line per distinct reason, for misses (rule, reason) whose reason is a target gap."""
+    by_reason: dict[str, dict[str, int]] = {}
+    for rule, reason in misses:
+        if target_gap(reason) is not None:
+            rules = by_reason.setdefault(reason.strip(), {})
+            rules[rule] = rules.get(rule, 0) + 1
+    lines = []
+    for reason, rules in by_reason.items():
+        target = (target_gap(reason) or ("", ""))[0]
+        count = sum(rules.values())
+        which = ", ".join(f"{rule} ×{n}" for rule, n in sorted(rules.items(), key=lambda item: (-item[1], item[0])))
+        others = ", ".join(t for t in ("onnx", "ort-cpu", "ort-cuda") if t != target)
+        lines.append(f"{count} {'match' if count == 1 else 'matches'} not applied, {reason} ({which}): another --target ({others}) may take them.")
+    return lines

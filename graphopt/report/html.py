@@ -6,8 +6,8 @@
 The page is rendered from the report's JSON form (docs/report-schema.md), so both
 commands give the same page. It has a summary (model, target, nodes, parameters and
 op histogram before and after, verification, latency, times), a table of the rules,
-every rewrite with the matched subgraph before and its replacement after (drawn by
-Graphviz `dot`), the near-misses with a hint where one is known, and a filter by
+every rewrite with the matched subgraph before and its replacement after (laid out
+in Python, drawing.py: no system tool needed), the near-misses with a hint where one is known, and a filter by
 rule, op type or node name. Everything is inline (CSS, a little vanilla JS, SVG):
 the page fetches nothing and opens offline.
 
@@ -27,9 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from graphopt.errors import GraphoptError
-from graphopt.report.hints import hint_for
+from graphopt.library import display_source
+from graphopt.report.drawing import format_type, snapshot_to_svg
+from graphopt.report.hints import hint_for, summarize_target_gaps, target_gap
 from graphopt.report.model import MAX_LOCATIONS, SCHEMA_NAME, SCHEMA_VERSION, Report
-from graphopt.report.snapshot import GraphvizUnavailable, format_type, render_svgs, snapshot_to_dot
 
 __all__ = ["render_html", "write_html", "load_report_document", "check_document"]
 
@@ -89,15 +90,15 @@ def check_document(document: Any, where: str = "report") -> None:
 # ------------------------------------------------------------------ output
 
 
-def write_html(report: Report | Mapping[str, Any], path: str | os.PathLike[str], *, dot: str | None = "dot") -> None:
+def write_html(report: Report | Mapping[str, Any], path: str | os.PathLike[str], *, drawings: bool = True) -> None:
     """Render the report (a Report, or its JSON form) and write it atomically."""
     from graphopt.report.render import write_text_atomically
 
-    write_text_atomically(render_html(report, dot=dot), path)  # rendered first: a failure leaves nothing behind
+    write_text_atomically(render_html(report, drawings=drawings), path)  # rendered first: a failure leaves nothing behind
 
 
-def render_html(report: Report | Mapping[str, Any], *, dot: str | None = "dot") -> str:
-    """The page as a string. `dot` names Graphviz's executable (None: draw nothing)."""
+def render_html(report: Report | Mapping[str, Any], *, drawings: bool = True) -> str:
+    """The page as a string (`drawings=False`: no pictures, a smaller page)."""
     if isinstance(report, Report):
         from graphopt.report.render import report_to_json
 
@@ -105,7 +106,7 @@ def render_html(report: Report | Mapping[str, Any], *, dot: str | None = "dot") 
     else:
         document = report
     check_document(document)
-    return _Page(document, dot).render()
+    return _Page(document, drawings).render()
 
 
 # ------------------------------------------------------------------ reading helpers
@@ -178,57 +179,48 @@ def _change(before: int, after: int) -> str:
 
 
 class _Drawings:
-    """Distinct DOT graphs, each drawn once and kept in one <template>."""
+    """Distinct drawings, each kept once in one <template>."""
 
-    def __init__(self) -> None:
-        self.ids: dict[str, str] = {}  # DOT text -> template id
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.ids: dict[str, str] = {}  # SVG text -> template id
 
     def add(self, snapshot: Any, kind: str) -> str | None:
-        if not isinstance(snapshot, dict) or not (snapshot.get("nodes") or snapshot.get("edges")):
+        if not self.enabled or not isinstance(snapshot, dict) or not (snapshot.get("nodes") or snapshot.get("edges")):
             return None
-        source = snapshot_to_dot(snapshot, kind)
-        return self.ids.setdefault(source, f"g{len(self.ids)}")
+        svg = snapshot_to_svg(snapshot, kind)
+        return self.ids.setdefault(svg, f"g{len(self.ids)}") if svg else None
 
-    def templates(self, dot: str | None) -> tuple[str, str]:
-        """(templates HTML, note): the note is empty when every drawing was made."""
-        if not self.ids:
-            return "", ""
-        if dot is None:
-            return "", "Drawings are turned off."
-        try:
-            svgs = render_svgs(self.ids, dot)
-        except GraphvizUnavailable as why:
-            return "", f"No drawings: {why}."
-        return "".join(f'<template id="{tid}">{svg}</template>' for tid, svg in zip(self.ids.values(), svgs)), ""
+    def templates(self) -> str:
+        return "".join(f'<template id="{tid}">{svg}</template>' for svg, tid in self.ids.items())
 
 
 # ------------------------------------------------------------------ the page
 
 
 class _Page:
-    def __init__(self, document: Mapping[str, Any], dot: str | None) -> None:
+    def __init__(self, document: Mapping[str, Any], drawings: bool) -> None:
         self.doc = document
-        self.dot = dot
         self.rules = [r for r in _list(document, "rules") if isinstance(r, dict)]
         # At most MAX_LOCATIONS entries per rule, so a huge model still gives a page a browser opens.
         self.rewrites = sorted(
             (rw for rule in self.rules for rw in _list(rule, "rewrites")[:MAX_LOCATIONS] if isinstance(rw, dict)),
             key=lambda rw: _int(rw, "index"),
         )
-        self.drawings = _Drawings()
+        self.drawings = _Drawings(drawings)
 
     def render(self) -> str:
         model = _str(self.doc, "input_path")
         title = f"graphopt report: {Path(model).name}" if model else "graphopt report"
         rewrites = self._rewrites()  # first: collects the drawings
-        templates, note = self.drawings.templates(self.dot)
+        templates = self.drawings.templates()
         body = "".join(
             [
                 self._header(title),
                 self._summary(),
                 self._op_histogram(),
                 self._rules(),
-                rewrites.replace("<!--drawing-note-->", f'<p class="note">{_e(note)}</p>' if note else ""),
+                rewrites,
                 self._near_misses(),
                 self._passes(),
                 f'<footer>graphopt {_e(_str(_dict(self.doc, "tool"), "version"))} · report schema '
@@ -242,6 +234,19 @@ class _Page:
             f"<title>{_e(title)}</title><style>{_CSS}</style></head>\n"
             f'<body><main>{body}</main>\n<div hidden id="drawings">{templates}</div>\n<script>{_JS}</script></body></html>\n'
         )
+
+    def _lowered(self, op: str) -> str:
+        """A rewrite inserts graphopt.X; the model (and the op table) has what the target lowers it to."""
+        domain, _, op_type = op.rpartition(".")
+        if domain != "graphopt":
+            return op
+        from graphopt.ops.targets import TARGETS
+
+        target = TARGETS.get(_str(self.doc, "target"))
+        low = target.lowering(op_type) if target is not None else None
+        if low is None:
+            return op
+        return f"{low.domain}.{low.op_type}" if low.domain else low.op_type
 
     # ---------------------------------------------------------- sections
     def _header(self, title: str) -> str:
@@ -305,8 +310,13 @@ class _Page:
         return ("latency", f"{fmt(b)} → {fmt(a)}", detail)
 
     def _extras(self) -> str:
-        """One line each for the layout pass and the precision conversion, when they ran."""
+        """One line each for fixed input shapes, the layout pass and the precision conversion, when they apply."""
         lines = []
+        fixed = self.doc.get("input_shapes")
+        if isinstance(fixed, dict):
+            given = ", ".join(f"{name}={','.join(map(str, dims))}" for name, dims in _dict(fixed, "inputs").items() if isinstance(dims, list))
+            symbols = ", ".join(f"{name}={size}" for name, size in _dict(fixed, "symbols").items())
+            lines.append(f"input shapes fixed: {given}" + (f" (symbolic dims {symbols})" if symbols else ""))
         layout = self.doc.get("layout")
         if isinstance(layout, dict):
             converted = ", ".join(f"{op} {n}" for op, n in _dict(layout, "converted").items()) or "none"
@@ -391,7 +401,7 @@ class _Page:
                 f'<div class="doc">{_e(_str(r, "doc"))}</div></td>'
                 f'<td class="num">{_int(r, "applications")}</td><td class="num">{_int(r, "matches")}</td>'
                 f'<td class="num">{_int(r, "attempts")}</td><td class="num">{_e(_seconds(time_s))}</td>'
-                f'<td class="src"><code>{_e(_str(r, "source"))}</code></td></tr>'
+                f'<td class="src"><code>{_e(display_source(_str(r, "source")))}</code></td></tr>'
             )
         more = (
             f'<details class="untried"><summary>{len(untried)} more rules loaded but never tried (no node has their root op)</summary>'
@@ -418,19 +428,19 @@ class _Page:
             f'<select id="rule-filter" aria-label="rule"><option value="">all rules</option>{options}</select>'
             '<button type="button" id="expand">expand shown</button><button type="button" id="collapse">collapse all</button>'
             f'<span id="shown">{len(self.rewrites)} of {len(self.rewrites)} rewrites</span></div>'
-            f"<!--drawing-note-->{'<p class=muted>' + _e(kept_note) + '</p>' if kept_note else ''}"
+            f"{'<p class=muted>' + _e(kept_note) + '</p>' if kept_note else ''}"
             f'<div id="rewrite-list">{rows or "<p class=muted>No rewrite applied.</p>"}</div></section>'
         )
 
     def _rewrite(self, rw: dict[str, Any]) -> str:
         rule, node, scope, op = _str(rw, "rule"), _str(rw, "node"), _str(rw, "scope") or "main", _str(rw, "op")
-        added = [str(a) for a in _list(rw, "added")]
+        added = [self._lowered(str(a)) for a in _list(rw, "added")]
         before, after = rw.get("before"), rw.get("after")
         matched_nodes = _list(before, "nodes") if isinstance(before, dict) else []
         matched = [(_str(m, "name"), _str(m, "op")) for m in matched_nodes if isinstance(m, dict)]
         if not matched:
             matched = [(str(name), "") for name in _list(rw, "matched")] or [(node, op)]
-        search = " ".join([rule, node, scope, op, *added, *(f"{n} {o}" for n, o in matched)]).lower()
+        search = " ".join([rule, node, scope, op, *added, *map(str, _list(rw, "added")), *(f"{n} {o}" for n, o in matched)]).lower()
         summary = (
             f'<span class="idx">#{_int(rw, "index")}</span> <span class="rule">{_e(rule)}</span> at '
             f'<span class="node">{_e(node)}</span>'
@@ -438,7 +448,10 @@ class _Page:
             + f' <span class="delta">−{_int(rw, "removed")} nodes, + {_e(", ".join(added) or "nothing")}</span>'
         )
         where = "".join(f"<li><code>{_e(name)}</code> <span class=\"opname\">{_e(o)}</span></li>" for name, o in matched)
-        figures = self._figure("before: matched", before, "before") + self._figure("after: replacement", after, "after")
+        fused = sorted({str(a) for a in _list(rw, "added") if self._lowered(str(a)) != str(a)})
+        lowered = "; ".join(f"{op} is lowered to {self._lowered(op)} for {_str(self.doc, 'target')}" for op in fused)
+        caption = "after: replacement" + (f" ({lowered})" if lowered else "")
+        figures = self._figure("before: matched", before, "before") + self._figure(caption, after, "after")
         return (
             f'<details class="rw" data-rule="{_e(rule)}" data-search="{_e(search)}"><summary>{summary}</summary>'
             f'<div class="rw-body"><div class="where"><b>scope</b> {_e(scope)} · <b>root</b> <code>{_e(node)}</code> ({_e(op)})'
@@ -484,16 +497,21 @@ class _Page:
                 applied_at.add((_str(rw, "rule"), _str(rw, "scope"), matched[0]))
             for name in matched:
                 taken_by.setdefault((_str(rw, "scope"), name), f"{_str(rw, 'rule')} (#{_int(rw, 'index')})")
-        groups, resolved = [], 0
+        groups, resolved, gaps = [], 0, []
         for rule in self.rules:
             misses = [m for m in _list(rule, "near_misses") if isinstance(m, dict)]
             open_misses = [m for m in misses if (_str(rule, "name"), _str(m, "scope"), _str(m, "node")) not in applied_at]
             resolved += len(misses) - len(open_misses)
+            # "target T has no lowering for OP" at every site: one line above the table, no rows.
+            gaps += [(_str(rule, "name"), _str(m, "reason")) for m in open_misses if target_gap(_str(m, "reason"))]
+            open_misses = [m for m in open_misses if not target_gap(_str(m, "reason"))]
             if open_misses:
                 groups.append((rule, open_misses))
         later = f" {resolved} misses at nodes where the rule applied in a later sweep are left out." if resolved else ""
+        gap_lines = "".join(f'<p class="gap">{_e(line)}</p>' for line in summarize_target_gaps(gaps))
         if not groups:
-            return f'<section id="near-misses"><h2>Near-misses</h2><p class="muted">No rule failed part-way.{_e(later)}</p></section>'
+            return f'<section id="near-misses"><h2>Near-misses</h2>{gap_lines}<p class="muted">No other rule failed part-way.{_e(later)}</p></section>'
+        hints: dict[str, int] = {}  # hint text -> number: each hint is written once, rows point to it
         groups.sort(key=lambda g: (-max(_int(m, "depth") for m in g[1]), _str(g[0], "name")))
         rows = []
         for rule, misses in groups:
@@ -502,6 +520,7 @@ class _Page:
             for m in sorted(misses, key=lambda m: -_int(m, "depth")):
                 reason, depth = _str(m, "reason"), _int(m, "depth")
                 hint = hint_for(reason)
+                number = hints.setdefault(hint, len(hints) + 1) if hint else 0
                 node, failed_at = _str(m, "node"), _str(m, "failed_at")
                 taken = taken_by.get((_str(m, "scope"), node))
                 search = " ".join([name, node, _str(m, "op"), failed_at, reason]).lower()
@@ -512,15 +531,18 @@ class _Page:
                     + (f'<div class="doc">failed at <code>{_e(failed_at)}</code></div>' if failed_at and failed_at != node else "")
                     + (f'<div class="doc taken">later rewritten by {_e(taken)}</div>' if taken else "")
                     + f'</td><td class="num">{depth}</td><td class="reason">{_e(reason)}</td>'
-                    f'<td class="hint">{_with_code(hint) if hint else ""}</td></tr>'
+                    f'<td class="hint">{f"<a href=#hint-{number}>hint {number}</a>" if hint else ""}</td></tr>'
                 )
         deep = sum(1 for _, misses in groups for m in misses if _int(m, "depth") > SHALLOW_DEPTH)
+        hint_list = "".join(f'<li id="hint-{number}">{_with_code(text)}</li>' for text, number in hints.items())
         return (
-            '<section id="near-misses"><h2>Near-misses</h2>'
+            f'<section id="near-misses"><h2>Near-misses</h2>{gap_lines}'
             '<p class="muted">Where a rule got part of the way and which check stopped it, deepest first (depth: ops matched before the '
             f'failing check).{_e(later)} <label><input type="checkbox" id="shallow"> also show the {len(rows) - deep} misses at the first op</label></p>'
             '<table class="misses"><thead><tr><th>rule</th><th>node</th><th>depth</th><th>why not</th><th>hint</th></tr></thead>'
-            f'<tbody>{"".join(rows)}</tbody></table></section>'
+            f'<tbody>{"".join(rows)}</tbody></table>'
+            + (f'<h3>Hints</h3><ol class="hints">{hint_list}</ol>' if hint_list else "")
+            + "</section>"
         )
 
     def _passes(self) -> str:
@@ -580,7 +602,7 @@ figcaption{font-weight:600;margin-bottom:6px}
 ul.io{list-style:none;padding:0;margin:6px 0 0;font-size:12px}ul.io li{margin:1px 0}.ty{color:var(--muted);font-family:ui-monospace,monospace}
 table.misses td.reason{font-family:ui-monospace,monospace;font-size:12px}table.misses td.hint{font-size:12px;color:#0550ae;max-width:420px}
 table.misses tr.shallow{display:none}table.misses.all tr.shallow{display:table-row}
-.untried{margin-top:8px;color:var(--muted)}
+.untried{margin-top:8px;color:var(--muted)}p.gap{margin:4px 0}ol.hints{font-size:13px;color:#0550ae}ol.hints li:target{background:#fff8c5}
 footer{margin-top:40px;color:var(--muted);font-size:12px}
 """
 

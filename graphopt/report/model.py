@@ -298,6 +298,9 @@ class Report:
     latency: Latency | None = None
     #: Every choice made by graphopt.decisions (layout, conv bias form, FusedConv, ...).
     decisions: list[DecisionRecord] = field(default_factory=list)
+    #: Input shapes fixed before optimizing (--input-shape): {"inputs": {name: dims},
+    #: "symbols": {dim name: size}}; None when none were.
+    input_shapes: dict[str, Any] | None = None
     _applied: int = 0
 
     # ----------------------------------------------------------- recording
@@ -330,6 +333,19 @@ class Report:
             stats.finalize()
 
     # ----------------------------------------------------------- output
+    def __str__(self) -> str:
+        """The terminal summary as text: `print(graphopt.last_report())`."""
+        from graphopt.report.render import render_summary
+
+        return render_summary(self)
+
+    def one_line(self) -> str:
+        """`target ort-cpu: 47 -> 31 nodes, 16 rewrites (FoldConvBatchNorm 11, MatMulAddToGemm 1, ...)`."""
+        rules = sorted((s for s in self.rules.values() if s.applications), key=lambda s: (-s.applications, s.name))
+        shown = ", ".join(f"{s.name} {s.applications}" for s in rules[:4]) + (", ..." if len(rules) > 4 else "")
+        nodes = f"{self.before.nodes} -> {self.after.nodes} nodes, " if self.before and self.after else ""
+        return f"target {self.target}: {nodes}{self.total_rewrites} rewrites" + (f" ({shown})" if shown else "")
+
     def to_dict(self) -> dict[str, Any]:
         from graphopt._version import __version__
 

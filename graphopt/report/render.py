@@ -15,9 +15,10 @@ from rich.table import Table
 
 from graphopt.errors import escape_markup as escape  # control characters escaped too
 from graphopt.paths import short_name
-from graphopt.report.model import Report
+from graphopt.report.hints import summarize_target_gaps, target_gap
+from graphopt.report.model import NearMiss, Report
 
-__all__ = ["report_to_json", "write_json", "print_summary", "MAX_NEAR_MISS_ROWS"]
+__all__ = ["report_to_json", "write_json", "print_summary", "render_summary", "open_near_misses", "MAX_NEAR_MISS_ROWS"]
 
 #: Near-miss rows shown in the terminal, in all and per rule (the JSON keeps all of them).
 MAX_NEAR_MISS_ROWS = 10
@@ -59,6 +60,7 @@ def write_text_atomically(text: str, path: str | os.PathLike[str]) -> None:
     folder = path.parent if str(path.parent) else Path(".")
     fd, staged = tempfile.mkstemp(prefix=f".{short_name(path.name)}.", suffix=".tmp", dir=folder)  # fits where NAME fits
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes it private (0600); a report is an ordinary file
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
         os.replace(staged, path)
@@ -68,6 +70,13 @@ def write_text_atomically(text: str, path: str | os.PathLike[str]) -> None:
         except OSError:
             pass
         raise
+
+
+def _umask() -> int:
+    # The only portable way to read the umask is to set it; set it straight back.
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _ms(seconds: float) -> str:
@@ -82,8 +91,33 @@ def _decision_ms(ms: float | None) -> str:
     return "?" if ms is None else f"{ms:.3g}"
 
 
-def print_summary(report: Report, console: Console) -> None:
-    """Nodes before/after by op, rewrites by rule, near-misses, warnings, verification, times."""
+def open_near_misses(report: Report) -> tuple[list[NearMiss], list[tuple[str, str]]]:
+    """(rows, gaps): the near-misses worth a row, deepest first, and (rule, reason) of those
+    that only say the target lacks the op (one summary line each, not rows).
+
+    Left out: misses where the same rule applied at the same node in a later sweep (after
+    constant folding or another rewrite prepared it) and repeats of a node's miss."""
+    report.finalize()
+    rules = [s for s in report.rules.values() if s.applications < s.attempts]
+    applied_at = {(s.name, r.scope, r.matched[0] if r.matched else r.node) for s in report.rules.values() for r in s.rewrites}
+    rows: list[NearMiss] = []
+    gaps: list[tuple[str, str]] = []
+    seen: set[tuple[str, str, str]] = set()
+    for m in sorted((m for s in rules for m in s.near_misses), key=lambda m: -m.depth):
+        if (m.rule, m.scope, m.node) in applied_at or (m.rule, m.node, m.reason) in seen:
+            continue
+        seen.add((m.rule, m.node, m.reason))
+        if target_gap(m.reason) is not None:
+            gaps.append((m.rule, m.reason))
+        else:
+            rows.append(m)
+    return rows, gaps
+
+
+def print_summary(report: Report, console: Console, *, json_report: str | os.PathLike[str] | None = None) -> None:
+    """Nodes before/after by op, the rules that applied, near-misses, warnings, verification, times.
+
+    `json_report`: where the JSON report was written, if it was (the near-miss table points to it)."""
     before = report.before.ops if report.before else {}
     after = report.after.ops if report.after else {}
     nodes = Table(title="Nodes by op type", title_justify="left")
@@ -107,49 +141,58 @@ def print_summary(report: Report, console: Console) -> None:
     console.print(nodes)
 
     rules = sorted(report.rules.values(), key=lambda s: (-s.applications, -s.matches, s.name))
-    active = [s for s in rules if s.attempts or s.applications]
-    if active:
+    applied = [s for s in rules if s.applications]
+    tried = sum(1 for s in rules if s.attempts)
+    if applied:
         table = Table(title="Rewrites by rule", title_justify="left")
         table.add_column("rule")
         table.add_column("applied", justify="right")
         table.add_column("matched", justify="right")
         table.add_column("attempts", justify="right")
         table.add_column("time ms", justify="right")
-        for s in active:
+        for s in applied:
             table.add_row(escape(s.name), str(s.applications), str(s.matches), str(s.attempts), _ms(s.time_s))
         table.add_row(
             "[bold]total[/]",
             str(report.total_rewrites),
-            str(sum(s.matches for s in active)),
-            str(sum(s.attempts for s in active)),
-            _ms(sum(s.time_s for s in active)),
+            str(sum(s.matches for s in applied)),
+            str(sum(s.attempts for s in applied)),
+            _ms(sum(s.time_s for s in applied)),
             end_section=True,
         )
+        others = tried - sum(1 for s in applied if s.attempts)
+        if others:
+            table.caption = f"{others} other rules were tried and did not apply (time {_ms(sum(s.time_s for s in rules if not s.applications))} ms)"
         console.print(table)
+    elif tried:
+        console.print(f"No rule applied ({tried} rules were tried).")
     else:
         console.print("No rule was tried: no node has an op that a rule starts from.")
 
-    # Near-misses matter where a rule did not apply everywhere it was tried: deepest first.
-    report.finalize()
-    misses, seen, per_rule = [], set(), Counter[str]()
-    for m in sorted((m for s in rules if s.applications < s.attempts for m in s.near_misses), key=lambda m: -m.depth):
-        # A node retried in a later sweep fails the same way; and a few rows per rule keep
-        # one rule tried at many nodes from crowding out the rest.
-        if (m.rule, m.node, m.reason) not in seen and per_rule[m.rule] < MAX_NEAR_MISSES_PER_RULE:
-            seen.add((m.rule, m.node, m.reason))
-            per_rule[m.rule] += 1
-            misses.append(m)
-    if misses:
+    misses, gaps = open_near_misses(report)
+    for line in summarize_target_gaps(gaps):
+        console.print(escape(line), highlight=False)
+    # A few rows per rule keep one rule tried at many nodes from crowding out the rest.
+    per_rule = Counter[str]()
+    shown = [m for m in misses if per_rule.update([m.rule]) or per_rule[m.rule] <= MAX_NEAR_MISSES_PER_RULE][:MAX_NEAR_MISS_ROWS]
+    if shown:
         table = Table(title="Near-misses (why a rule did not apply)", title_justify="left")
         table.add_column("rule")
         table.add_column("node")
         table.add_column("failed check")
-        for m in misses[:MAX_NEAR_MISS_ROWS]:
+        for m in shown:
             where = m.node if not m.failed_at or m.failed_at == m.node else f"{m.node} (at {m.failed_at})"
             table.add_row(escape(m.rule), escape(where), escape(m.reason))
-        if len(misses) > MAX_NEAR_MISS_ROWS:
-            table.caption = f"{len(misses) - MAX_NEAR_MISS_ROWS} more in the JSON report"
         console.print(table)
+        if len(misses) > len(shown):
+            more = len(misses) - len(shown)
+            line = f"{more} more near-misses in {json_report}" if json_report else f"{more} more near-misses: --report FILE.json lists them all"
+            console.print(escape(line), highlight=False)
+
+    if report.input_shapes:
+        given = ", ".join(f"{name}={','.join(map(str, dims))}" for name, dims in report.input_shapes.get("inputs", {}).items())
+        symbols = ", ".join(f"{name}={size}" for name, size in report.input_shapes.get("symbols", {}).items())
+        console.print(escape(f"input shapes fixed: {given}" + (f" (symbolic dims {symbols})" if symbols else "")), highlight=False)
 
     conversion = report.precision_conversion
     if conversion is not None:
@@ -199,3 +242,12 @@ def print_summary(report: Report, console: Console) -> None:
     times = ", ".join(f"{name} {_ms(t)} ms" for name, t in report.times_s.items())
     if times:
         console.print(f"time: {times}", highlight=False)
+
+
+def render_summary(report: Report, width: int = 100) -> str:
+    """The terminal summary as plain text (what `print(report)` shows)."""
+    import io
+
+    buffer = io.StringIO()
+    print_summary(report, Console(file=buffer, width=width, force_terminal=False, no_color=True, highlight=False))
+    return buffer.getvalue().rstrip("\n")

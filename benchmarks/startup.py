@@ -1,0 +1,137 @@
+"""Start-up and small-job times, whole process, against onnxruntime's offline optimizer and onnxsim.
+
+    python benchmarks/startup.py [--runs 5] [--out results/startup.json] [--checkout PATH]
+
+Builds the README's example model (examples/make_example.py: a 47-node ResNet-style CNN,
+245 KB) and times, as separate processes from start to exit, median of `--runs` after
+one warm-up run (file caches warm):
+
+* `python -c pass` (the interpreter alone),
+* `graphopt --help`, `python -c "import graphopt"`, `graphopt --version`,
+* `graphopt optimize model.onnx -o out.onnx -q` (file to file; the `-o` form older checkouts know too),
+* onnxruntime's offline optimizer (a session with `optimized_model_filepath`, all
+  graph optimizations, CPU provider), and `onnxsim model.onnx out.onnx` when installed.
+
+Each is reported as wall time and as CPU time (user + system of the process): on a machine
+shared with other work the wall time grows with the load, the CPU time of a
+single-threaded start-up much less (onnxruntime's thread pool makes its CPU time exceed
+its wall time). The commands run from a temporary folder, so `python -m graphopt`
+imports the checkout named by `--checkout`, not the current folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+
+ORT_OFFLINE = (
+    "import sys, onnxruntime as ort\n"
+    "so = ort.SessionOptions()\n"
+    "so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL\n"
+    "so.optimized_model_filepath = sys.argv[2]\n"
+    "ort.InferenceSession(sys.argv[1], so, providers=['CPUExecutionProvider'])\n"
+)
+
+
+def _time(command: list[str], runs: int, env: dict[str, str], cwd: Path) -> dict[str, Any]:
+    """Wall time and CPU time (user + system of the child) per run. On a machine shared with
+    other work the wall time grows with the load; the CPU time much less."""
+    warm = subprocess.run(command, capture_output=True, env=env, text=True, cwd=cwd)  # warm-up: file caches
+    if warm.returncode != 0:  # e.g. an older checkout without --version
+        return {"error": (warm.stderr.strip().splitlines() or [f"exit {warm.returncode}"])[-1]}
+    wall, cpu = [], []
+    for _ in range(runs):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        started = time.perf_counter()
+        subprocess.run(command, check=True, capture_output=True, env=env, cwd=cwd)
+        wall.append(time.perf_counter() - started)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+    return {
+        "median_s": statistics.median(wall),
+        "min_s": min(wall),
+        "max_s": max(wall),
+        "cpu_median_s": statistics.median(cpu),
+        "runs_s": wall,
+        "cpu_runs_s": cpu,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--checkout", type=Path, default=REPO, help="the graphopt checkout to time (default: this one), e.g. an older commit's worktree")
+    args = parser.parse_args()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(args.checkout), os.environ.get("PYTHONPATH", "")])))
+    py = sys.executable
+    graphopt = [py, "-m", "graphopt"]
+    script = shutil.which("graphopt")  # the console script; with PYTHONPATH it runs the checkout's code
+    folder = Path(tempfile.mkdtemp(prefix="graphopt-startup-"))
+    model = folder / "model.onnx"
+    subprocess.run([py, str(REPO / "examples" / "make_example.py"), str(model)], check=True, capture_output=True, env=env)
+    commands: dict[str, list[str]] = {
+        "python -c pass": [py, "-c", "pass"],
+        "python -m graphopt --help": [*graphopt, "--help"],
+        "python -c 'import graphopt'": [py, "-c", "import graphopt"],
+        "python -m graphopt --version": [*graphopt, "--version"],
+        "python -m graphopt optimize model.onnx -o out.onnx -q": [*graphopt, "optimize", str(model), "-o", str(folder / "go.onnx"), "-q"],
+        "onnxruntime offline optimizer (ORT_ENABLE_ALL, CPU)": [py, "-c", ORT_OFFLINE, str(model), str(folder / "ort.onnx")],
+    }
+    if script:
+        commands["graphopt --help (console script)"] = [script, "--help"]
+    try:
+        import onnxsim  # noqa: F401
+
+        commands["onnxsim model.onnx out.onnx"] = [py, "-m", "onnxsim", str(model), str(folder / "sim.onnx")]
+    except ImportError:
+        print("onnxsim is not installed: left out", file=sys.stderr)
+    results = {}
+    for name, command in commands.items():
+        result = results[name] = _time(command, args.runs, env, cwd=folder)  # not the checkout: `python -m` would import from it
+        if "error" in result:
+            print(f"{name:60s} failed: {result['error']}", flush=True)
+        else:
+            print(
+                f"{name:55s} wall median {result['median_s']:.3f} s (min {result['min_s']:.3f}, max {result['max_s']:.3f}),"
+                f" CPU median {result['cpu_median_s']:.3f} s",
+                flush=True,
+            )
+    versions: dict[str, str | None] = {}
+    for package in ("onnx", "onnx-ir", "onnxruntime", "sympy", "typer", "onnxsim"):
+        try:
+            from importlib.metadata import version
+
+            versions[package] = version(package)
+        except Exception:  # noqa: BLE001 - not installed
+            versions[package] = None
+    document = {
+        "load_average": os.getloadavg(),
+        "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "model": f"examples/make_example.py ({model.stat().st_size} bytes)",
+        "checkout": str(args.checkout),
+        "runs": args.runs,
+        "versions": versions,
+        "results": results,
+    }
+    if args.out:
+        args.out.write_text(json.dumps(document, indent=2) + "\n")
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
