@@ -140,9 +140,9 @@ class ConvBnOfWeights(nn.Module):
 CASES: list[Case] = [
     # activations.pdll
     Case("FuseGeluErf", fn(_gelu_erf), rand(2, 8), 1, opset=20),
-    Case("FuseGeluTanhStandard", fn(_gelu_tanh), rand(2, 8), 1, opset=20),
-    Case("FuseBiasGeluStandard", fn(lambda m, x: F.gelu(x + m.b), b=const(8)), rand(2, 3, 8), 1, opset=20, onnx_target="ort-cpu"),
-    Case("FuseBiasFastGeluStandard", fn(lambda m, x: F.gelu(x + m.b, approximate="tanh"), b=const(8)), rand(2, 3, 8), 1, opset=20,
+    Case("FuseGeluTanh", fn(_gelu_tanh), rand(2, 8), 1, opset=20),
+    Case("FuseBiasGelu", fn(lambda m, x: F.gelu(x + m.b), b=const(8)), rand(2, 3, 8), 1, opset=20, onnx_target="ort-cpu"),
+    Case("FuseBiasFastGelu", fn(lambda m, x: F.gelu(x + m.b, approximate="tanh"), b=const(8)), rand(2, 3, 8), 1, opset=20,
          onnx_target="ort-cpu"),
     Case("FuseQuickGelu", fn(lambda m, x: x * torch.sigmoid(1.702 * x)), rand(2, 8), 1, onnx_target="ort-cpu"),
     Case("FuseSiLU", fn(lambda m, x: x * torch.sigmoid(x)), rand(2, 8), 1, onnx_target="ort-cpu"),
@@ -174,7 +174,7 @@ CASES: list[Case] = [
                                                bias=const(8)),
          rands((2, 3, 8), (2, 3, 8)), 1, along=("FuseSkipLayerNorm",), onnx_target="ort-cpu"),
     Case("FuseRMSNorm", fn(_rms_norm, w=const(8)), rand(2, 3, 8), 1, onnx_target="ort-cpu"),
-    Case("FuseRMSNormStandard", fn(_rms_norm, w=const(8)), rand(2, 3, 8), 1, opset=23),
+    Case("FuseRMSNorm", fn(_rms_norm, w=const(8)), rand(2, 3, 8), 1, opset=23),
     Case("FuseSkipRMSNorm", fn(lambda m, a, b: (_rms_norm(m, a + b), a + b), w=const(8)), rands((2, 3, 8), (2, 3, 8)), 1, along=("FuseRMSNorm",),
          onnx_target="ort-cpu"),
     # pad_conv.pdll
@@ -187,15 +187,15 @@ CASES: list[Case] = [
     # FX only (the rule's file says why not ONNX): proven on FX
     Case("FuseSwiGLU", fn(lambda m, x: F.silu(x @ m.w1) * (x @ m.w3), w1=const(8, 16), w3=const(8, 16)), rand(2, 3, 8), 1, kinds=("fx",)),
     Case("FuseGeGLU", fn(lambda m, x: (lambda h, g: h * F.gelu(g))(*x.chunk(2, -1))), rand(2, 3, 16), 1, kinds=("fx",)),
-    Case("FuseBiasGeGLU", fn(lambda m, x: (lambda h, g: h * F.gelu(g))(*(x + m.b).chunk(2, -1)), b=const(16)), rand(2, 3, 16), 1, kinds=("fx",)),
-    Case("FuseGemmRelu", fn(lambda m, x: F.relu(F.linear(x, m.w, m.b)), w=const(16, 8), b=const(16)), rand(3, 8), 1, kinds=("fx",)),
+    Case("FuseGeGLU", fn(lambda m, x: (lambda h, g: h * F.gelu(g))(*(x + m.b).chunk(2, -1)), b=const(16)), rand(2, 3, 16), 1, kinds=("fx",)),
+    Case("FuseGemmActivation", fn(lambda m, x: F.relu(F.linear(x, m.w, m.b)), w=const(16, 8), b=const(16)), rand(3, 8), 1, kinds=("fx",)),
     Case("FuseScaledDotProductAttention", fn(lambda m, q, k, v: F.scaled_dot_product_attention(q, k, v)),
          rands((2, 2, 5, 4), (2, 2, 5, 4), (2, 2, 5, 4)), 1, kinds=("fx",)),
     # rotary.pdll
     Case("FuseRotaryEmbedding", lambda: Fn(_rotary, **dict(zip(("cos", "sin"), _rotary_caches(5, 8))))
          , rand(2, 2, 5, 8), 1, onnx_target="ort-cpu"),
-    Case("FuseRotaryEmbeddingBSNH", lambda: Fn(_rotary_bsnh, **dict(zip(("cos", "sin"), _rotary_caches(5, 8)))), rand(2, 5, 3, 8), 1,
+    Case("FuseRotaryEmbedding", lambda: Fn(_rotary_bsnh, **dict(zip(("cos", "sin"), _rotary_caches(5, 8)))), rand(2, 5, 3, 8), 1,
          onnx_target="ort-cpu"),
-    Case("FuseRotaryEmbeddingBatched", lambda: Fn(_rotary_batched, scale=torch.tensor([1.0, 0.5]).reshape(2, 1, 1, 1),
+    Case("FuseRotaryEmbedding", lambda: Fn(_rotary_batched, scale=torch.tensor([1.0, 0.5]).reshape(2, 1, 1, 1),
                                                   **dict(zip(("cos", "sin"), _rotary_caches(5, 8)))), rand(2, 2, 5, 8), 1, onnx_target="ort-cpu"),
 ]

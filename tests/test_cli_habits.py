@@ -86,10 +86,10 @@ def test_summary_on_target_onnx(example: Path, tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     out = result.stdout
     rules = out[out.index("Rewrites by rule"):out.index("other rules were tried")]
-    assert "FoldConvBatchNorm" in rules and "FuseConvRelu" not in rules  # tried, never applied: not listed
+    assert "FoldConvBatchNorm" in rules and "FuseConvActivation" not in rules  # tried, never applied: not listed
     # "target onnx has no lowering for graphopt.FusedConv" once, as a summary line, not per node.
     assert out.count("has no lowering for graphopt.FusedConv") == 1
-    assert re.search(r"\d+ matches not applied, target onnx has no lowering for graphopt.FusedConv \(FuseConvRelu ×\d+", out)
+    assert re.search(r"\d+ matches not applied, target onnx has no lowering for graphopt.FusedConv \(FuseConvActivation ×\d+", out)
     assert "in the JSON report" not in out and "--report FILE.json lists them all" in out
     with_report = run_cli("optimize", example, tmp_path / "o.onnx", "--report", tmp_path / "r.json")
     assert f"more near-misses in {tmp_path / 'r.json'}" in with_report.stdout

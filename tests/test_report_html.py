@@ -442,7 +442,7 @@ def test_write_html_is_atomic_and_keeps_the_old_page_on_failure(tmp_path: Path, 
 def test_headings_name_the_ops_the_model_has(resnet: Rendered) -> None:
     # A rewrite inserts graphopt.FusedConv; the model (and the op table) has com.microsoft.FusedConv
     # on ort-cpu: the heading says what the model has, the drawing's caption says both.
-    fused = [e for e in resnet.dom.find_all("details", "rw") if e.attrs["data-rule"] == "FuseConvRelu"]
+    fused = [e for e in resnet.dom.find_all("details", "rw") if e.attrs["data-rule"] == "FuseConvActivation"]
     assert fused
     for entry in fused:
         summary = entry.find_all("span", "delta")[0].text()
@@ -459,4 +459,4 @@ def test_target_gaps_are_one_line_not_rows(tmp_path: Path) -> None:
     gap_rows = [row for row in rendered.dom.find_all("tr", "miss") if "has no lowering" in row.text()]
     assert gap_rows == []
     lines = [p.text() for p in rendered.dom.find_all("p", "gap")]
-    assert len(lines) == 1 and "target onnx has no lowering for graphopt.FusedConv" in lines[0] and "FuseConvRelu ×" in lines[0]
+    assert len(lines) == 1 and "target onnx has no lowering for graphopt.FusedConv" in lines[0] and "FuseConvActivation ×" in lines[0]

@@ -8,7 +8,7 @@ import os
 import tempfile
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
@@ -16,7 +16,9 @@ from rich.table import Table
 from graphopt.errors import escape_markup as escape  # control characters escaped too
 from graphopt.paths import short_name
 from graphopt.report.hints import summarize_target_gaps, target_gap
-from graphopt.report.model import NearMiss, Report
+
+if TYPE_CHECKING:  # the model's __str__ renders with this module: no import back at run time
+    from graphopt.report.model import NearMiss, Report
 
 __all__ = ["report_to_json", "write_json", "print_summary", "render_summary", "open_near_misses", "MAX_NEAR_MISS_ROWS"]
 
