@@ -11,8 +11,6 @@
 set -uo pipefail
 step=${1:?step}
 export PYTHONUNBUFFERED=1
-# Reading the kernel registry of a GPU build of onnxruntime loads every provider library (TensorRT too) and can crash it: use the shipped tables.
-export GRAPHOPT_ORT_REGISTRY=0
 export PYTHONPATH=$PWD:/tmp/ort:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 # The cost table measured by the decisions step (kept on the machine: each run gets a fresh checkout).

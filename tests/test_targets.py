@@ -93,3 +93,24 @@ def test_ort_cpu_refuses_dtypes_without_a_kernel() -> None:
 def test_unknown_target_is_a_clear_error() -> None:
     with pytest.raises(GraphoptError, match="unknown target 'tensorrt'"):
         get_target("tensorrt")
+
+
+def test_a_gpu_build_registry_is_read_in_a_child_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Listing a GPU build's kernels loads every provider library (TensorRT's too) and crashed
+    # the process on the H100 machine: such a build is read in a child; a crash there means
+    # the shipped table (None), never a crash of graphopt.
+    import subprocess
+
+    import onnxruntime
+
+    from graphopt.ops import snapshot_ort_kernels as kernels
+
+    monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    table = kernels._read_registry("CPUExecutionProvider")
+    assert table is not None and "::Relu" in table["kernels"]
+
+    def crashed(*args: object, **kwargs: object) -> subprocess.CompletedProcess[str]:
+        return subprocess.CompletedProcess([], -11, "", "Segmentation fault")
+
+    monkeypatch.setattr(kernels.subprocess, "run", crashed)
+    assert kernels._read_registry("CPUExecutionProvider") is None

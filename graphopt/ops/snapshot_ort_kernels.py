@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -114,8 +115,10 @@ def installed_kernels(provider: str) -> dict[str, Any] | None:
         except (OSError, ValueError):
             pass
     try:
-        table = snapshot(provider) if provider in registry_providers() else {"absent": True}
+        table = _read_registry(provider)
     except ImportError:
+        return None
+    if table is None:
         return None
     if cache is not None:
         try:  # written whole, then renamed: a concurrent reader never sees half a file
@@ -127,6 +130,31 @@ def installed_kernels(provider: str) -> dict[str, Any] | None:
         except OSError:
             pass  # a read-only home: read the registry again next time
     return None if table.get("absent") else table
+
+
+def _read_registry(provider: str) -> dict[str, Any] | None:
+    """The table, read in this process for a CPU-only build. A build with other providers
+    loads every provider library while it lists its kernels, and one whose dependencies are
+    missing (TensorRT's on a machine without it) can crash the process: such a build is read
+    in a child process, and a crash there means the shipped table is used (None)."""
+    import onnxruntime
+
+    if set(onnxruntime.get_available_providers()) <= {"CPUExecutionProvider"}:
+        return snapshot(provider) if provider in registry_providers() else {"absent": True}
+    code = (
+        "import json, sys; from graphopt.ops.snapshot_ort_kernels import registry_providers, snapshot; "
+        "p = sys.argv[1]; print(json.dumps(snapshot(p) if p in registry_providers() else {'absent': True}))"
+    )
+    try:
+        done = subprocess.run([sys.executable, "-c", code, provider], capture_output=True, text=True, timeout=120, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0:
+        return None
+    try:
+        return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+    except (ValueError, IndexError):
+        return None
 
 
 if __name__ == "__main__":
