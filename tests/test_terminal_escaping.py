@@ -26,10 +26,10 @@ def cli(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WarmCli]:
 
 
 def _near_miss_model(folder: Path) -> Path:
-    """Conv -> BatchNormalization whose scale is an input: FoldConvBatchNorm misses at the evil Conv."""
+    """Conv -> BatchNormalization whose scale is an input: FoldConvBatchNorm misses at the evil BatchNormalization."""
     w = numpy_helper.from_array(np.ones((2, 1, 1, 1), np.float32), "w")
     consts = [numpy_helper.from_array(np.full(2, v, np.float32), n) for n, v in (("b", 0.0), ("m", 0.0), ("v", 1.0))]
-    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name=EVIL), helper.make_node("BatchNormalization", ["c", "g", "b", "m", "v"], ["y"], name="bn")]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"), helper.make_node("BatchNormalization", ["c", "g", "b", "m", "v"], ["y"], name=EVIL)]
     graph = helper.make_graph(
         nodes,
         "g",

@@ -342,12 +342,14 @@ def test_inductor_gets_cuda_graphs_and_the_frozen_constants_as_static_inputs(mon
         return real(gm, inputs, **kwargs)
 
     monkeypatch.setattr(inductor_compile_fx, "compile_fx_inner", spy)
-    monkeypatch.setattr(torch._functorch.config, "enable_autograd_cache", False)  # a cache hit skips inner_compile
-    monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", False)
     # (a LayerNorm written out, which graphopt fuses: a graph it leaves alone goes to inductor untraced)
     model = nn.Sequential(nn.Linear(8, 8), _WrittenOutLayerNorm(8), nn.Linear(8, 8)).eval()
     x = torch.randn(2, 8)
-    with torch.no_grad():
+    # The config modules' own patch(): monkeypatch's undo deletes these entries, which breaks
+    # every later compile in the process ("enable_autograd_cache does not exist").
+    no_caches = (torch._functorch.config.patch(enable_autograd_cache=False),  # a cache hit skips inner_compile
+                 torch._inductor.config.patch(fx_graph_cache=False))
+    with torch.no_grad(), no_caches[0], no_caches[1]:
         for mode, cuda_graphs in (("reduce-overhead", True), (None, False)):
             torch._dynamo.reset()
             torch.testing.assert_close(torch.compile(model, backend="graphopt", options={"mode": mode})(x), model(x))

@@ -40,6 +40,8 @@ COUNTED = ("BatchNormalization", "HardSigmoid", "HardSwish", "Mish", "Softplus",
            "com.microsoft.SkipLayerNormalization", "LayerNormalization", "com.microsoft.NhwcConv", "Conv", "ConvTranspose", "Gemm")
 
 # Recompute with `python tests/test_zoo.py` after a deliberate change, and review the diff model by model.
+# (ort-cuda: layout `auto` is a decision from the cost table; with no measured entry for these shape
+# classes the convolutions stay NCHW.)
 GOLDEN: dict[tuple[str, str], dict[str, int]] = {
     ('hb-mobilenetv3-nhwc-op11', 'onnx'): {'HardSigmoid': 12, 'Conv': 19, 'Gemm': 1},
     ('hb-mobilenetv3-nhwc-op11', 'ort-cpu'): {'HardSigmoid': 12, 'Conv': 19, 'Gemm': 1},
@@ -49,19 +51,19 @@ GOLDEN: dict[tuple[str, str], dict[str, int]] = {
     ('hb-seg-decoder-op13', 'ort-cuda'): {'HardSigmoid': 6, 'com.microsoft.FusedConv': 5, 'Conv': 7, 'ConvTranspose': 2},
     ('hb-crnn-neck-op17', 'onnx'): {'HardSwish': 3, 'LayerNormalization': 5, 'Conv': 3},
     ('hb-crnn-neck-op17', 'ort-cpu'): {'HardSigmoid': 3, 'com.microsoft.QuickGelu': 2, 'com.microsoft.MultiHeadAttention': 2, 'com.microsoft.SkipLayerNormalization': 1, 'LayerNormalization': 4, 'Conv': 3},
-    ('hb-crnn-neck-op17', 'ort-cuda'): {'HardSwish': 3, 'com.microsoft.QuickGelu': 2, 'com.microsoft.MultiHeadAttention': 2, 'com.microsoft.SkipLayerNormalization': 1, 'LayerNormalization': 4, 'com.microsoft.NhwcConv': 3},
+    ('hb-crnn-neck-op17', 'ort-cuda'): {'HardSwish': 3, 'com.microsoft.QuickGelu': 2, 'com.microsoft.MultiHeadAttention': 2, 'com.microsoft.SkipLayerNormalization': 1, 'LayerNormalization': 4, 'Conv': 3},
     ('hb-yolo-mish-op18', 'onnx'): {'Mish': 8, 'Conv': 11},
     ('hb-yolo-mish-op18', 'ort-cpu'): {'Softplus': 8, 'com.microsoft.FusedConv': 1, 'com.microsoft.QuickGelu': 2, 'Conv': 10},
-    ('hb-yolo-mish-op18', 'ort-cuda'): {'Mish': 8, 'com.microsoft.QuickGelu': 2, 'com.microsoft.NhwcConv': 11},
+    ('hb-yolo-mish-op18', 'ort-cuda'): {'Mish': 8, 'com.microsoft.QuickGelu': 2, 'Conv': 11},
     ('hb-mlp-bn-op23', 'onnx'): {'HardSwish': 2, 'Gemm': 4},
     ('hb-mlp-bn-op23', 'ort-cpu'): {'HardSigmoid': 1, 'HardSwish': 1, 'Gemm': 4},
     ('hb-mlp-bn-op23', 'ort-cuda'): {'HardSwish': 2, 'Gemm': 4},
     ('hb-fpn-upsample-op11', 'onnx'): {'Clip': 3, 'Conv': 7},
     ('hb-fpn-upsample-op11', 'ort-cpu'): {'com.microsoft.FusedConv': 3, 'Conv': 4},
-    ('hb-fpn-upsample-op11', 'ort-cuda'): {'Clip': 3, 'com.microsoft.NhwcConv': 7},
+    ('hb-fpn-upsample-op11', 'ort-cuda'): {'Clip': 3, 'Conv': 7},
     ('resnet-torchscript', 'onnx'): {'Conv': 20},
     ('resnet-torchscript', 'ort-cpu'): {'com.microsoft.FusedConv': 16, 'Conv': 4},
-    ('resnet-torchscript', 'ort-cuda'): {'com.microsoft.NhwcConv': 20},
+    ('resnet-torchscript', 'ort-cuda'): {'com.microsoft.FusedConv': 16, 'Conv': 4},
     ('clip-text-torchscript', 'onnx'): {'LayerNormalization': 5},
     ('clip-text-torchscript', 'ort-cpu'): {'com.microsoft.QuickGelu': 2, 'com.microsoft.SkipLayerNormalization': 5},
     ('clip-text-torchscript', 'ort-cuda'): {'com.microsoft.QuickGelu': 2, 'com.microsoft.SkipLayerNormalization': 5},
@@ -70,7 +72,7 @@ GOLDEN: dict[tuple[str, str], dict[str, int]] = {
     ('rnn-tagger-torchscript', 'ort-cuda'): {'com.microsoft.FusedConv': 1},
     ('mobilenetv2-dynamo', 'onnx'): {'Clip': 35, 'Conv': 52},
     ('mobilenetv2-dynamo', 'ort-cpu'): {'com.microsoft.FusedConv': 45, 'Conv': 7},
-    ('mobilenetv2-dynamo', 'ort-cuda'): {'Clip': 35, 'com.microsoft.NhwcConv': 52},
+    ('mobilenetv2-dynamo', 'ort-cuda'): {'Clip': 35, 'Conv': 52},
 }
 
 
