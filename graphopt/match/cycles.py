@@ -103,34 +103,27 @@ def cycle_through(view: GraphView, order: TopoOrder, new_nodes: Sequence[Any], r
             break
         earliest = min(earliest, pos)
 
-    # (node to look at, the new node whose input leads to it)
-    stack: list[tuple[Any, Any]] = []
-    for node in new_nodes:
-        for value in _inputs(view, node):
-            if value is None:
-                continue
-            if id(value) in olds:
-                return _why(view, node, value, None)
-            producer = _producer(view, value)
-            if producer is not None and id(producer) not in fresh:
-                stack.append((producer, node))
+    # (node whose inputs to look at, the new node whose input leads to it, whether it is that new node):
+    # the new nodes themselves first, then, backwards, the existing nodes their inputs come from.
+    stack: list[tuple[Any, Any, bool]] = [(node, node, True) for node in reversed(new_nodes)]
     seen: set[int] = set()
     while stack:
-        current, reader = stack.pop()
-        if id(current) in seen:
-            continue
-        seen.add(id(current))
-        pos = order.of(current)
-        if pos is not None and pos < earliest:
-            continue  # placed before every replaced value: cannot be computed from one
+        current, reader, is_new = stack.pop()
+        if not is_new:
+            if id(current) in seen:
+                continue
+            seen.add(id(current))
+            pos = order.of(current)
+            if pos is not None and pos < earliest:
+                continue  # placed before every replaced value: cannot be computed from one
         for value in _inputs(view, current):
             if value is None:
                 continue
             if id(value) in olds:
-                return _why(view, reader, value, current)
+                return _why(view, reader, value, None if is_new else current)
             producer = _producer(view, value)
             if producer is not None and id(producer) not in fresh:
-                stack.append((producer, reader))
+                stack.append((producer, reader, False))
     return None
 
 
