@@ -208,7 +208,7 @@ def _test_hook(phase: str, key: str) -> None:
 def _graphopt_fingerprint() -> str:
     """Hash of graphopt's sources and pattern library: graphopt outputs are redone when it changes."""
     h = hashlib.sha256()
-    for folder in (REPO / "graphopt", REPO / "patterns"):
+    for folder in (REPO / "graphopt", REPO / "rules"):
         for p in sorted(folder.rglob("*")):
             if p.is_file() and p.suffix in (".py", ".pdll", ".json") and "__pycache__" not in p.parts:
                 h.update(str(p.relative_to(REPO)).encode())

@@ -22,7 +22,7 @@ from graphopt.errors import PatternError, RuleNameError
 from graphopt.ir.onnx_io import load_model, save_model
 from graphopt.ir.onnx_view import OnnxView
 from graphopt.ir.provenance import tag_new_nodes
-from graphopt.library import BUILTIN_PATTERNS_DIR
+from graphopt.library import BUILTIN_RULES_DIR
 from graphopt.match.driver import DriverOptions, RuleSet, apply_rules
 from graphopt.ops.lowering import lower_fused_ops
 from graphopt.ops.targets import get_target
@@ -30,7 +30,7 @@ from graphopt.pattern.ir import Rule
 from graphopt.pipeline import GraphKind, Pipeline, run_pass
 from graphopt.report.model import GraphSummary, Report
 
-__all__ = ["OptimizeOptions", "optimize", "optimize_file", "builtin_rules", "select_rules", "BUILTIN_PATTERNS_DIR"]
+__all__ = ["OptimizeOptions", "optimize", "optimize_file", "builtin_rules", "select_rules", "BUILTIN_RULES_DIR"]
 
 ModelLike = TypeVar("ModelLike", ir.Model, onnx.ModelProto)
 
@@ -102,7 +102,7 @@ def builtin_rules() -> list[Rule]:
     if _BUILTIN_CACHE is None:
         from graphopt.pattern.loader import load_patterns
 
-        _BUILTIN_CACHE = load_patterns(BUILTIN_PATTERNS_DIR)
+        _BUILTIN_CACHE = load_patterns(BUILTIN_RULES_DIR)
     return list(_BUILTIN_CACHE)
 
 

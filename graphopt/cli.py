@@ -485,7 +485,7 @@ def list_patterns(
 
 
 def _short(location: Any) -> str:
-    """file:line[:col]: built-in rules relative to the library (patterns/...), others to the current folder."""
+    """file:line[:col]: built-in rules relative to the library (rules/...), others to the current folder."""
     from graphopt.library import display_source
 
     return display_source(location)

@@ -1,7 +1,7 @@
 """Where the built-in pattern library lives, and how source locations are shown to people.
 
 Rules carry `file:line:col` locations with absolute paths (tools open them). People read
-them shorter: a built-in rule as `patterns/conv_bn.pdll:14:1` (relative to the library,
+them shorter: a built-in rule as `rules/conv_bn.pdll:14:1` (relative to the library,
 wherever pip put it), a file under the current folder relative to it, others as given.
 """
 
@@ -10,18 +10,18 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["BUILTIN_PATTERNS_DIR", "display_source"]
+__all__ = ["BUILTIN_RULES_DIR", "display_source"]
 
 
-def _builtin_patterns_dir() -> Path:
+def _builtin_rules_dir() -> Path:
     here = Path(__file__).resolve().parent
-    for candidate in (here / "_patterns", here.parent / "patterns"):  # installed wheel, then source tree
+    for candidate in (here / "_rules", here.parent / "rules"):  # installed wheel, then source tree
         if candidate.is_dir():
             return candidate
-    return here.parent / "patterns"
+    return here.parent / "rules"
 
 
-BUILTIN_PATTERNS_DIR = _builtin_patterns_dir()
+BUILTIN_RULES_DIR = _builtin_rules_dir()
 
 
 def display_source(location: object) -> str:
@@ -35,8 +35,8 @@ def display_source(location: object) -> str:
         path = f"{path}:{more}"
     try:
         absolute = Path(path).resolve()
-        if absolute.is_relative_to(BUILTIN_PATTERNS_DIR):
-            shown = "patterns/" + absolute.relative_to(BUILTIN_PATTERNS_DIR).as_posix()
+        if absolute.is_relative_to(BUILTIN_RULES_DIR):
+            shown = "rules/" + absolute.relative_to(BUILTIN_RULES_DIR).as_posix()
         else:
             relative = os.path.relpath(absolute)
             shown = relative if not relative.startswith("..") else path

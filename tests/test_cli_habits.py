@@ -101,7 +101,7 @@ def test_patterns_has_a_header_and_library_paths() -> None:
     lines = result.stdout.splitlines()
     assert lines[0] == "kind\tname\tsource\tdoc"
     sources = [line.split("\t")[2] for line in lines[1:]]
-    assert sources and all(source.startswith("patterns/") for source in sources), sources[:5]
+    assert sources and all(source.startswith("rules/") for source in sources), sources[:5]
 
 
 def test_explain_groups_sites_and_details_on_request(example: Path) -> None:

@@ -187,7 +187,7 @@ def test_chain_folds_in_one_pass_and_keeps_float16() -> None:
 
 
 # --------------------------------------------------------------------- shape arithmetic
-# Shape and Size themselves are folded by the rules in patterns/shape_folding.pdll; the
+# Shape and Size themselves are folded by the rules in rules/shape_folding.pdll; the
 # pass folds the arithmetic on top of them. These tests run both, as graphopt does.
 
 

@@ -372,9 +372,9 @@ def test_round_trip_of_the_shipped_pattern_library() -> None:
 
     from graphopt.pattern import parse_pdll_file
 
-    files = sorted((Path(__file__).resolve().parents[1] / "patterns").glob("*.pdll"))
+    files = sorted((Path(__file__).resolve().parents[1] / "rules").glob("*.pdll"))
     if not files:
-        pytest.skip("no patterns/*.pdll in this checkout")
+        pytest.skip("no rules/*.pdll in this checkout")
     for path in files:
         pf = parse_pdll_file(path)
         back = parse_pdll(print_pattern_file(pf), str(path))

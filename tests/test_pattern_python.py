@@ -53,7 +53,7 @@ def error_of(build) -> str:
     return str(info.value)
 
 
-# ------------------------------------------------------------------ rules defined at import, like a patterns/*.py file
+# ------------------------------------------------------------------ rules defined at import, like a rules/*.py file
 
 
 @rule(benefit=3)
@@ -470,7 +470,7 @@ def test_error_bad_annotations_and_names() -> None:
             return replace(op.Relu(x, alpha=1), x)
 
 
-# ------------------------------------------------------------------ loading a patterns/*.py file
+# ------------------------------------------------------------------ loading a rules/*.py file
 
 
 def test_loader_collects_python_rules_and_resolves_their_natives(tmp_path: Path) -> None:

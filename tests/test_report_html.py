@@ -155,7 +155,7 @@ def test_one_entry_per_rewrite_with_counts_per_rule(name: str, request: pytest.F
             assert cells[1:4] == [str(rule["applications"]), str(rule["matches"]), str(rule["attempts"])]
             # Built-in rules are shown relative to the library, never as absolute (site-packages) paths.
             assert rule["source"] and cells[5] == display_source(rule["source"])
-            assert cells[5].startswith("patterns/") and not os.path.isabs(cells[5])
+            assert cells[5].startswith("rules/") and not os.path.isabs(cells[5])
     # The summary shows the node counts before and after.
     nodes = next(c for c in dom.find_all("div", "card") if c.attrs.get("data-card") == "nodes")
     assert f"{document['before']['nodes']:,} → {document['after']['nodes']:,}" in nodes.text()

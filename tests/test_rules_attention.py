@@ -1,5 +1,5 @@
-"""Golden tests for the attention fusion (patterns/attention.pdll) and the
-reshape/transpose canonicalization it relies on (patterns/canonical.pdll).
+"""Golden tests for the attention fusion (rules/attention.pdll) and the
+reshape/transpose canonicalization it relies on (rules/canonical.pdll).
 
 Hand-built graphs cover the variants exporters write: scale on q and k, on the
 scores, as Mul or Div; additive, Where(keep, ...) and Where(drop, ...) masks;

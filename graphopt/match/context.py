@@ -1,7 +1,7 @@
 """What native helpers see: `ctx`, read-only questions about bound values (on ONNX and
 FX graphs alike), plus constant creation during a rewrite.
 
-The questions helpers used to answer by hand in every patterns/*.py file live here
+The questions helpers used to answer by hand in every rules/*.py file live here
 once: a one-element constant as a float (`scalar`), symbolic dims (`dims`, memoized
 per graph), the static last dim (`last_dim`).
 """

@@ -26,7 +26,7 @@ from typing import Any
 from graphopt.errors import GraphoptError
 from graphopt.ir import provenance
 from graphopt.ir.view import GraphView
-from graphopt.library import BUILTIN_PATTERNS_DIR
+from graphopt.library import BUILTIN_RULES_DIR
 from graphopt.match.cycles import TopoOrder, cycle_through
 from graphopt.match.matcher import Failure, Match, Matcher, OpBinding
 from graphopt.match.rewrite import plan_rewrite, target_variants
@@ -348,7 +348,7 @@ def _rule_failed(
 
 def is_builtin(rule: Rule) -> bool:
     """Whether the rule comes from graphopt's own library (not from the user's --patterns)."""
-    return rule.loc is not None and os.path.abspath(rule.loc.file).startswith(os.path.abspath(BUILTIN_PATTERNS_DIR) + os.sep)
+    return rule.loc is not None and os.path.abspath(rule.loc.file).startswith(os.path.abspath(BUILTIN_RULES_DIR) + os.sep)
 
 
 def _near_miss(

@@ -3,7 +3,7 @@
 A node folds when every input is a constant (an initializer that is not a graph
 input, a Constant node, or a result folded earlier in the same pass). Where shape
 arithmetic starts from a value's dims (Shape, Size, Gather/Slice of a partly
-static shape), the rules in patterns/shape_folding.pdll turn the known dims into
+static shape), the rules in rules/shape_folding.pdll turn the known dims into
 constants — declaratively, with near-misses saying which dim was symbolic — and
 this pass folds the arithmetic on top of them in the next sweep.
 

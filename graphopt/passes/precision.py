@@ -34,7 +34,7 @@ and lowering. What it does, on the main graph of an onnx-ir model:
   still unknown is kept as it is.
 
 Afterwards `remove_cast_pairs` collapses what is left: the built-in cast rules
-(patterns/cast.pdll: no-op casts, lossless chains) and round trips through the low
+(rules/cast.pdll: no-op casts, lossless chains) and round trips through the low
 type that conversion itself made.
 """
 
@@ -605,7 +605,7 @@ def remove_cast_pairs(model: ir.Model, made: set[int], cast_rules: Callable[[ir.
     A round trip through the low type that conversion made (Cast(Cast(x, f16), f32)
     where x is f32, one of the two made by `convert_precision`, whose Cast ids are
     `made`) reads x directly; `cast_rules` then applies the built-in cast rules
-    (patterns/cast.pdll: no-op casts and lossless chains). Pairs that were in the
+    (rules/cast.pdll: no-op casts and lossless chains). Pairs that were in the
     model before are left to those rules: a lossy pair someone wrote is theirs."""
     started = time.perf_counter()
     removed = 0
