@@ -210,6 +210,7 @@ def _run_pipeline(model: ir.Model, rules: RuleSet, target: Any, report: Report, 
         view=view,
         fold=[
             ("inline_constant_ifs", lambda: passes.inline_constant_ifs(view)),
+            ("cse", lambda: passes.eliminate_common_subexpressions(view)),
             ("constant_folding", lambda: passes.fold_constants(view, size_limit_bytes=options.fold_size_limit)),
         ],
         tag=tag,

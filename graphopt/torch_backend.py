@@ -540,7 +540,10 @@ def optimize_fx(gm: fx.GraphModule, fake_mode: Any, rules: RuleSet, target: Any,
     new_constant = view.add_constant
     kind = GraphKind(
         view=view,
-        fold=[("constant_folding", lambda: fx_passes.fold_constants(gm, new_constant, opts.fold_size_limit))],
+        fold=[
+            ("cse", lambda: fx_passes.eliminate_common_subexpressions(gm)),
+            ("constant_folding", lambda: fx_passes.fold_constants(gm, new_constant, opts.fold_size_limit)),
+        ],
         refresh=view.refresh,  # the FX passes change the graph behind the view's back
     )
     pipeline = Pipeline(kind, rules, target, report, DriverOptions(trace_all=opts.trace), max_sweeps=opts.max_sweeps)

@@ -54,7 +54,7 @@ _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
 @native_constraint("GeluTanhConstants")
 def gelu_tanh_constants(ctx, cube, three, k, s, one, half, place, place2):
-    """x^3 is Pow(x, 3) or x * x * x; the constants are 0.044715, sqrt(2/pi), 1 and 0.5,
+    """x^3 is Pow(x, 3) or x * x * x (k * x * x * x: the scale first); the constants are 0.044715, sqrt(2/pi), 1 and 0.5,
     and the 0.5 factor sits in one place (both alternatives of the root picked the same form)."""
     if place != place2:
         return f"the 0.5 factor forms do not agree ({place} / {place2})"

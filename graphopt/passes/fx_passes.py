@@ -1,5 +1,6 @@
 """Passes over FX graphs of ATen ops that are not single patterns (the torch backend's
-counterparts of graphopt/passes/ for ONNX): constant folding, the channels-last
+counterparts of graphopt/passes/ for ONNX): constant folding, common-subexpression
+elimination, the channels-last
 layout around convolutions, and two small normalizations that let the canonical
 rules see what ONNX graphs show (``rsqrt`` as ``Reciprocal(Sqrt)``), undone after the
 rules ran where nothing used them.
@@ -11,7 +12,7 @@ nodes it makes, and returns how many changes it made.
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import torch
@@ -28,6 +29,7 @@ __all__ = [
     "to_channels_last",
     "pad_unaligned_gemms",
     "remove_dead_code",
+    "eliminate_common_subexpressions",
     "attr_tensor",
 ]
 
@@ -320,3 +322,41 @@ def remove_dead_code(gm: fx.GraphModule) -> int:
         if name.startswith(("_go_", "_frozen_")) and name not in used:
             delattr(gm, name)
     return before - len(graph.nodes)
+
+
+def _cse_key(arg: Any) -> Hashable:
+    """A hashable stand-in for an argument, typed so that 1, 1.0 and True stay apart."""
+    if isinstance(arg, (list, tuple)):
+        return (type(arg).__name__, tuple(_cse_key(a) for a in arg))
+    if isinstance(arg, dict):
+        return ("dict", tuple(sorted((k, _cse_key(v)) for k, v in arg.items())))
+    if isinstance(arg, fx.Node):
+        return ("node", arg)
+    hash(arg)  # a SymInt or a tensor argument raises TypeError: the node is not merged
+    return (type(arg), arg)
+
+
+def eliminate_common_subexpressions(gm: fx.GraphModule) -> int:
+    """Merge call_function nodes that compute the same op on the same arguments (the
+    same ``(h - mean)`` written twice in a LayerNorm), so a rule sees one shared value
+    as the ONNX front door's CSE pass shows it. In place: the FX view keeps its graph
+    (torch.fx's CSEPass builds a new GraphModule); its list of banned ops (random and
+    in-place ops) is used as it is, and impure nodes are never merged."""
+    from torch.fx.passes.dialect.common.cse_pass import get_CSE_banned_ops
+
+    banned = get_CSE_banned_ops()
+    seen: dict[Hashable, fx.Node] = {}
+    merged = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.is_impure() or getattr(node.target, "overloadpacket", node.target) in banned:
+            continue
+        try:
+            key = (node.target, _cse_key(node.args), _cse_key(node.kwargs))
+            kept = seen.setdefault(key, node)
+        except TypeError:
+            continue
+        if kept is not node:
+            node.replace_all_uses_with(kept)
+            gm.graph.erase_node(node)
+            merged += 1
+    return merged
