@@ -6,6 +6,8 @@
 #   bash benchmarks/gpu_session.sh decisions   # measure the cost table (decisions_bench.py), merge it, then the zoo's first half
 #   bash benchmarks/gpu_session.sh zoo 2/2     # the zoo's second half (or 1/1 for all)
 #   bash benchmarks/gpu_session.sh torch       # torch.compile: graphopt against inductor on the issue-15 models
+#   bash benchmarks/gpu_session.sh profile M,N # the ops onnxruntime runs and the kernels they launch, per variant (ort_profile.py)
+#   bash benchmarks/gpu_session.sh cpu 1/1     # the zoo on onnxruntime's CPU provider (the GPU machine's 16 cores, 4 threads a session)
 #
 # Every step prints the GPU's name and writes its full results under $OUT; the short tables come last.
 set -uo pipefail
@@ -42,6 +44,17 @@ zoo)
   timeout 450 python3 benchmarks/zoo_bench.py --device cuda --jobs 12 --runs 10 --rounds 3 --warmup 5 --shard "$shard" \
     --out "$OUT/zoo_bench-${shard%/*}.json" > "$OUT/zoo-${shard%/*}.log" 2>&1
   tail -60 "$OUT/zoo-${shard%/*}.log"
+  ;;
+profile)
+  timeout 500 python3 benchmarks/ort_profile.py --models "${2:?models}" --out "$OUT" > "$OUT/profile.log" 2>&1
+  tail -120 "$OUT/profile.log"
+  ;;
+cpu)
+  shard=${2:-1/1}
+  lscpu | grep -m1 "Model name"
+  timeout 560 python3 benchmarks/zoo_bench.py --device cpu --threads 4 --jobs 12 --runs 10 --rounds 3 --warmup 3 --shard "$shard" \
+    --out "$OUT/zoo_bench-cpu-${shard%/*}.json" > "$OUT/zoo-cpu-${shard%/*}.log" 2>&1
+  tail -60 "$OUT/zoo-cpu-${shard%/*}.log"
   ;;
 torch)
   timeout 300 python3 benchmarks/torch_compile.py --models "${2:-llama,convnext}" --variants inductor,graphopt+inductor \
