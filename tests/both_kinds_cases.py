@@ -16,7 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from both_kinds import Case
 
-__all__ = ["CASES"]
+__all__ = ["CASES", "NEGATIVE_CASES"]
 
 
 class Fn(nn.Module):
@@ -39,6 +39,11 @@ def fn(f: Callable[..., Any], **constants: Callable[[], torch.Tensor]) -> Callab
 
 def rand(*shape: int) -> Callable[[], tuple[torch.Tensor, ...]]:
     return lambda: (torch.randn(*shape),)
+
+
+def wide(*shape: int) -> Callable[[], tuple[torch.Tensor, ...]]:
+    """Inputs over [-8, 8]: both saturations of relu6(x + 3) and the part in between."""
+    return lambda: (torch.rand(*shape) * 16 - 8,)
 
 
 def rands(*shapes: tuple[int, ...]) -> Callable[[], tuple[torch.Tensor, ...]]:
@@ -161,6 +166,17 @@ CASES: list[Case] = [
     Case("FoldGemmBatchNorm", seq(lambda: nn.Linear(6, 4), lambda: nn.BatchNorm1d(4)), rand(3, 6), 1),
     Case("FoldMatMulBatchNorm", seq(lambda: nn.Linear(6, 4, bias=False), lambda: nn.BatchNorm1d(4)), rand(3, 6), 1),
     Case("FoldConvBatchNormComputedWeights", ConvBnOfWeights, rands((1, 3, 6, 6), (4, 3, 3, 3)), 1),
+    # hard_activations.pdll: the activations written out by hand (relu6 and clamp are Clip on both kinds)
+    Case("FuseHardSigmoid", fn(lambda m, x: F.relu6(x + 3) / 6), wide(2, 8), 1),
+    Case("FuseHardSigmoid", fn(lambda m, x: torch.clamp(x + 1, 0, 2) * 0.5), wide(2, 8), 1, name="mul"),
+    Case("FuseHardSwish", fn(lambda m, x: x * F.relu6(x + 3) / 6), wide(2, 8), 1),
+    Case("FuseHardSwish", fn(lambda m, x: x * torch.clamp(x + 3, 0, 6) * (1 / 6)), wide(2, 8), 1, name="mul"),
+    Case("FuseHardSwishFromHardSigmoid", fn(lambda m, x: x * F.hardsigmoid(x)), wide(2, 8), 1),
+    Case("FuseHardSwishFromHardSigmoid", fn(lambda m, x: x * F.relu6(x + 3) / 6), wide(2, 8), 1, along=("FuseHardSwish",),
+         name="written_out"),
+    Case("FuseSoftplus", fn(lambda m, x: torch.log(1 + torch.exp(x))), wide(2, 8), 1),
+    Case("FuseMish", fn(lambda m, x: x * torch.tanh(F.softplus(x))), wide(2, 8), 1),
+    Case("FuseMish", fn(lambda m, x: x * torch.tanh(torch.log(1 + torch.exp(x)))), wide(2, 8), 1, along=("FuseSoftplus",), name="written_out"),
     # matmul_bias.pdll
     Case("MatMulAddToGemm", fn(lambda m, x: x @ m.w + m.b, w=const(6, 4), b=const(4)), rand(3, 6), 1),
     # normalization.pdll
@@ -198,4 +214,15 @@ CASES: list[Case] = [
          onnx_target="ort-cpu"),
     Case("FuseRotaryEmbedding", lambda: Fn(_rotary_batched, scale=torch.tensor([1.0, 0.5]).reshape(2, 1, 1, 1),
                                                   **dict(zip(("cos", "sin"), _rotary_caches(5, 8)))), rand(2, 2, 5, 8), 1, onnx_target="ort-cpu"),
+]
+
+#: Modules that look like a rule's pattern but are not it: no rewrite on either kind (count 0),
+#: the outputs still the module's.
+NEGATIVE_CASES: list[Case] = [
+    Case("FuseHardSigmoid", fn(lambda m, x: F.relu6(x + 3) / 5), wide(2, 8), 0, name="divided_by_5"),
+    Case("FuseHardSigmoid", fn(lambda m, x: (lambda c: (c / 6, c))(F.relu6(x + 3))), wide(2, 8), 0, name="clip_used_twice"),
+    Case("FuseHardSwish", fn(lambda m, x: x * F.relu6(x + 2) / 6), wide(2, 8), 0, name="offset_2"),
+    Case("FuseHardSwish", fn(lambda m, x: x * torch.clamp(x + 3, -1, 6) * (1 / 6)), wide(2, 8), 0, name="lower_bound_-1"),
+    Case("FuseSoftplus", fn(lambda m, x: torch.log(2 + torch.exp(x))), wide(2, 8), 0, name="plus_2"),
+    Case("FuseMish", fn(lambda m, x: x * torch.tanh(F.softplus(x, beta=2.0))), wide(2, 8), 0, name="softplus_beta_2"),
 ]

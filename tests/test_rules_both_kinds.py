@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 from both_kinds import Case, coverage, one_kind_reasons, run_case
-from both_kinds_cases import CASES
+from both_kinds_cases import CASES, NEGATIVE_CASES
 
 from graphopt.api import builtin_rules
 
@@ -29,10 +29,18 @@ def test_rule_rewrites_the_same_on_both_kinds(case: Case) -> None:
         assert outcome.fx_rewrites == case.count, f"FX: {outcome.fx_rewrites} rewrites; near-misses {outcome.fx_misses[:3]}"
 
 
+@pytest.mark.parametrize("case", NEGATIVE_CASES, ids=[c.id for c in NEGATIVE_CASES])
+def test_rule_does_not_fire_on_a_look_alike_on_either_kind(case: Case) -> None:
+    assert case.count == 0
+    outcome = run_case(case)
+    assert (outcome.onnx_problem, outcome.fx_problem) == (None, None)
+    assert (outcome.onnx_rewrites, outcome.fx_rewrites) == (0, 0)
+
+
 def test_every_case_names_a_rule_of_the_library() -> None:
     names = {r.name for r in builtin_rules()}
-    assert [c.rule for c in CASES if c.rule not in names] == []
-    assert [a for c in CASES for a in c.along if a not in names] == []
+    assert [c.rule for c in [*CASES, *NEGATIVE_CASES] if c.rule not in names] == []
+    assert [a for c in [*CASES, *NEGATIVE_CASES] for a in c.along if a not in names] == []
 
 
 def test_every_rule_is_proven_on_both_kinds_or_says_why() -> None:

@@ -379,6 +379,21 @@ def _leaky_relu(c: InlineConsts, node: fx.Node, a: dict[str, Any]) -> Presentati
     return Presentation("LeakyRelu", [a["self"]], {"alpha": float(a["negative_slope"])})
 
 
+# Hard and smooth activations (hard_activations.pdll fuses their written-out forms into these).
+_PRESENTERS[aten.hardsigmoid.default] = _unary("HardSigmoid", alpha=1.0 / 6.0, beta=0.5)
+_PRESENTERS[aten.hardswish.default] = _unary("HardSwish")
+_PRESENTERS[aten.mish.default] = _unary("Mish")
+
+
+@_presents(aten.softplus.default)
+def _softplus(c: InlineConsts, node: fx.Node, a: dict[str, Any]) -> Presentation | None:
+    # aten returns x itself above beta * x > threshold; from a threshold of 20 on, that differs
+    # from log(1 + exp(x)) by less than exp(-20) relative: ONNX's Softplus at beta 1.
+    if a["beta"] != 1 or a["threshold"] < 20:
+        return None
+    return Presentation("Softplus", [a["self"]])
+
+
 @_presents(aten.hardtanh.default, aten.clamp.default)
 def _clip(c: InlineConsts, node: fx.Node, a: dict[str, Any]) -> Presentation | None:
     lo, hi = (a["min_val"], a["max_val"]) if node.target is aten.hardtanh.default else (a["min"], a["max"])
