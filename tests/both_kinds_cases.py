@@ -177,6 +177,24 @@ CASES: list[Case] = [
     Case("FuseSoftplus", fn(lambda m, x: torch.log(1 + torch.exp(x))), wide(2, 8), 1),
     Case("FuseMish", fn(lambda m, x: x * torch.tanh(F.softplus(x))), wide(2, 8), 1),
     Case("FuseMish", fn(lambda m, x: x * torch.tanh(torch.log(1 + torch.exp(x)))), wide(2, 8), 1, along=("FuseSoftplus",), name="written_out"),
+    # linear_affine.pdll: a per-channel scale (a BatchNorm written out) after a linear op with constant weights
+    Case("FoldScaleIntoConv", fn(lambda m, x: F.conv2d(x, m.w, m.b, padding=1) * m.s.view(1, -1, 1, 1), w=const(4, 3, 3, 3), b=const(4),
+                                 s=const(4, positive=True)), rand(1, 3, 6, 6), 1),
+    Case("FoldScaleIntoConvTranspose", fn(lambda m, x: F.conv_transpose2d(x, m.w, stride=2) * m.s.view(1, -1, 1, 1), w=const(3, 4, 3, 3),
+                                          s=const(4, positive=True)), rand(1, 3, 5, 5), 1),
+    Case("FoldScaleIntoMatMul", fn(lambda m, x: (x @ m.w) * m.s, w=const(6, 4), s=const(4)), rand(3, 6), 1),
+    # bias_fold.pdll: a bias added after the op that could have added it
+    Case("FoldAddIntoConvBias", fn(lambda m, x: F.conv2d(x, m.w, padding=1) + m.b.view(1, -1, 1, 1), w=const(4, 3, 3, 3), b=const(4)),
+         rand(1, 3, 6, 6), 1),
+    Case("FoldAddIntoConvBias", fn(lambda m, x: F.conv2d(x, m.w, m.b0) * m.s.view(1, -1, 1, 1) + m.b.view(1, -1, 1, 1), w=const(4, 3, 3, 3),
+                                   b0=const(4), s=const(4, positive=True), b=const(4)), rand(1, 3, 6, 6), 1, along=("FoldScaleIntoConv",),
+         name="after_scale"),
+    Case("FoldAddIntoConvBiasBeforeRelu", fn(lambda m, x: F.relu(F.conv2d(x, m.w, m.b0) + m.b.view(1, -1, 1, 1)), w=const(4, 3, 3, 3),
+                                             b0=const(4), b=const(4)), rand(1, 3, 6, 6), 1),
+    Case("FoldAddIntoConvTransposeBias", fn(lambda m, x: F.conv_transpose2d(x, m.w) + m.b.view(1, -1, 1, 1), w=const(3, 4, 3, 3), b=const(4)),
+         rand(1, 3, 5, 5), 1),
+    Case("FoldChannelsLastAddIntoConvBias", fn(lambda m, x: F.conv2d(x, m.w).permute(0, 2, 3, 1) + m.b, w=const(4, 3, 3, 3), b=const(4)),
+         rand(1, 3, 6, 6), 1),
     # matmul_bias.pdll
     Case("MatMulAddToGemm", fn(lambda m, x: x @ m.w + m.b, w=const(6, 4), b=const(4)), rand(3, 6), 1),
     # normalization.pdll
@@ -225,4 +243,11 @@ NEGATIVE_CASES: list[Case] = [
     Case("FuseHardSwish", fn(lambda m, x: x * torch.clamp(x + 3, -1, 6) * (1 / 6)), wide(2, 8), 0, name="lower_bound_-1"),
     Case("FuseSoftplus", fn(lambda m, x: torch.log(2 + torch.exp(x))), wide(2, 8), 0, name="plus_2"),
     Case("FuseMish", fn(lambda m, x: x * torch.tanh(F.softplus(x, beta=2.0))), wide(2, 8), 0, name="softplus_beta_2"),
+    Case("FoldScaleIntoConv", fn(lambda m, x: F.conv2d(x, m.w, padding=1) * m.s, w=const(4, 3, 3, 3), s=const(1, 4, 6, 6)), rand(1, 3, 6, 6), 0,
+         name="scale_per_element"),
+    Case("FoldScaleIntoMatMul", fn(lambda m, x: (x @ m.w) * m.s, w=const(6, 4), s=const(3, 1)), rand(3, 6), 0, name="scale_per_row"),
+    Case("FoldAddIntoConvBias", fn(lambda m, x: F.conv2d(x, m.w, padding=1) + m.b, w=const(4, 3, 3, 3), b=const(1, 4, 6, 6)), rand(1, 3, 6, 6), 0,
+         name="add_per_element"),
+    Case("FoldChannelsLastAddIntoConvBias", fn(lambda m, x: F.conv2d(x, m.w).permute(0, 2, 1, 3) + m.b, w=const(4, 3, 3, 3), b=const(4)),
+         rand(1, 3, 6, 6), 0, name="not_channels_last"),
 ]
