@@ -157,6 +157,10 @@ CASES: list[Case] = [
     Case("DropNoOpReshape", fn(lambda m, x: x.reshape(2, 3, 4) + 1.0), rand(2, 3, 4), 1, exporter="dynamo"),
     Case("CollapseReshapes", fn(lambda m, x: x.reshape(6, 20).reshape(2, 60) + 1.0), rand(2, 3, 4, 5), 1),
     Case("UnflattenBatchedTranspose", fn(lambda m, x: x.reshape(-1, 4, 5).transpose(1, 2).reshape(2, 3, 5, 4) + 1.0), rand(2, 3, 4, 5), 1),
+    # cleanup.pdll
+    Case("DropReshapeRoundTrip", fn(lambda m, x: x.squeeze(-1).view(2, 4, 1) + 1.0), rand(2, 4, 1), 1),
+    Case("DropReshapeRoundTrip", fn(lambda m, x: x.unsqueeze(0).reshape(2, 4) + 1.0), rand(2, 4), 1, name="unsqueeze"),
+    Case("DropSingleInputConcat", fn(lambda m, x: torch.cat([x]) + 1.0), rand(2, 4), 1),
     # cast.pdll
     Case("CollapseCastChain", fn(lambda m, x: x.double().float() + 1.0), rand(2, 8), 1),
     Case("DropNoOpCast", fn(lambda m, x: x.double().float() + 1.0), rand(2, 8), 1, along=("CollapseCastChain",)),
@@ -250,4 +254,7 @@ NEGATIVE_CASES: list[Case] = [
          name="add_per_element"),
     Case("FoldChannelsLastAddIntoConvBias", fn(lambda m, x: F.conv2d(x, m.w).permute(0, 2, 1, 3) + m.b, w=const(4, 3, 3, 3), b=const(4)),
          rand(1, 3, 6, 6), 0, name="not_channels_last"),
+    Case("DropReshapeRoundTrip", fn(lambda m, x: x.squeeze(-1).view(4, 2, 1) + 1.0), rand(2, 4, 1), 0, name="other_shape"),
+    Case("DropReshapeRoundTrip", fn(lambda m, x: x.squeeze(-1).view(2, 4, 1)), rand(2, 4, 1), 0, name="graph_output"),
+    Case("DropSingleInputConcat", fn(lambda m, x: torch.cat([x])), rand(2, 4), 0, name="graph_output"),
 ]
