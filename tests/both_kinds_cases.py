@@ -161,6 +161,7 @@ CASES: list[Case] = [
     Case("DropReshapeRoundTrip", fn(lambda m, x: x.squeeze(-1).view(2, 4, 1) + 1.0), rand(2, 4, 1), 1),
     Case("DropReshapeRoundTrip", fn(lambda m, x: x.unsqueeze(0).reshape(2, 4) + 1.0), rand(2, 4), 1, name="unsqueeze"),
     Case("DropSingleInputConcat", fn(lambda m, x: torch.cat([x]) + 1.0), rand(2, 4), 1),
+    Case("DropPassThrough", fn(lambda m, x: torch.ops.aten.alias(x) + 1.0), rand(2, 4), 1, exporter="dynamo"),
     # cast.pdll
     Case("CollapseCastChain", fn(lambda m, x: x.double().float() + 1.0), rand(2, 8), 1),
     Case("DropNoOpCast", fn(lambda m, x: x.double().float() + 1.0), rand(2, 8), 1, along=("CollapseCastChain",)),
@@ -257,4 +258,5 @@ NEGATIVE_CASES: list[Case] = [
     Case("DropReshapeRoundTrip", fn(lambda m, x: x.squeeze(-1).view(4, 2, 1) + 1.0), rand(2, 4, 1), 0, name="other_shape"),
     Case("DropReshapeRoundTrip", fn(lambda m, x: x.squeeze(-1).view(2, 4, 1)), rand(2, 4, 1), 0, name="graph_output"),
     Case("DropSingleInputConcat", fn(lambda m, x: torch.cat([x])), rand(2, 4), 0, name="graph_output"),
+    Case("DropPassThrough", fn(lambda m, x: torch.ops.aten.alias(x)), rand(2, 4), 0, exporter="dynamo", name="graph_output"),
 ]

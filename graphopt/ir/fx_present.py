@@ -379,6 +379,8 @@ def _leaky_relu(c: InlineConsts, node: fx.Node, a: dict[str, Any]) -> Presentati
     return Presentation("LeakyRelu", [a["self"]], {"alpha": float(a["negative_slope"])})
 
 
+# aten.alias is a view of the whole tensor, without detach's gradient meaning: an Identity.
+_PRESENTERS[aten.alias.default] = _unary("Identity")
 # Hard and smooth activations (hard_activations.pdll fuses their written-out forms into these).
 _PRESENTERS[aten.hardsigmoid.default] = _unary("HardSigmoid", alpha=1.0 / 6.0, beta=0.5)
 _PRESENTERS[aten.hardswish.default] = _unary("HardSwish")
