@@ -185,8 +185,8 @@ CASES: list[Case] = [
     # linear_affine.pdll: a per-channel scale (a BatchNorm written out) after a linear op with constant weights
     Case("FoldScaleIntoConv", fn(lambda m, x: F.conv2d(x, m.w, m.b, padding=1) * m.s.view(1, -1, 1, 1), w=const(4, 3, 3, 3), b=const(4),
                                  s=const(4, positive=True)), rand(1, 3, 6, 6), 1),
-    Case("FoldScaleIntoConvTranspose", fn(lambda m, x: F.conv_transpose2d(x, m.w, stride=2) * m.s.view(1, -1, 1, 1), w=const(3, 4, 3, 3),
-                                          s=const(4, positive=True)), rand(1, 3, 5, 5), 1),
+    Case("FoldScaleIntoConv", fn(lambda m, x: F.conv_transpose2d(x, m.w, stride=2) * m.s.view(1, -1, 1, 1), w=const(3, 4, 3, 3),
+                                 s=const(4, positive=True)), rand(1, 3, 5, 5), 1, name="transpose"),
     Case("FoldScaleIntoMatMul", fn(lambda m, x: (x @ m.w) * m.s, w=const(6, 4), s=const(4)), rand(3, 6), 1),
     # bias_fold.pdll: a bias added after the op that could have added it
     Case("FoldAddIntoConvBias", fn(lambda m, x: F.conv2d(x, m.w, padding=1) + m.b.view(1, -1, 1, 1), w=const(4, 3, 3, 3), b=const(4)),
@@ -196,8 +196,8 @@ CASES: list[Case] = [
          name="after_scale"),
     Case("FoldAddIntoConvBiasBeforeRelu", fn(lambda m, x: F.relu(F.conv2d(x, m.w, m.b0) + m.b.view(1, -1, 1, 1)), w=const(4, 3, 3, 3),
                                              b0=const(4), b=const(4)), rand(1, 3, 6, 6), 1),
-    Case("FoldAddIntoConvTransposeBias", fn(lambda m, x: F.conv_transpose2d(x, m.w) + m.b.view(1, -1, 1, 1), w=const(3, 4, 3, 3), b=const(4)),
-         rand(1, 3, 5, 5), 1),
+    Case("FoldAddIntoConvBias", fn(lambda m, x: F.conv_transpose2d(x, m.w) + m.b.view(1, -1, 1, 1), w=const(3, 4, 3, 3), b=const(4)),
+         rand(1, 3, 5, 5), 1, name="transpose"),
     Case("FoldChannelsLastAddIntoConvBias", fn(lambda m, x: F.conv2d(x, m.w).permute(0, 2, 3, 1) + m.b, w=const(4, 3, 3, 3), b=const(4)),
          rand(1, 3, 6, 6), 1),
     # matmul_bias.pdll

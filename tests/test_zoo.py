@@ -136,7 +136,7 @@ def test_conv_transpose_bias_add_bn_is_one_op(zoo_dir: Path) -> None:
     """Issue 14's unfolded BatchNormalization: ConvTranspose, bias Add, BN -> one ConvTranspose."""
     original = onnx.load(str(_built("hb-seg-decoder-op13", zoo_dir)))
     optimized, report = graphopt.optimize(original, target="ort-cpu")
-    assert report.rules["FoldAddIntoConvTransposeBias"].applications == 2
+    assert report.rules["FoldAddIntoConvBias"].applications == 2
     assert report.rules["FoldConvTransposeBatchNorm"].applications == 2
 
 
