@@ -180,6 +180,8 @@ CASES: list[Case] = [
     Case("FuseHardSwishFromHardSigmoid", fn(lambda m, x: x * F.relu6(x + 3) / 6), wide(2, 8), 1, along=("FuseHardSwish",),
          name="written_out"),
     Case("FuseSoftplus", fn(lambda m, x: torch.log(1 + torch.exp(x))), wide(2, 8), 1),
+    # log1p reads as Log(Add(x, 1)) on FX (split before the rules, merged back where unused); the ONNX exporter writes that
+    Case("FuseSoftplus", fn(lambda m, x: torch.log1p(torch.exp(x))), wide(2, 8), 1, name="log1p"),
     Case("FuseMish", fn(lambda m, x: x * torch.tanh(F.softplus(x))), wide(2, 8), 1),
     Case("FuseMish", fn(lambda m, x: x * torch.tanh(torch.log(1 + torch.exp(x)))), wide(2, 8), 1, along=("FuseSoftplus",), name="written_out"),
     # linear_affine.pdll: a per-channel scale (a BatchNorm written out) after a linear op with constant weights
