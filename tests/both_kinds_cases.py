@@ -1,5 +1,7 @@
 """The table of tests/both_kinds.py: per rule, a small torch module whose ONNX export and
-whose FX graph both hold the rule's pattern, and how many rewrites it makes on each.
+whose FX graph both hold the rule's pattern, and how many rewrites it makes on each;
+`NEGATIVE_CASES`: modules that look like a rule's pattern but are not it (a wrong constant,
+an op used twice, a graph output), where it must not fire on either kind.
 
 A rule that cannot be proven on both kinds says why in its .pdll file
 (``// ONNX only: ...`` or ``// FX only: ...`` above the rule), not here.
