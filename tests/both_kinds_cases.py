@@ -250,6 +250,7 @@ NEGATIVE_CASES: list[Case] = [
     Case("FuseHardSigmoid", fn(lambda m, x: (lambda c: (c / 6, c))(F.relu6(x + 3))), wide(2, 8), 0, name="clip_used_twice"),
     Case("FuseHardSwish", fn(lambda m, x: x * F.relu6(x + 2) / 6), wide(2, 8), 0, name="offset_2"),
     Case("FuseHardSwish", fn(lambda m, x: x * torch.clamp(x + 3, -1, 6) * (1 / 6)), wide(2, 8), 0, name="lower_bound_-1"),
+    Case("FuseHardSwishFromHardSigmoid", fn(lambda m, x, y: y * F.hardsigmoid(x)), rands((2, 8), (2, 8)), 0, name="other_operand"),
     Case("FuseSoftplus", fn(lambda m, x: torch.log(2 + torch.exp(x))), wide(2, 8), 0, name="plus_2"),
     Case("FuseMish", fn(lambda m, x: x * torch.tanh(F.softplus(x, beta=2.0))), wide(2, 8), 0, name="softplus_beta_2"),
     Case("FoldScaleIntoConv", fn(lambda m, x: F.conv2d(x, m.w, padding=1) * m.s, w=const(4, 3, 3, 3), s=const(1, 4, 6, 6)), rand(1, 3, 6, 6), 0,
