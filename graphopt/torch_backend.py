@@ -551,6 +551,7 @@ def optimize_fx(gm: fx.GraphModule, fake_mode: Any, rules: RuleSet, target: Any,
     pipeline.run_passes([
         ("dce", lambda: fx_passes.remove_dead_code(gm)),
         ("split_rsqrt", lambda: fx_passes.split_rsqrt(gm)),
+        ("split_log1p", lambda: fx_passes.split_log1p(gm)),
         ("drop_clones", lambda: fx_passes.drop_clones(gm)),
     ])
     report.before = _summary(view)
@@ -559,6 +560,7 @@ def optimize_fx(gm: fx.GraphModule, fake_mode: Any, rules: RuleSet, target: Any,
     report.after = _summary(view)
     pipeline.run_passes([
         ("merge_rsqrt", lambda: fx_passes.merge_rsqrt(gm)),
+        ("merge_log1p", lambda: fx_passes.merge_log1p(gm)),
         ("lowering", lambda: torch_lowering.lower_neutral_nodes(gm, fake_mode, new_constant, view.const_array, view.device)),
         # What the lowerings built from constants (rotary caches in their torch form) folds too.
         ("constant_folding", lambda: fx_passes.fold_constants(gm, new_constant, opts.fold_size_limit)),

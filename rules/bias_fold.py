@@ -12,7 +12,7 @@ def _out_channels(ctx, w, kind: str, group) -> int:
     if shape is None or len(shape) < 3 or not all(isinstance(d, int) for d in shape[:2]):
         raise RewriteDeclined("the weights' channel dims are not static")
     # Conv weights are [C_out, C_in / group, k...]; ConvTranspose's [C_in, C_out / group, k...]
-    return int(shape[0]) if kind == "conv" else int(shape[1]) * int(group or 1)
+    return int(shape[0]) if kind == "Conv" else int(shape[1]) * int(group or 1)
 
 
 def _new_bias(ctx, w, b, add_const: np.ndarray, channels: int) -> np.ndarray:
@@ -52,7 +52,7 @@ def channel_bias(ctx, w, b, c, out, kind, group):
 @native_rewrite("ChannelsLastBias")
 def channels_last_bias(ctx, w, b, c, perm, group):
     """Transpose moves the channel axis (1) last; c is [C] (or [1, .., 1, C]) on that last axis."""
-    channels = _out_channels(ctx, w, "conv", group)
+    channels = _out_channels(ctx, w, "Conv", group)
     perm = list(perm or [])
     if not perm or perm[-1] != 1:
         raise RewriteDeclined(f"the Transpose {perm} does not put the channels last")

@@ -35,7 +35,7 @@ def _clip_bounds(ctx, b, lo, hi, lo_attr, hi_attr, s, scale) -> tuple[float, flo
         return f"the Clip's lower bound is {low}, expected 0"
     if high is None or high <= 0:
         return f"the Clip's upper bound is {high}, expected a positive number"
-    inverse = 1.0 / factor if scale == "div" else factor
+    inverse = 1.0 / factor if scale == "Div" else factor
     if not _near(inverse * high, 1.0):
         return f"the result is scaled by {inverse:g}, expected 1/{high:g} (the Clip's upper bound)"
     return offset, high, inverse

@@ -31,9 +31,9 @@ def conv_channel_scale(ctx, w, b, s, group, kind):
         raise RewriteDeclined("the weights are not a constant of rank >= 3")
     group = int(group or 1)
     # Conv weights [C_out, C_in/g, k...]; ConvTranspose [C_in, C_out/g, k...] (output channel grp * C_out/g + j)
-    channels = weights.shape[0] if kind == "conv" else weights.shape[1] * group
+    channels = weights.shape[0] if kind == "Conv" else weights.shape[1] * group
     scale = _scale_vector(ctx, s, weights, channels, 1, weights.ndim)
-    if kind == "conv":
+    if kind == "Conv":
         new_w = weights * scale.reshape((-1,) + (1,) * (weights.ndim - 1))
     else:
         grouped = weights.reshape((group, weights.shape[0] // group, weights.shape[1]) + weights.shape[2:])

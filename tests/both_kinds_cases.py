@@ -1,5 +1,7 @@
 """The table of tests/both_kinds.py: per rule, a small torch module whose ONNX export and
-whose FX graph both hold the rule's pattern, and how many rewrites it makes on each.
+whose FX graph both hold the rule's pattern, and how many rewrites it makes on each;
+`NEGATIVE_CASES`: modules that look like a rule's pattern but are not it (a wrong constant,
+an op used twice, a graph output), where it must not fire on either kind.
 
 A rule that cannot be proven on both kinds says why in its .pdll file
 (``// ONNX only: ...`` or ``// FX only: ...`` above the rule), not here.
@@ -16,7 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from both_kinds import Case
 
-__all__ = ["CASES"]
+__all__ = ["CASES", "NEGATIVE_CASES"]
 
 
 class Fn(nn.Module):
@@ -39,6 +41,11 @@ def fn(f: Callable[..., Any], **constants: Callable[[], torch.Tensor]) -> Callab
 
 def rand(*shape: int) -> Callable[[], tuple[torch.Tensor, ...]]:
     return lambda: (torch.randn(*shape),)
+
+
+def wide(*shape: int) -> Callable[[], tuple[torch.Tensor, ...]]:
+    """Inputs over [-8, 8]: both saturations of relu6(x + 3) and the part in between."""
+    return lambda: (torch.rand(*shape) * 16 - 8,)
 
 
 def rands(*shapes: tuple[int, ...]) -> Callable[[], tuple[torch.Tensor, ...]]:
@@ -152,6 +159,11 @@ CASES: list[Case] = [
     Case("DropNoOpReshape", fn(lambda m, x: x.reshape(2, 3, 4) + 1.0), rand(2, 3, 4), 1, exporter="dynamo"),
     Case("CollapseReshapes", fn(lambda m, x: x.reshape(6, 20).reshape(2, 60) + 1.0), rand(2, 3, 4, 5), 1),
     Case("UnflattenBatchedTranspose", fn(lambda m, x: x.reshape(-1, 4, 5).transpose(1, 2).reshape(2, 3, 5, 4) + 1.0), rand(2, 3, 4, 5), 1),
+    # cleanup.pdll
+    Case("DropReshapeRoundTrip", fn(lambda m, x: x.squeeze(-1).view(2, 4, 1) + 1.0), rand(2, 4, 1), 1),
+    Case("DropReshapeRoundTrip", fn(lambda m, x: x.unsqueeze(0).reshape(2, 4) + 1.0), rand(2, 4), 1, name="unsqueeze"),
+    Case("DropSingleInputConcat", fn(lambda m, x: torch.cat([x]) + 1.0), rand(2, 4), 1),
+    Case("DropPassThrough", fn(lambda m, x: torch.ops.aten.alias(x) + 1.0), rand(2, 4), 1, exporter="dynamo"),
     # cast.pdll
     Case("CollapseCastChain", fn(lambda m, x: x.double().float() + 1.0), rand(2, 8), 1),
     Case("DropNoOpCast", fn(lambda m, x: x.double().float() + 1.0), rand(2, 8), 1, along=("CollapseCastChain",)),
@@ -161,6 +173,37 @@ CASES: list[Case] = [
     Case("FoldGemmBatchNorm", seq(lambda: nn.Linear(6, 4), lambda: nn.BatchNorm1d(4)), rand(3, 6), 1),
     Case("FoldMatMulBatchNorm", seq(lambda: nn.Linear(6, 4, bias=False), lambda: nn.BatchNorm1d(4)), rand(3, 6), 1),
     Case("FoldConvBatchNormComputedWeights", ConvBnOfWeights, rands((1, 3, 6, 6), (4, 3, 3, 3)), 1),
+    # hard_activations.pdll: the activations written out by hand (relu6 and clamp are Clip on both kinds)
+    Case("FuseHardSigmoid", fn(lambda m, x: F.relu6(x + 3) / 6), wide(2, 8), 1),
+    Case("FuseHardSigmoid", fn(lambda m, x: torch.clamp(x + 1, 0, 2) * 0.5), wide(2, 8), 1, name="mul"),
+    Case("FuseHardSwish", fn(lambda m, x: x * F.relu6(x + 3) / 6), wide(2, 8), 1),
+    Case("FuseHardSwish", fn(lambda m, x: x * torch.clamp(x + 3, 0, 6) * (1 / 6)), wide(2, 8), 1, name="mul"),
+    Case("FuseHardSwishFromHardSigmoid", fn(lambda m, x: x * F.hardsigmoid(x)), wide(2, 8), 1),
+    Case("FuseHardSwishFromHardSigmoid", fn(lambda m, x: x * F.relu6(x + 3) / 6), wide(2, 8), 1, along=("FuseHardSwish",),
+         name="written_out"),
+    Case("FuseSoftplus", fn(lambda m, x: torch.log(1 + torch.exp(x))), wide(2, 8), 1),
+    # log1p reads as Log(Add(x, 1)) on FX (split before the rules, merged back where unused); the ONNX exporter writes that
+    Case("FuseSoftplus", fn(lambda m, x: torch.log1p(torch.exp(x))), wide(2, 8), 1, name="log1p"),
+    Case("FuseMish", fn(lambda m, x: x * torch.tanh(F.softplus(x))), wide(2, 8), 1),
+    Case("FuseMish", fn(lambda m, x: x * torch.tanh(torch.log(1 + torch.exp(x)))), wide(2, 8), 1, along=("FuseSoftplus",), name="written_out"),
+    # linear_affine.pdll: a per-channel scale (a BatchNorm written out) after a linear op with constant weights
+    Case("FoldScaleIntoConv", fn(lambda m, x: F.conv2d(x, m.w, m.b, padding=1) * m.s.view(1, -1, 1, 1), w=const(4, 3, 3, 3), b=const(4),
+                                 s=const(4, positive=True)), rand(1, 3, 6, 6), 1),
+    Case("FoldScaleIntoConv", fn(lambda m, x: F.conv_transpose2d(x, m.w, stride=2) * m.s.view(1, -1, 1, 1), w=const(3, 4, 3, 3),
+                                 s=const(4, positive=True)), rand(1, 3, 5, 5), 1, name="transpose"),
+    Case("FoldScaleIntoMatMul", fn(lambda m, x: (x @ m.w) * m.s, w=const(6, 4), s=const(4)), rand(3, 6), 1),
+    # bias_fold.pdll: a bias added after the op that could have added it
+    Case("FoldAddIntoConvBias", fn(lambda m, x: F.conv2d(x, m.w, padding=1) + m.b.view(1, -1, 1, 1), w=const(4, 3, 3, 3), b=const(4)),
+         rand(1, 3, 6, 6), 1),
+    Case("FoldAddIntoConvBias", fn(lambda m, x: F.conv2d(x, m.w, m.b0) * m.s.view(1, -1, 1, 1) + m.b.view(1, -1, 1, 1), w=const(4, 3, 3, 3),
+                                   b0=const(4), s=const(4, positive=True), b=const(4)), rand(1, 3, 6, 6), 1, along=("FoldScaleIntoConv",),
+         name="after_scale"),
+    Case("FoldAddIntoConvBiasBeforeRelu", fn(lambda m, x: F.relu(F.conv2d(x, m.w, m.b0) + m.b.view(1, -1, 1, 1)), w=const(4, 3, 3, 3),
+                                             b0=const(4), b=const(4)), rand(1, 3, 6, 6), 1),
+    Case("FoldAddIntoConvBias", fn(lambda m, x: F.conv_transpose2d(x, m.w) + m.b.view(1, -1, 1, 1), w=const(3, 4, 3, 3), b=const(4)),
+         rand(1, 3, 5, 5), 1, name="transpose"),
+    Case("FoldChannelsLastAddIntoConvBias", fn(lambda m, x: F.conv2d(x, m.w).permute(0, 2, 3, 1) + m.b, w=const(4, 3, 3, 3), b=const(4)),
+         rand(1, 3, 6, 6), 1),
     # matmul_bias.pdll
     Case("MatMulAddToGemm", fn(lambda m, x: x @ m.w + m.b, w=const(6, 4), b=const(4)), rand(3, 6), 1),
     # normalization.pdll
@@ -198,4 +241,27 @@ CASES: list[Case] = [
          onnx_target="ort-cpu"),
     Case("FuseRotaryEmbedding", lambda: Fn(_rotary_batched, scale=torch.tensor([1.0, 0.5]).reshape(2, 1, 1, 1),
                                                   **dict(zip(("cos", "sin"), _rotary_caches(5, 8)))), rand(2, 2, 5, 8), 1, onnx_target="ort-cpu"),
+]
+
+#: Modules that look like a rule's pattern but are not it: no rewrite on either kind (count 0),
+#: the outputs still the module's.
+NEGATIVE_CASES: list[Case] = [
+    Case("FuseHardSigmoid", fn(lambda m, x: F.relu6(x + 3) / 5), wide(2, 8), 0, name="divided_by_5"),
+    Case("FuseHardSigmoid", fn(lambda m, x: (lambda c: (c / 6, c))(F.relu6(x + 3))), wide(2, 8), 0, name="clip_used_twice"),
+    Case("FuseHardSwish", fn(lambda m, x: x * F.relu6(x + 2) / 6), wide(2, 8), 0, name="offset_2"),
+    Case("FuseHardSwish", fn(lambda m, x: x * torch.clamp(x + 3, -1, 6) * (1 / 6)), wide(2, 8), 0, name="lower_bound_-1"),
+    Case("FuseHardSwishFromHardSigmoid", fn(lambda m, x, y: y * F.hardsigmoid(x)), rands((2, 8), (2, 8)), 0, name="other_operand"),
+    Case("FuseSoftplus", fn(lambda m, x: torch.log(2 + torch.exp(x))), wide(2, 8), 0, name="plus_2"),
+    Case("FuseMish", fn(lambda m, x: x * torch.tanh(F.softplus(x, beta=2.0))), wide(2, 8), 0, name="softplus_beta_2"),
+    Case("FoldScaleIntoConv", fn(lambda m, x: F.conv2d(x, m.w, padding=1) * m.s, w=const(4, 3, 3, 3), s=const(1, 4, 6, 6)), rand(1, 3, 6, 6), 0,
+         name="scale_per_element"),
+    Case("FoldScaleIntoMatMul", fn(lambda m, x: (x @ m.w) * m.s, w=const(6, 4), s=const(3, 1)), rand(3, 6), 0, name="scale_per_row"),
+    Case("FoldAddIntoConvBias", fn(lambda m, x: F.conv2d(x, m.w, padding=1) + m.b, w=const(4, 3, 3, 3), b=const(1, 4, 6, 6)), rand(1, 3, 6, 6), 0,
+         name="add_per_element"),
+    Case("FoldChannelsLastAddIntoConvBias", fn(lambda m, x: F.conv2d(x, m.w).permute(0, 2, 1, 3) + m.b, w=const(4, 3, 3, 3), b=const(4)),
+         rand(1, 3, 6, 6), 0, name="not_channels_last"),
+    Case("DropReshapeRoundTrip", fn(lambda m, x: x.squeeze(-1).view(4, 2, 1) + 1.0), rand(2, 4, 1), 0, name="other_shape"),
+    Case("DropReshapeRoundTrip", fn(lambda m, x: x.squeeze(-1).view(2, 4, 1)), rand(2, 4, 1), 0, name="graph_output"),
+    Case("DropSingleInputConcat", fn(lambda m, x: torch.cat([x])), rand(2, 4), 0, name="graph_output"),
+    Case("DropPassThrough", fn(lambda m, x: torch.ops.aten.alias(x)), rand(2, 4), 0, exporter="dynamo", name="graph_output"),
 ]

@@ -1,12 +1,10 @@
 """The graph view over a torch.fx graph of ATen ops (what `torch.compile` hands graphopt).
 
-The rules speak ONNX's vocabulary, so this view *presents* each ATen node under
-the ONNX op whose meaning it has: ``aten.convolution`` is a Conv with
-strides/pads/dilations/group, ``aten.addmm`` a Gemm, ``aten.matmul``/``mm``/``bmm``
-a MatMul, ``aten.view``/``reshape`` a Reshape whose shape is a constant, a Python
-scalar argument a constant input, and so on (`_PRESENTERS` below). A node with no
-presentation is *opaque*: its op key is ``("torch", "<aten op>")``, which no pattern
-names, so rules never match it and it stays exactly as it is.
+The rules speak ONNX's vocabulary: this view reads each ATen node as the ONNX op
+whose meaning it has, through graphopt.ir.fx_present (``aten.convolution`` is a
+Conv, ``aten.addmm`` a Gemm, a Python number argument a constant input, ...). A
+node with no presentation is *opaque*: its op key is ``("torch", "<aten op>")``,
+which no pattern names, so rules never match it and it stays exactly as it is.
 
 Values are the FX nodes themselves; an output of a node that returns a tuple
 (``native_layer_norm``, ``split``, ...) is its ``operator.getitem`` node, or a
@@ -24,11 +22,9 @@ later rules can still match them). New nodes wait at the end of the graph until
 from __future__ import annotations
 
 import itertools
-import math
 import operator
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from functools import cache, lru_cache
+from collections.abc import Iterator, Mapping, Sequence
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -36,7 +32,7 @@ import onnx
 import torch
 import torch.fx as fx
 
-from graphopt.ir.dtypes import name_to_onnx_enum
+from graphopt.ir.fx_present import InlineConsts, Presentation, is_projection, present, static_int, tensor_args
 from graphopt.ir.fx_values import (
     InlineConst,
     NeutralOp,
@@ -66,13 +62,8 @@ __all__ = [
     "numpy_to_tensor",
 ]
 
-aten = torch.ops.aten
-prims = torch.ops.prims
-
 #: The ONNX opset whose op meanings the view presents (Gelu 20, Attention 23, Swish 24 ...).
 FX_OPSET = 24
-
-_INT64_MAX = 9223372036854775807
 
 
 class _Phantom:
@@ -83,411 +74,6 @@ class _Phantom:
     def __init__(self, node: fx.Node, index: int) -> None:
         self.node, self.index = node, index
         self.name = f"{node.name}[{index}]"
-
-
-@dataclass
-class Presentation:
-    """How one ATen node reads in the canonical vocabulary."""
-
-    op_type: str
-    inputs: list[Any]
-    attrs: dict[str, Any] = field(default_factory=dict)
-    domain: str = ""
-
-
-# --------------------------------------------------------------------------- argument helpers
-
-
-@cache
-def _schema_args(target: Any) -> tuple[tuple[str, ...], tuple[Any, ...]]:
-    """Argument names of an OpOverload and their defaults (MISSING where there is none)."""
-    names, defaults = [], []
-    for arg in target._schema.arguments:
-        names.append(arg.name)
-        defaults.append(arg.default_value if arg.has_default_value() else MISSING)
-    return tuple(names), tuple(defaults)
-
-
-def _arguments(node: fx.Node) -> dict[str, Any]:
-    names, defaults = _schema_args(node.target)
-    found = dict(zip(names, defaults))
-    found.update(zip(names, node.args))
-    found.update(node.kwargs)
-    return found
-
-
-def _is_tuple_valued(node: fx.Node) -> bool:
-    return isinstance(meta_val(node), (tuple, list))
-
-
-def _is_projection(node: fx.Node) -> bool:
-    """A getitem that picks one output of a tuple-returning node (part of that node, not a node itself)."""
-    return (
-        node.op == "call_function"
-        and node.target is operator.getitem
-        and isinstance(node.args[0], fx.Node)
-        and _is_tuple_valued(node.args[0])
-    )
-
-
-def _static(value: Any) -> int | None:
-    """A Python int for an int or a SymInt that is known to be constant."""
-    if isinstance(value, bool):
-        return int(value)
-    if isinstance(value, int):
-        return value
-    if isinstance(value, torch.SymInt):
-        expr = value.node.expr
-        return int(expr) if expr.is_number else None
-    return None
-
-
-def _tensor_args(node: fx.Node) -> list[fx.Node]:
-    found: list[fx.Node] = []
-    fx.node.map_arg((node.args, node.kwargs), lambda n: found.append(n) or n)  # type: ignore[func-returns-value]
-    return found
-
-
-# --------------------------------------------------------------------------- presenters
-
-
-Presenter = Callable[["FxView", fx.Node, dict[str, Any]], "Presentation | None"]
-_PRESENTERS: dict[Any, Presenter] = {}
-
-
-def _presents(*targets: Any) -> Callable[[Presenter], Presenter]:
-    def register(fn: Presenter) -> Presenter:
-        for target in targets:
-            _PRESENTERS[target] = fn
-        return fn
-
-    return register
-
-
-def _rank(node: Any) -> int | None:
-    val = meta_val(node)
-    return val.dim() if isinstance(val, torch.Tensor) else None
-
-
-@_presents(aten.convolution.default)
-def _conv(v: FxView, node: fx.Node, a: dict[str, Any]) -> Presentation | None:
-    weight = meta_val(a["weight"])
-    if weight is None or not all(isinstance(p, int) for p in [*a["padding"], *a["stride"], *a["dilation"]]):
-        return None
-    spatial = weight.dim() - 2
-    kernel = [_static(d) for d in weight.shape[2:]]
-    if spatial < 1 or None in kernel:
-        return None
-    pads = [int(p) for p in a["padding"]] * 2  # ONNX: begins, then ends
-    attrs: dict[str, Any] = {
-        "auto_pad": "NOTSET",
-        "dilations": [int(d) for d in a["dilation"]],
-        "group": int(a["groups"]),
-        "kernel_shape": kernel,
-        "pads": pads,
-        "strides": [int(s) for s in a["stride"]],
-    }
-    if a["transposed"]:
-        attrs["output_padding"] = [int(p) for p in a["output_padding"]]
-        return Presentation("ConvTranspose", [a["input"], a["weight"], a["bias"]], attrs)
-    if any(int(p) for p in a["output_padding"]):
-        return None
-    return Presentation("Conv", [a["input"], a["weight"], a["bias"]], attrs)
-
-
-@_presents(aten.addmm.default)
-def _addmm(v: FxView, node: fx.Node, a: dict[str, Any]) -> Presentation | None:
-    attrs = {"alpha": float(a["alpha"]), "beta": float(a["beta"]), "transA": 0, "transB": 0}
-    return Presentation("Gemm", [a["mat1"], a["mat2"], a["self"]], attrs)
-
-
-@_presents(aten.mm.default, aten.bmm.default, aten.matmul.default)
-def _matmul(v: FxView, node: fx.Node, a: dict[str, Any]) -> Presentation | None:
-    return Presentation("MatMul", [a["self"], a["mat2"] if "mat2" in a else a["other"]])
-
-
-@_presents(aten.t.default, aten.permute.default, aten.transpose.int)
-def _transpose(v: FxView, node: fx.Node, a: dict[str, Any]) -> Presentation | None:
-    rank = _rank(a["self"])
-    if rank is None:
-        return None
-    if node.target is aten.permute.default:
-        perm = [int(d) % rank for d in a["dims"]]
-    elif node.target is aten.transpose.int:
-        perm = list(range(rank))
-        d0, d1 = int(a["dim0"]) % rank, int(a["dim1"]) % rank
-        perm[d0], perm[d1] = perm[d1], perm[d0]
-    else:
-        perm = list(range(rank))[::-1]
-    return Presentation("Transpose", [a["self"]], {"perm": perm})
-
-
-@_presents(aten.view.default, aten.reshape.default, aten._unsafe_view.default)
-def _reshape(v: FxView, node: fx.Node, a: dict[str, Any]) -> Presentation | None:
-    size = list(a["shape"] if node.target is aten.reshape.default else a["size"])
-    shape = v.const_list(node, "size", size)
-    # aten never copies a dim for a 0 (ONNX's allowzero = 0 does): a literal 0 needs allowzero.
-    attrs = {"allowzero": 1} if any(_static(s) == 0 for s in size) else {}
-    return Presentation("Reshape", [a["self"], shape], attrs)
-
-
-@_presents(aten.expand.default)
-def _expand(v: FxView, node: fx.Node, a: dict[str, Any]) -> Presentation | None:
-    out = meta_val(node)
-    if out is None:
-        return None
-    return Presentation("Expand", [a["self"], v.const_list(node, "size", list(out.shape))])
-
-
-@_presents(aten._shape_as_tensor.default)
-def _shape(v: FxView, node: fx.Node, a: dict[str, Any]) -> Presentation | None:
-    return Presentation("Shape", [a["self"]])
-
-
-@_presents(aten.arange.default, aten.arange.start, aten.arange.start_step)
-def _range(v: FxView, node: fx.Node, a: dict[str, Any]) -> Presentation | None:
-    out = meta_val(node)
-    bounds = [a.get("start", 0), a["end"], a.get("step", 1)]
-    if out is None or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in bounds):
-        return None  # symbolic bounds stay aten's
-    return Presentation("Range", [v.scalar(node, key, x, out.dtype) for key, x in zip(("start", "end", "step"), bounds)])
-
-
-@_presents(aten.unsqueeze.default)
-def _unsqueeze(v: FxView, node: fx.Node, a: dict[str, Any]) -> Presentation | None:
-    return Presentation("Unsqueeze", [a["self"], v.const_list(node, "dim", [int(a["dim"])])])
-
-
-@_presents(aten.squeeze.dim, aten.squeeze.dims)
-def _squeeze(v: FxView, node: fx.Node, a: dict[str, Any]) -> Presentation | None:
-    src = meta_val(a["self"])
-    dims = a["dim"] if isinstance(a["dim"], (list, tuple)) else [a["dim"]]
-    if src is None or any(_static(src.shape[int(d)]) != 1 for d in dims):
-        return None  # aten keeps a dim that is not 1; ONNX Squeeze would fail
-    return Presentation("Squeeze", [a["self"], v.const_list(node, "dim", [int(d) for d in dims])])
-
-
-def _binary(op_type: str) -> Presenter:
-    def present(v: FxView, node: fx.Node, a: dict[str, Any]) -> Presentation | None:
-        out = meta_val(node)
-        if out is None or a.get("alpha", 1) != 1:
-            return None
-        # ONNX arithmetic needs one element type; aten promotes. Present only when nothing is promoted.
-        inputs: list[Any] = []
-        for key in ("self", "other"):
-            x = a[key]
-            if isinstance(x, fx.Node):
-                if not isinstance(meta_val(x), torch.Tensor) or meta_val(x).dtype != out.dtype:
-                    return None
-                inputs.append(x)
-            elif isinstance(x, (int, float, bool)):
-                inputs.append(v.scalar(node, key, x, out.dtype))
-            else:
-                return None
-        return Presentation(op_type, inputs)
-
-    return present
-
-
-for _op, _name in (("add", "Add"), ("sub", "Sub"), ("mul", "Mul"), ("div", "Div")):
-    _PRESENTERS[getattr(aten, _op).Tensor] = _PRESENTERS[getattr(aten, _op).Scalar] = _binary(_name)
-
-
-@_presents(aten.rsub.Scalar)
-def _rsub(v: FxView, node: fx.Node, a: dict[str, Any]) -> Presentation | None:
-    out = meta_val(node)
-    if out is None or a.get("alpha", 1) != 1 or meta_val(a["self"]).dtype != out.dtype:
-        return None
-    return Presentation("Sub", [v.scalar(node, "other", a["other"], out.dtype), a["self"]])
-
-
-@_presents(aten.where.self)
-def _where(v: FxView, node: fx.Node, a: dict[str, Any]) -> Presentation | None:
-    out = meta_val(node)
-    if out is None or any(meta_val(a[k]).dtype != out.dtype for k in ("self", "other")):
-        return None
-    return Presentation("Where", [a["condition"], a["self"], a["other"]])
-
-
-@_presents(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
-def _masked_fill(v: FxView, node: fx.Node, a: dict[str, Any]) -> Presentation | None:
-    # masked_fill(x, mask, value) is Where(mask, value, x): the output has x's shape (mask broadcasts to it).
-    out, mask, value = meta_val(node), meta_val(a["mask"]), a["value"]
-    if out is None or mask is None or mask.dtype != torch.bool or meta_val(a["self"]).shape != out.shape:
-        return None
-    if isinstance(value, fx.Node):
-        if not isinstance(meta_val(value), torch.Tensor) or meta_val(value).dtype != out.dtype:
-            return None
-        fill: Any = value
-    else:
-        fill = v.scalar(node, "value", value, out.dtype)
-    return Presentation("Where", [a["mask"], fill, a["self"]])
-
-
-@_presents(aten.pow.Tensor_Scalar)
-def _pow(v: FxView, node: fx.Node, a: dict[str, Any]) -> Presentation | None:
-    out = meta_val(node)
-    if out is None or meta_val(a["self"]).dtype != out.dtype:
-        return None
-    return Presentation("Pow", [a["self"], v.scalar(node, "exponent", a["exponent"], out.dtype)])
-
-
-def _unary(op_type: str, **attrs: Any) -> Presenter:
-    def present(v: FxView, node: fx.Node, a: dict[str, Any]) -> Presentation | None:
-        return Presentation(op_type, [a["self"]], dict(attrs))
-
-    return present
-
-
-for _target, _name in (
-    (aten.relu.default, "Relu"),
-    (aten.sigmoid.default, "Sigmoid"),
-    (aten.tanh.default, "Tanh"),
-    (aten.erf.default, "Erf"),
-    (aten.sqrt.default, "Sqrt"),
-    (aten.reciprocal.default, "Reciprocal"),
-    (aten.exp.default, "Exp"),
-    (aten.log.default, "Log"),
-    (aten.neg.default, "Neg"),
-    (aten.abs.default, "Abs"),
-    (aten.isnan.default, "IsNaN"),
-    (aten.sin.default, "Sin"),
-    (aten.cos.default, "Cos"),
-):
-    _PRESENTERS[_target] = _unary(_name)
-# SiLU is ONNX's Swish (opset 24) at alpha 1.
-_PRESENTERS[aten.silu.default] = _unary("Swish", alpha=1.0)
-
-
-@_presents(aten.gelu.default)
-def _gelu(v: FxView, node: fx.Node, a: dict[str, Any]) -> Presentation | None:
-    return Presentation("Gelu", [a["self"]], {"approximate": str(a["approximate"])})
-
-
-@_presents(aten.leaky_relu.default)
-def _leaky_relu(v: FxView, node: fx.Node, a: dict[str, Any]) -> Presentation | None:
-    return Presentation("LeakyRelu", [a["self"]], {"alpha": float(a["negative_slope"])})
-
-
-@_presents(aten.hardtanh.default, aten.clamp.default)
-def _clip(v: FxView, node: fx.Node, a: dict[str, Any]) -> Presentation | None:
-    lo, hi = (a["min_val"], a["max_val"]) if node.target is aten.hardtanh.default else (a["min"], a["max"])
-    dtype = meta_val(node).dtype
-    return Presentation("Clip", [a["self"], None if lo is None else v.scalar(node, "min", lo, dtype),
-                                 None if hi is None else v.scalar(node, "max", hi, dtype)])
-
-
-@_presents(aten._softmax.default)
-def _softmax(v: FxView, node: fx.Node, a: dict[str, Any]) -> Presentation | None:
-    if a["half_to_float"]:
-        return None
-    return Presentation("Softmax", [a["self"]], {"axis": int(a["dim"])})
-
-
-@_presents(aten.mean.dim)
-def _reduce_mean(v: FxView, node: fx.Node, a: dict[str, Any]) -> Presentation | None:
-    if a["dim"] is None or a.get("dtype") is not None:
-        return None
-    axes = v.const_list(node, "dim", [int(d) for d in a["dim"]])
-    return Presentation("ReduceMean", [a["self"], axes], {"keepdims": int(bool(a["keepdim"]))})
-
-
-@_presents(aten.native_layer_norm.default)
-def _layer_norm(v: FxView, node: fx.Node, a: dict[str, Any]) -> Presentation | None:
-    axis = -len(a["normalized_shape"])
-    attrs = {"axis": axis, "epsilon": float(a["eps"]), "stash_type": 1}
-    return Presentation("LayerNormalization", [a["input"], a["weight"], a["bias"]], attrs)
-
-
-@_presents(aten.rms_norm.default)
-def _rms_norm(v: FxView, node: fx.Node, a: dict[str, Any]) -> Presentation | None:
-    if a["weight"] is None or a["eps"] is None:  # no scale, or torch's dtype-dependent default epsilon
-        return None
-    attrs = {"axis": -len(a["normalized_shape"]), "epsilon": float(a["eps"]), "stash_type": 1}
-    return Presentation("RMSNormalization", [a["input"], a["weight"]], attrs)
-
-
-@_presents(aten._native_batch_norm_legit_no_training.default, aten.native_batch_norm.default)
-def _batch_norm(v: FxView, node: fx.Node, a: dict[str, Any]) -> Presentation | None:
-    if a.get("training", False):
-        return None
-    attrs = {"epsilon": float(a["eps"]), "momentum": float(a["momentum"]), "training_mode": 0}
-    return Presentation("BatchNormalization", [a["input"], a["weight"], a["bias"], a["running_mean"], a["running_var"]], attrs)
-
-
-@_presents(aten._to_copy.default, prims.convert_element_type.default)
-def _cast(v: FxView, node: fx.Node, a: dict[str, Any]) -> Presentation | None:
-    src, out = meta_val(a["a"] if "a" in a else a["self"]), meta_val(node)
-    if src is None or out is None or out.device != src.device:
-        return None
-    if node.target is aten._to_copy.default and a.get("memory_format") not in (None, torch.preserve_format):
-        return None
-    name = torch_dtype_name(out.dtype)
-    try:
-        to = name_to_onnx_enum(name or "")
-    except KeyError:
-        return None
-    return Presentation("Cast", [a["a"] if "a" in a else a["self"]], {"to": to})
-
-
-@_presents(aten.cat.default)
-def _concat(v: FxView, node: fx.Node, a: dict[str, Any]) -> Presentation | None:
-    return Presentation("Concat", list(a["tensors"]), {"axis": int(a["dim"])})
-
-
-@_presents(aten.slice.Tensor)
-def _slice(v: FxView, node: fx.Node, a: dict[str, Any]) -> Presentation | None:
-    start = 0 if a["start"] is None else _static(a["start"])
-    end = _INT64_MAX if a["end"] is None else _static(a["end"])
-    if start is None or end is None:
-        return None
-    return Presentation("Slice", [
-        a["self"],
-        v.const_list(node, "start", [start]),
-        v.const_list(node, "end", [end]),
-        v.const_list(node, "dim", [int(a["dim"])]),
-        v.const_list(node, "step", [int(a["step"])]),
-    ])
-
-
-@_presents(aten.split.Tensor, aten.split_with_sizes.default)
-def _split(v: FxView, node: fx.Node, a: dict[str, Any]) -> Presentation | None:
-    outs = meta_val(node)
-    if not isinstance(outs, (list, tuple)):
-        return None
-    axis = int(a["dim"])
-    sizes = [_static(o.shape[axis]) for o in outs]
-    if None in sizes:
-        return None
-    return Presentation("Split", [a["self"], v.const_list(node, "split_size", sizes)], {"axis": axis, "num_outputs": len(outs)})
-
-
-@_presents(aten.constant_pad_nd.default)
-def _pad(v: FxView, node: fx.Node, a: dict[str, Any]) -> Presentation | None:
-    rank = _rank(a["self"])
-    static = [_static(p) for p in a["pad"]]
-    pad = [p for p in static if p is not None]
-    if rank is None or len(pad) != len(static) or len(pad) % 2 or len(pad) > 2 * rank:
-        return None
-    # torch lists (begin, end) pairs from the last axis backwards; ONNX all begins, then all ends.
-    begins, ends = [0] * rank, [0] * rank
-    for k in range(len(pad) // 2):
-        begins[rank - 1 - k], ends[rank - 1 - k] = pad[2 * k], pad[2 * k + 1]
-    dtype = meta_val(node).dtype
-    return Presentation("Pad", [a["self"], v.const_list(node, "pad", begins + ends), v.scalar(node, "value", a["value"], dtype)],
-                        {"mode": "constant"})
-
-
-@_presents(aten.scaled_dot_product_attention.default)
-def _sdpa(v: FxView, node: fx.Node, a: dict[str, Any]) -> Presentation | None:
-    # ONNX Attention (opset 23) on 4-D q/k/v: the same semantics as SDPA (bool mask True =
-    # attend, float mask added, scale default 1/sqrt(head size), grouped heads).
-    if a["dropout_p"] != 0.0:
-        return None
-    attrs: dict[str, Any] = {"is_causal": int(bool(a["is_causal"]))}
-    if a.get("scale") is not None:
-        attrs["scale"] = float(a["scale"])
-    return Presentation("Attention", [a["query"], a["key"], a["value"], a["attn_mask"]], attrs)
 
 
 # --------------------------------------------------------------------------- the view
@@ -515,7 +101,7 @@ class FxView:
         self.fake_mode = fake_mode if fake_mode is not None else _detect_fake_mode(gm)
         self.device = torch.device(device) if device is not None else _main_device(gm)
         self._presented: dict[fx.Node, Presentation | None] = {}
-        self._consts: dict[tuple[fx.Node, str], InlineConst] = {}
+        self._consts = InlineConsts()
         self._phantoms: dict[tuple[fx.Node, int], _Phantom] = {}
         self._arrays: dict[fx.Node, np.ndarray] = {}
         self._pending: list[fx.Node] = []
@@ -529,47 +115,15 @@ class FxView:
 
     def present(self, node: fx.Node) -> Presentation | None:
         if node not in self._presented:
-            self._presented[node] = self._present(node)
+            self._presented[node] = present(node, self._consts)
         return self._presented[node]
-
-    def _present(self, node: fx.Node) -> Presentation | None:
-        if node.op != "call_function" or is_neutral(node):
-            return None
-        presenter = _PRESENTERS.get(node.target)
-        if presenter is None or not isinstance(meta_val(node), (torch.Tensor, tuple, list)):
-            return None
-        try:
-            return presenter(self, node, _arguments(node))
-        except (KeyError, TypeError, AttributeError, IndexError):  # an argument form the presenter does not know
-            return None
-
-    def scalar(self, node: fx.Node, key: str, value: Any, dtype: torch.dtype) -> InlineConst:
-        """The constant standing for a Python number in `node`'s argument `key`."""
-        np_dtype = np.dtype(_numpy_dtype(dtype))
-        return self._interned(node, key, np.asarray(value, dtype=np_dtype), value)
-
-    def const_list(self, node: fx.Node, key: str, values: Sequence[Any]) -> Any:
-        """An int64 vector constant for an int-list argument; a symbolic list stays a non-constant value."""
-        ints = [_static(x) for x in values]
-        if None in ints:
-            return self._interned(node, key, None, list(values))
-        return self._interned(node, key, np.asarray(ints, dtype=np.int64), list(values))
-
-    def _interned(self, node: fx.Node, key: str, array: np.ndarray | None, raw: Any) -> InlineConst:
-        # The matcher compares values by identity: the same argument must give the same object.
-        found = self._consts.get((node, key))
-        if found is not None and _same_raw(found.raw, raw):
-            return found
-        const = InlineConst(array, f"{node.name}.{key}", raw)
-        self._consts[(node, key)] = const
-        return const
 
     # ------------------------------------------------------------ scopes
     def scopes(self) -> list[fx.Graph]:
         return [self.graph]
 
     def nodes(self, scope: Any) -> list[fx.Node]:
-        return [n for n in self.graph.nodes if n.op == "call_function" and not _is_projection(n)]
+        return [n for n in self.graph.nodes if n.op == "call_function" and not is_projection(n)]
 
     def scope_of(self, node: Any) -> fx.Graph | None:
         if not isinstance(node, fx.Node) or getattr(node, "_erased", False) or node.graph is not self.graph:
@@ -602,7 +156,7 @@ class FxView:
         p = self.present(node)
         if p is not None:
             return p.inputs
-        return _tensor_args(node)
+        return tensor_args(node)
 
     def outputs(self, node: fx.Node) -> list[Any]:
         val = meta_val(node)
@@ -625,12 +179,12 @@ class FxView:
             return value.node
         if not isinstance(value, fx.Node) or value.op != "call_function":
             return None
-        return value.args[0] if _is_projection(value) else value  # type: ignore[return-value]
+        return value.args[0] if is_projection(value) else value  # type: ignore[return-value]
 
     def output_index(self, value: Any) -> int:
         if isinstance(value, _Phantom):
             return value.index
-        if isinstance(value, fx.Node) and _is_projection(value):
+        if isinstance(value, fx.Node) and is_projection(value):
             return int(value.args[1])  # type: ignore[arg-type]
         return 0
 
@@ -641,7 +195,7 @@ class FxView:
         for user in value.users:
             if user.op == "output" or getattr(user, "_erased", False):
                 continue
-            uses = sum(1 for x in _tensor_args(user) if x is value)
+            uses = sum(1 for x in tensor_args(user) if x is value)
             found.extend([user] * max(uses, 1))
         return found
 
@@ -840,7 +394,7 @@ class FxView:
         self._presented.clear()
         touched = [u for value in results for u in value.users if u.op == "call_function"]
         touched.extend(self._erase_unused(list(matched)))
-        return [n for n in touched if not getattr(n, "_erased", False) and not _is_projection(n)]
+        return [n for n in touched if not getattr(n, "_erased", False) and not is_projection(n)]
 
     def _replacement(self, new: Any) -> fx.Node:
         if isinstance(new, _Phantom):
@@ -861,12 +415,12 @@ class FxView:
             if getattr(node, "_erased", False) or node.op != "call_function":
                 continue
             for user in list(node.users):
-                if _is_projection(user) and not user.users:
+                if is_projection(user) and not user.users:
                     self.graph.erase_node(user)
             if node.users or node.is_impure(impure_random=False):
                 survivors.append(node)
                 continue
-            producers = [self.producer(x) for x in _tensor_args(node)]
+            producers = [self.producer(x) for x in tensor_args(node)]
             self.graph.erase_node(node)
             candidates.extend(p for p in producers if p is not None)
         return survivors
@@ -876,18 +430,10 @@ class FxView:
 
 
 def _dim(d: Any) -> int | str:
-    static = _static(d)
+    static = static_int(d)
     if static is not None:
         return static
     return str(d.node.expr) if isinstance(d, torch.SymInt) else str(d)
-
-
-def _numpy_dtype(dtype: torch.dtype) -> Any:
-    if dtype == torch.bfloat16:
-        import ml_dtypes
-
-        return ml_dtypes.bfloat16
-    return torch.empty((), dtype=dtype).numpy().dtype
 
 
 def _numpy_dtype_name(dtype: np.dtype) -> str | None:
@@ -897,12 +443,6 @@ def _numpy_dtype_name(dtype: np.dtype) -> str | None:
         "float32": "f32", "float16": "f16", "float64": "f64", "int64": "i64", "int32": "i32", "int16": "i16",
         "int8": "i8", "uint8": "u8", "bool": "bool",
     }.get(dtype.name)
-
-
-def _same_raw(a: Any, b: Any) -> bool:
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_same_raw(x, y) for x, y in zip(a, b))
-    return type(a) is type(b) and (a is b or a == b or (isinstance(a, float) and math.isnan(a) and math.isnan(b)))
 
 
 def _target_name(node: fx.Node) -> str:

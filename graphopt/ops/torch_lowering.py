@@ -415,6 +415,19 @@ def _clip(b: FxBuilder, args: list[Any], attrs: dict[str, Any], n: int) -> Any:
     return b.call(aten.clamp.default, b.tensor(args[0]), lo, hi)
 
 
+@_emits("HardSigmoid")
+def _hard_sigmoid(b: FxBuilder, args: list[Any], attrs: dict[str, Any], n: int) -> Any:
+    x, alpha, beta = b.tensor(args[0]), float(attrs.get("alpha", 0.2)), float(attrs.get("beta", 0.5))
+    if abs(alpha - 1.0 / 6.0) < 1e-7 and beta == 0.5:
+        return b.call(aten.hardsigmoid.default, x)
+    return b.call(aten.clamp.default, b.call(aten.add.Tensor, b.call(aten.mul.Tensor, x, alpha), beta), 0.0, 1.0)
+
+
+CANONICAL["HardSwish"] = _unary(aten.hardswish.default)
+CANONICAL["Softplus"] = _unary(aten.softplus.default)
+CANONICAL["Mish"] = _unary(aten.mish.default)
+
+
 @_emits("Softmax")
 def _softmax(b: FxBuilder, args: list[Any], attrs: dict[str, Any], n: int) -> Any:
     return b.call(aten._softmax.default, b.tensor(args[0]), int(attrs.get("axis", -1)), False)

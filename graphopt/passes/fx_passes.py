@@ -1,9 +1,9 @@
 """Passes over FX graphs of ATen ops that are not single patterns (the torch backend's
 counterparts of graphopt/passes/ for ONNX): constant folding, common-subexpression
-elimination, the channels-last
-layout around convolutions, and two small normalizations that let the canonical
-rules see what ONNX graphs show (``rsqrt`` as ``Reciprocal(Sqrt)``), undone after the
-rules ran where nothing used them.
+elimination, the channels-last layout around convolutions, and small normalizations
+that let the canonical rules see what ONNX graphs show (``rsqrt`` as
+``Reciprocal(Sqrt)``, ``log1p`` as ``Log(Add(x, 1))``), undone after the rules ran
+where nothing used them.
 
 Every pass edits the graph in place, keeps ``node.meta["val"]`` (fake tensors) on the
 nodes it makes, and returns how many changes it made.
@@ -24,6 +24,8 @@ __all__ = [
     "fold_constants",
     "split_rsqrt",
     "merge_rsqrt",
+    "split_log1p",
+    "merge_log1p",
     "drop_clones",
     "views_to_reshapes",
     "to_channels_last",
@@ -156,6 +158,48 @@ def merge_rsqrt(gm: fx.GraphModule) -> int:
             node.replace_all_uses_with(merged)
             gm.graph.erase_node(node)
             gm.graph.erase_node(root)
+            changed += 1
+    return changed
+
+
+_SPLIT_LOG1P = "graphopt.split_log1p"  # meta key on the Log that split_log1p made
+
+
+def split_log1p(gm: fx.GraphModule) -> int:
+    """log1p(x) -> log(x + 1) on float tensors, the form ONNX graphs (and FuseSoftplus) have.
+    merge_log1p puts back what the rules left, so log1p's precision near 0 is kept."""
+    changed = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not aten.log1p.default or not isinstance(node.args[0], fx.Node):
+            continue
+        val, src = node.meta.get("val"), node.args[0].meta.get("val")
+        if not (isinstance(val, torch.Tensor) and isinstance(src, torch.Tensor) and src.dtype == val.dtype and val.dtype.is_floating_point):
+            continue
+        with gm.graph.inserting_before(node):
+            plus_one = gm.graph.call_function(aten.add.Tensor, (node.args[0], 1))
+            log = gm.graph.call_function(aten.log.default, (plus_one,))
+        plus_one.meta["val"] = log.meta["val"] = val
+        log.meta[_SPLIT_LOG1P] = True
+        node.replace_all_uses_with(log)
+        gm.graph.erase_node(node)
+        changed += 1
+    return changed
+
+
+def merge_log1p(gm: fx.GraphModule) -> int:
+    """log(x + 1) that split_log1p made and no rule used -> log1p(x) (a Log the user wrote stays)."""
+    changed = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not aten.log.default or not node.meta.get(_SPLIT_LOG1P):
+            continue
+        plus_one = node.args[0]
+        if isinstance(plus_one, fx.Node) and plus_one.target is aten.add.Tensor and plus_one.args[1] == 1 and len(plus_one.users) == 1:
+            with gm.graph.inserting_before(node):
+                merged = gm.graph.call_function(aten.log1p.default, (plus_one.args[0],))
+            merged.meta["val"] = node.meta.get("val")
+            node.replace_all_uses_with(merged)
+            gm.graph.erase_node(node)
+            gm.graph.erase_node(plus_one)
             changed += 1
     return changed
 
