@@ -179,7 +179,7 @@ def split_log1p(gm: fx.GraphModule) -> int:
             plus_one = gm.graph.call_function(aten.add.Tensor, (node.args[0], 1))
             log = gm.graph.call_function(aten.log.default, (plus_one,))
         plus_one.meta["val"] = log.meta["val"] = val
-        log.meta[_SPLIT_LOG1P] = True
+        plus_one.meta[_SPLIT_LOG1P] = log.meta[_SPLIT_LOG1P] = True
         node.replace_all_uses_with(log)
         gm.graph.erase_node(node)
         changed += 1
@@ -395,7 +395,8 @@ def eliminate_common_subexpressions(gm: fx.GraphModule) -> int:
         if node.op != "call_function" or node.is_impure() or getattr(node.target, "overloadpacket", node.target) in banned:
             continue
         try:
-            key = (node.target, _cse_key(node.args), _cse_key(node.kwargs))
+            # What split_log1p made never merges with the same op the user wrote (log(x + 1) stays as written).
+            key = (node.target, _cse_key(node.args), _cse_key(node.kwargs), bool(node.meta.get(_SPLIT_LOG1P)))
             kept = seen.setdefault(key, node)
         except TypeError:
             continue
