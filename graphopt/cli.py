@@ -315,7 +315,7 @@ def optimize(
         get_target(target)  # an unknown target is an error before any work
         precision_name = None
         if precision.strip().lower() != "fp32":  # the precision pass is imported only when asked for
-            from graphopt.passes.precision import parse_precision
+            from graphopt.passes.precision_plan import parse_precision
 
             precision_name = parse_precision(precision)  # so is an unknown precision
         if keep_fp32 and precision_name is None:
@@ -517,7 +517,7 @@ def explain_rules(
     from graphopt.api import OptimizeOptions
     from graphopt.explain import explain, print_explanation
     from graphopt.ops.targets import get_target
-    from graphopt.passes.precision import parse_precision
+    from graphopt.passes.precision_plan import parse_precision
 
     with _user_errors():
         get_target(target)
