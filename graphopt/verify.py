@@ -430,7 +430,7 @@ def _stand_ins(target: str, precision: str | None, providers: Providers) -> tupl
 
 def _emulated(nhwc: bool, fp16: bool) -> Callable[[ir.Model], ir.Model]:
     def prepare(model: ir.Model) -> ir.Model:
-        from graphopt.passes.layout import emulate_nhwc_ops
+        from graphopt.passes.nhwc_emulation import emulate_nhwc_ops
         from graphopt.passes.precision_range import emulate_low_precision
 
         copy = ir.serde.deserialize_model(ir.serde.serialize_model(model))
