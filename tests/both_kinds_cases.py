@@ -170,8 +170,8 @@ CASES: list[Case] = [
          onnx_target="ort-cpu"),
     Case("FoldBiasIntoSkipLayerNorm", fn(lambda m, y, s: F.layer_norm((y + m.bias) + s, (8,), m.g, m.b), g=const(8), b=const(8), bias=const(8)),
          rands((2, 3, 8), (2, 3, 8)), 1, along=("FuseSkipLayerNorm",), onnx_target="ort-cpu"),
-    Case("FoldBiasIntoSkipLayerNormSecond", fn(lambda m, y, s: F.layer_norm(s + (y + m.bias), (8,), m.g, m.b), g=const(8), b=const(8),
-                                               bias=const(8)),
+    # the same rule with the bias Add on SkipLayerNorm's second input
+    Case("FoldBiasIntoSkipLayerNorm", fn(lambda m, y, s: F.layer_norm(s + (y + m.bias), (8,), m.g, m.b), g=const(8), b=const(8), bias=const(8)),
          rands((2, 3, 8), (2, 3, 8)), 1, along=("FuseSkipLayerNorm",), onnx_target="ort-cpu"),
     Case("FuseRMSNorm", fn(_rms_norm, w=const(8)), rand(2, 3, 8), 1, onnx_target="ort-cpu"),
     Case("FuseRMSNorm", fn(_rms_norm, w=const(8)), rand(2, 3, 8), 1, opset=23),
