@@ -103,7 +103,6 @@ class LayoutOptions:
     conv_bias: str = "auto"
 
 
-
 # ----------------------------------------------------------------------------- entry points
 
 

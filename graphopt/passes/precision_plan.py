@@ -90,7 +90,6 @@ _STAT_OUTPUTS: dict[str, frozenset[int]] = {
 }
 
 
-
 def parse_precision(name: str | None) -> str | None:
     """"fp16" / "bf16" (case-insensitive), or None for "fp32" / None; else a GraphoptError."""
     if name is None:
