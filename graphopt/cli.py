@@ -427,7 +427,8 @@ def render_report(
     ] = None,
 ) -> None:
     """Render a saved JSON report as one self-contained HTML page (opens offline)."""
-    from graphopt.report.html import load_report_document, write_html
+    from graphopt.report.document import load_report_document
+    from graphopt.report.html import write_html
 
     output = output or report_json.with_suffix(".html")
     with _user_errors():
