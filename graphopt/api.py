@@ -156,7 +156,7 @@ def optimize(model: ModelLike | str | os.PathLike[str], options: OptimizeOptions
     (a ModelProto comes back as a ModelProto). Keyword arguments set fields of
     `OptimizeOptions`.
     """
-    from graphopt.passes.precision import PrecisionPlan
+    from graphopt.passes.precision_plan import PrecisionPlan
 
     options = options or OptimizeOptions(**kwargs)
     target = get_target(options.target)
@@ -262,7 +262,8 @@ def _decision_point(target: str, options: OptimizeOptions) -> Any:
 
 def _convert_precision(model: ir.Model, target: Any, report: Report, plan: Any, options: OptimizeOptions) -> None:
     """Fusion rules ran in float32; now convert, then collapse the Casts that are left."""
-    from graphopt.passes.precision import convert_precision, range_checked_plan, remove_cast_pairs
+    from graphopt.passes.precision import convert_precision, remove_cast_pairs
+    from graphopt.passes.precision_range import range_checked_plan
 
     if plan.precision == "fp16" and options.range_check:
         plan, kept, note = range_checked_plan(model, target, plan, options.calibration_data, say=options.progress)

@@ -24,7 +24,6 @@ import logging
 import os
 import re
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -33,6 +32,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
+from graphopt.cli_paths import check_writable_folder, guard_paths, same_file
 from graphopt.errors import GraphoptError, printable
 
 if TYPE_CHECKING:  # imported where used: `graphopt --help` must not pay for onnx-ir, sympy or rich
@@ -108,78 +108,6 @@ def _quiet_libraries() -> None:
 
 #: --patterns runs the Python files it names: say so where the flag is documented.
 PATTERNS_HELP = "Extra pattern file or folder (repeatable). Its .py files are imported and run: only pass code you trust."
-
-# ------------------------------------------------------------------ checks
-
-
-def _check_writable_folder(path: Path, what: str) -> None:
-    """Fail early, before the (possibly long) optimization, if `path` cannot be written."""
-    from graphopt.paths import check_name_fits
-
-    folder = path.parent if str(path.parent) else Path(".")
-    if path.is_dir():
-        raise GraphoptError(f"{path}: the {what} path is a directory")
-    if not folder.exists():
-        raise GraphoptError(f"{path}: the {what} folder {folder} does not exist")
-    if not folder.is_dir():
-        raise GraphoptError(f"{path}: the {what} folder {folder} is not a folder")
-    try:  # os.access lies for root and read-only mounts; creating a file does not
-        with tempfile.TemporaryFile(dir=folder):
-            pass
-    except OSError as error:
-        raise GraphoptError(f"{path}: cannot write to the {what} folder {folder}: {error.strerror or error}") from None
-    check_name_fits(path, what)
-
-
-def _same_file(a: Path, b: Path) -> bool:
-    try:
-        return a.exists() and b.exists() and os.path.samefile(a, b)
-    except OSError:
-        return False
-
-
-def _external_files(model: ir.Model, base: Path) -> set[str]:
-    from graphopt.ir.onnx_io import _external_tensors  # the same walk load_model checks
-
-    return {os.path.realpath(base / tensor.location) for _, tensor in _external_tensors(model)}
-
-
-def _pattern_files(patterns: list[Path]) -> list[Path]:
-    files: list[Path] = []
-    for path in patterns:
-        if path.is_dir():
-            files.extend(p for p in sorted(path.rglob("*")) if p.suffix in (".pdll", ".py") and p.is_file())
-        else:
-            files.append(path)
-    return files
-
-
-def _guard_paths(input_path: Path, output: Path, report: Path | None, model: ir.Model, patterns: list[Path], force: bool) -> None:
-    """No path this run writes (the output, its data file, the report) may be a path it
-    reads (the input, its external data, pattern files) or another path it writes, after
-    resolving links; the one exception is the output replacing the input with --force,
-    which save_model does without ever losing the input (graphopt/ir/onnx_io.py)."""
-    from graphopt.ir.onnx_io import data_file_names
-    from graphopt.paths import check_no_aliases
-
-    replaces_input = _same_file(input_path, output) or os.path.realpath(input_path) == os.path.realpath(output)
-    if replaces_input and not force:
-        raise GraphoptError(f"{output}: the output is the input model; pass --force to replace it")
-    read = [(input_path, "the input model")]
-    read += [(Path(f), "the input model's external data") for f in sorted(_external_files(model, input_path.parent))]
-    read += [(f, "the pattern file") for f in _pattern_files(patterns)]
-    written: list[tuple[Path, str]] = []
-    if replaces_input:
-        # save_model never replaces a data file the model at the output path reads (the input's).
-        read = [entry for entry in read if entry[1] != "the input model's external data"]
-        read = [entry for entry in read if entry[1] != "the input model"]
-    else:
-        written.append((output, "output"))
-    folder = output.parent if str(output.parent) else Path(".")
-    written += [(folder / name, "output's external data file") for name in data_file_names(output)]
-    if report is not None:
-        written.append((report, "report"))
-    check_no_aliases(written, read)
 
 
 def _parse_shapes(values: list[str]) -> dict[str, list[int]]:
@@ -315,7 +243,7 @@ def optimize(
         get_target(target)  # an unknown target is an error before any work
         precision_name = None
         if precision.strip().lower() != "fp32":  # the precision pass is imported only when asked for
-            from graphopt.passes.precision import parse_precision
+            from graphopt.passes.precision_plan import parse_precision
 
             precision_name = parse_precision(precision)  # so is an unknown precision
         if keep_fp32 and precision_name is None:
@@ -333,10 +261,10 @@ def optimize(
         clash = sorted(set(enable or []) & set(disable or []))
         if clash:
             raise GraphoptError(f"--enable and --disable both name {', '.join(clash)}")
-        _check_writable_folder(output, "output")
+        check_writable_folder(output, "output")
         if report is not None:
-            _check_writable_folder(report, "report")
-            if _same_file(report, model) or os.path.realpath(report) in (os.path.realpath(model), os.path.realpath(output)):
+            check_writable_folder(report, "report")
+            if same_file(report, model) or os.path.realpath(report) in (os.path.realpath(model), os.path.realpath(output)):
                 raise GraphoptError(f"{report}: the report would overwrite the input or the output model")
         with _progress(errors, not quiet) as say:
             options = OptimizeOptions(
@@ -366,7 +294,7 @@ def optimize(
                 options.shape_inference = True  # carry the fixed dims through the graph
             # Before optimizing: optimize() rewrites the model in place and may drop
             # references to the input's external data files.
-            _guard_paths(model, output, report, original, list(patterns or []), force)
+            guard_paths(model, output, report, original, list(patterns or []), force)
             optimized, result = run_optimize(original, options)
             result.input_shapes = pinned
             result.input_path = str(model)
@@ -427,7 +355,8 @@ def render_report(
     ] = None,
 ) -> None:
     """Render a saved JSON report as one self-contained HTML page (opens offline)."""
-    from graphopt.report.html import load_report_document, write_html
+    from graphopt.report.document import load_report_document
+    from graphopt.report.html import write_html
 
     output = output or report_json.with_suffix(".html")
     with _user_errors():
@@ -435,7 +364,7 @@ def render_report(
 
         check_no_aliases([(output, "page")], [(report_json, "the JSON report")])  # links and hard links too
         document = load_report_document(report_json)
-        _check_writable_folder(output, "output")
+        check_writable_folder(output, "output")
         write_html(document, output)
     print(f"wrote {output}")
 
@@ -517,7 +446,7 @@ def explain_rules(
     from graphopt.api import OptimizeOptions
     from graphopt.explain import explain, print_explanation
     from graphopt.ops.targets import get_target
-    from graphopt.passes.precision import parse_precision
+    from graphopt.passes.precision_plan import parse_precision
 
     with _user_errors():
         get_target(target)

@@ -18,22 +18,25 @@ import of graphopt is needed before ``torch.compile``. For each graph dynamo cap
    (``options={"inductor": False}``; with ``mode="reduce-overhead"`` replayed as one CUDA
    graph by `CudaGraphReplay`).
 
+
 Each compiled graph leaves a `graphopt.report.model.Report`; `last_report()` and
 `torch_reports()` return them, ``options={"report": "r.json"}`` writes them.
 Options and their meaning: docs/torch-compile.md.
+
+The backend's parts by job: graphopt.torch_options (the options), graphopt.torch_trace
+(steps 1-2), graphopt.torch_cudagraphs (CUDA graphs without inductor); this module holds
+the backend itself, the rewrite pipeline of step 3 and the reports.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +50,9 @@ from graphopt.ops import torch_lowering
 from graphopt.passes import fx_passes
 from graphopt.pipeline import GraphKind, Pipeline
 from graphopt.report.model import Alternative, DecisionRecord, GraphSummary, Report
+from graphopt.torch_cudagraphs import CudaGraphReplay, cuda_graphs_refusal
+from graphopt.torch_options import TorchOptions
+from graphopt.torch_trace import PRESERVED_OPS, _fake_inputs, _freeze_module_state, trace_to_aten
 
 __all__ = [
     "graphopt_backend",
@@ -67,99 +73,6 @@ __all__ = [
 #: One line per compiled graph at INFO (`GRAPHOPT_LOGS=info` prints them on stderr; or
 #: configure the "graphopt" logger as any other).
 LOG = logging.getLogger("graphopt.torch")
-
-aten = torch.ops.aten
-
-#: Composite ops kept whole when tracing to ATen: the rules match them as MatMul and Attention.
-PRESERVED_OPS = (aten.matmul.default, aten.scaled_dot_product_attention.default)
-
-_LAYOUTS = ("auto", "nhwc", "nchw")
-_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-_CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # the modes in which inductor replays CUDA graphs
-
-
-@dataclass
-class TorchOptions:
-    """What ``torch.compile(..., options={...})`` may set (see docs/torch-compile.md)."""
-
-    #: Only these rules (None: the whole library). ``"rules"`` is accepted as another name.
-    enable: list[str] | None = None
-    disable: list[str] = field(default_factory=list)
-    #: Extra .pdll / .py pattern files or folders, loaded after the built-in library.
-    patterns: list[str] = field(default_factory=list)
-    #: Write each graph's report here, as JSON or (for a .html name) as the HTML page; an
-    #: index is added per graph, or put {index} in the name.
-    report: str | None = None
-    #: Hand the rewritten graph to inductor (True) or run it as it is (False).
-    inductor: bool = True
-    #: Inference only: parameters and buffers become constants (they must not change after compiling).
-    freeze: bool = True
-    #: "auto" (channels-last convolutions on CUDA), "nhwc" (always), "nchw" (never).
-    layout: str = "auto"
-    fold_size_limit: int = 1 << 20
-    max_sweeps: int = 8
-    #: Keep every failed attempt in report.trace.
-    trace: bool = False
-    #: Raise when graphopt fails on a graph (default: warn, and run the graph without its rewrites).
-    strict: bool = False
-    #: Which torch.ops.graphopt custom kernels fused ops may run on: "all", "none" (ATen ops
-    #: only), or "auto": all without inductor; with inductor and CUDA graphs only those measured
-    #: faster than inductor's own code (torch_lowering.PREFERRED_OVER_INDUCTOR), so it is never
-    #: slower; with inductor and no CUDA graphs none: a custom op's Python dispatch, which CUDA
-    #: graphs do away with, costs more than its kernel saves (ResNet-50 on an H200: 3.64 ms
-    #: with cuDNN's fused conv as a custom op, against inductor's 2.02 ms).
-    kernels: str = "auto"
-    #: With inductor: compile the graph both ways (graphopt's rewrites, and as dynamo captured
-    #: it), time both on the example inputs, and keep the faster (the report says which, and
-    #: the times). Costs a second compile; graphs graphopt leaves unchanged skip it.
-    tune: bool = False
-    #: torch.compile's mode (passed to inductor; "reduce-overhead" also means CUDA graphs without it).
-    #: torch.compile takes mode= or options=, not both: options={"mode": ...} sets it along with others.
-    mode: str | None = None
-
-    def kernel_policy(self) -> str:
-        if self.kernels == "auto":
-            if not self.inductor:
-                return "all"
-            return "inductor" if self.mode in _CUDA_GRAPH_MODES else "none"
-        return self.kernels
-
-    @classmethod
-    def parse(cls, options: Mapping[str, Any] | None, mode: str | None = None) -> TorchOptions:
-        given = dict(options or {})
-        if "rules" in given:
-            if "enable" in given:
-                raise GraphoptError("graphopt options: give 'rules' or 'enable', not both")
-            given["enable"] = given.pop("rules")
-        # torch.compile takes mode= or options=, never both: the mode may come in the options.
-        if "mode" in given and mode is not None:
-            raise GraphoptError("graphopt: mode given twice (torch.compile's mode= and options['mode'])")
-        mode = given.pop("mode", mode)
-        known = {f.name for f in fields(cls)} - {"mode"}
-        unknown = sorted(set(given) - known)
-        if unknown:
-            raise GraphoptError(f"unknown graphopt option {', '.join(map(repr, unknown))} (known: rules, mode, {', '.join(sorted(known))})")
-        opts = cls(mode=mode)
-        for key, value in given.items():
-            if key in ("enable", "disable", "patterns"):
-                value = [value] if isinstance(value, (str, os.PathLike)) else value
-                if value is not None and not all(isinstance(v, (str, os.PathLike)) for v in value):
-                    raise GraphoptError(f"graphopt option '{key}' takes a list of names, not {value!r}")
-                value = None if value is None else [str(v) for v in value]
-            elif key in ("inductor", "freeze", "trace", "strict", "tune") and not isinstance(value, bool):
-                raise GraphoptError(f"graphopt option '{key}' takes True or False, not {value!r}")
-            elif key == "kernels" and value not in ("auto", "all", "none"):
-                raise GraphoptError(f"graphopt option 'kernels' takes 'auto', 'all' or 'none', not {value!r}")
-            elif key == "layout" and value not in _LAYOUTS:
-                raise GraphoptError(f"graphopt option 'layout' takes one of {', '.join(_LAYOUTS)}, not {value!r}")
-            elif key in ("fold_size_limit", "max_sweeps") and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
-                raise GraphoptError(f"graphopt option '{key}' takes a non-negative int, not {value!r}")
-            elif key == "report" and value is not None and not isinstance(value, (str, os.PathLike)):
-                raise GraphoptError(f"graphopt option 'report' takes a path, not {value!r}")
-            setattr(opts, key, str(value) if key == "report" and value is not None else value)
-        if opts.mode not in _MODES:
-            raise GraphoptError(f"torch.compile mode {opts.mode!r} is not one of {', '.join(m for m in _MODES if m)}")
-        return opts
 
 
 # --------------------------------------------------------------------------- reports
@@ -376,141 +289,6 @@ def _rule_set(opts: TorchOptions) -> RuleSet:
 _RULE_SETS: dict[tuple[Any, ...], RuleSet] = {}
 
 
-# --------------------------------------------------------------------------- tracing to ATen
-
-
-def _fake_inputs(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> tuple[Any, list[Any]]:
-    """Fake versions of the inputs in dynamo's fake mode (same symbolic dims), or static fakes
-    in a fresh mode when called outside torch.compile."""
-    from torch._guards import TracingContext
-    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
-
-    context = TracingContext.try_get()
-    fake_mode = context.fake_mode if context is not None and context.fake_mode is not None else FakeTensorMode(allow_non_fake_inputs=True)
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    fakes: list[Any] = []
-    for value, node in zip(example_inputs, placeholders):
-        if isinstance(value, FakeTensor):
-            fakes.append(value if value.fake_mode is fake_mode else fake_mode.from_tensor(value))
-        elif isinstance(value, torch.Tensor):
-            symbolic = context.tensor_to_context.get(value) if context is not None else None
-            source = symbolic.tensor_source if symbolic is not None else None
-            fakes.append(fake_mode.from_tensor(value, symbolic_context=symbolic, source=source, static_shapes=context is None))
-        else:
-            fakes.append(node.meta.get("example_value", value))
-    return fake_mode, fakes
-
-
-@contextlib.contextmanager
-def _preserving(ops: Sequence[Any]) -> Iterator[None]:
-    """Keep composite ops whole while tracing (torch.export's mechanism for the same)."""
-    try:
-        from torch._export.utils import _special_op_to_preserve_cia
-        from torch.export.exported_program import _override_composite_implicit_decomp
-    except ImportError:  # an older or newer torch without it: the ops decompose, the rules see less
-        yield
-        return
-    with _override_composite_implicit_decomp({op: _special_op_to_preserve_cia for op in ops}):
-        yield
-
-
-def trace_to_aten(gm: Callable[..., Any], fake_inputs: Sequence[Any], fake_mode: Any) -> fx.GraphModule:
-    """dynamo's graph (or any function of tensors) as a functional graph of ATen ops, every
-    node with meta["val"]."""
-    from torch._dispatch.python import enable_python_dispatcher
-    from torch.fx.experimental.proxy_tensor import make_fx
-
-    # Traced without autograd: the graph is the forward computation either way, and it stays
-    # differentiable (every ATen op in it has a derivative; inductor and eager autograd derive
-    # the backward from it). With grad mode on, preserved ops would come out detached.
-    def trace(preserved: Sequence[Any]) -> fx.GraphModule:
-        with fake_mode, torch.no_grad(), enable_python_dispatcher(), _preserving(preserved):
-            # Dispatch-level functionalization, as aot_autograd and torch.export use: torch.func's
-            # functionalize reads sizes through aten.size, which specializes every symbolic dim
-            # (one recompilation per input shape).
-            return make_fx(_functionalized(gm), decomposition_table={})(*fake_inputs)
-
-    try:
-        return trace(PRESERVED_OPS)
-    except Exception:  # torch.export's private preservation misbehaving: trace fully decomposed
-        return trace(())
-
-
-def _functionalized(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """fn without mutations: FunctionalTensorMode (dispatch-level functionalization, as in
-    aot_autograd), then a copy_ back into each input fn wrote to (a training BatchNorm's
-    running stats), so the traced graph keeps that write at its end."""
-    from torch._functorch._aot_autograd.functional_utils import has_data_mutation
-    from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
-    from torch.utils import _pytree as pytree
-
-    def unwrap(t: Any) -> Any:
-        torch._sync(t)
-        return torch._from_functional_tensor(t.elem)
-
-    def inner(*args: Any) -> Any:
-        exclude = torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(torch._C.DispatchKey.Functionalize))
-        with exclude, FunctionalTensorMode():
-            wrapped = [FunctionalTensor.to_functional(a) if isinstance(a, torch.Tensor) else a for a in args]
-            outputs = pytree.tree_map_only(FunctionalTensor, unwrap, fn(*wrapped))
-            for original, functional in zip(args, wrapped):
-                if isinstance(functional, FunctionalTensor) and has_data_mutation(functional):
-                    original.copy_(unwrap(functional))
-        return outputs
-
-    return inner
-
-
-def _is_module_state(node: fx.Node, value: Any) -> bool:
-    """A parameter or buffer of the compiled module (not a user input)."""
-    if isinstance(value, torch.nn.Parameter):
-        return True
-    grapharg = node.meta.get("grapharg")
-    source = getattr(grapharg, "source", None)
-    name = getattr(source, "name", "")
-    name = name() if callable(name) else str(name)
-    return "._buffers[" in name or "._parameters[" in name
-
-
-def _mutated_nodes(graph: fx.Graph) -> set[fx.Node]:
-    """Nodes some op writes to (copy_ back into an input, a training BatchNorm's running stats)."""
-    written: set[fx.Node] = set()
-    for node in graph.nodes:
-        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
-            continue
-        arguments = node.target._schema.arguments
-        for i, argument in enumerate(arguments):
-            if argument.alias_info is None or not argument.alias_info.is_write:
-                continue
-            value = node.args[i] if i < len(node.args) else node.kwargs.get(argument.name)
-            if isinstance(value, fx.Node):
-                written.add(value)
-    return written
-
-
-def _freeze_module_state(aten_gm: fx.GraphModule, dynamo_gm: fx.GraphModule, example_inputs: Sequence[Any]) -> list[int]:
-    """Parameters and buffers the graph does not mutate become constants (get_attr of the
-    tensor itself, no copy). Returns the input positions that went."""
-    graph = aten_gm.graph
-    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-    dynamo_placeholders = [n for n in dynamo_gm.graph.nodes if n.op == "placeholder"]
-    mutated = _mutated_nodes(graph)
-    first = next(n for n in graph.nodes if n.op != "placeholder")
-    frozen = []
-    for i, (node, source, value) in enumerate(zip(placeholders, dynamo_placeholders, example_inputs)):
-        if not isinstance(value, torch.Tensor) or node in mutated or not _is_module_state(source, value):
-            continue
-        name = f"_frozen_{i}"
-        aten_gm.register_buffer(name, value.detach())
-        with graph.inserting_before(first):
-            constant = graph.get_attr(name)
-        constant.meta["val"] = node.meta.get("val")
-        node.replace_all_uses_with(constant)
-        graph.erase_node(node)
-        frozen.append(i)
-    return frozen
-
-
 # --------------------------------------------------------------------------- the rewrite pipeline
 
 
@@ -619,88 +397,3 @@ def _inductor(gm: fx.GraphModule, inputs: Sequence[Any], opts: TorchOptions, dyn
                                           config_patches=patches)
 
 
-# --------------------------------------------------------------------------- CUDA graphs without inductor
-
-
-def cuda_graphs_refusal(inputs: Sequence[Any], training: bool) -> str | None:
-    """Why the rewritten graph cannot be replayed as one CUDA graph (None: it can)."""
-    tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
-    if len(tensors) != len(inputs):
-        return "some inputs are not tensors (symbolic sizes or Python values)"
-    if not tensors or not all(x.is_cuda for x in tensors):
-        return "these inputs are not on CUDA"
-    if len({x.device for x in tensors}) > 1:
-        return "the inputs are on more than one device"
-    if training:
-        return "gradients flow through this graph"
-    if any(not isinstance(d, int) for x in tensors for d in (*x.shape, *x.stride())):
-        return "the input shapes are dynamic"
-    return None
-
-
-class CudaGraphReplay:
-    """Runs `fn` as one CUDA graph: the first call warms up (Triton compiles, cuBLAS sets up)
-    and captures; later calls copy their inputs into the captured input buffers, replay, and
-    return copies of the captured outputs (so an output stays valid after the next call).
-
-    A call whose inputs differ in shape, dtype or device from the captured ones, or
-    that needs gradients, runs `fn` as it is; so does every call after a failed capture (with
-    a RuntimeWarning). `cuda` is the torch.cuda API (tests pass a stand-in).
-    """
-
-    warmup_calls = 3
-
-    def __init__(self, fn: Callable[..., Any], cuda: Any = None) -> None:
-        self.fn = fn
-        self.cuda = cuda if cuda is not None else torch.cuda
-        self.graph: Any = None
-        self.static_inputs: list[Any] = []
-        self.static_outputs: Any = None
-        self.failed: str | None = None
-
-    def __call__(self, *args: Any) -> Any:
-        if self.failed is not None or (torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)):
-            return self.fn(*args)
-        if self.graph is None:
-            try:
-                self._capture(args)
-            except Exception as error:  # an op that cannot be captured: run without CUDA graphs
-                self.failed = f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}"
-                self.graph = None
-                warnings.warn(f"graphopt: CUDA graph capture failed ({self.failed}); this graph runs without CUDA graphs", RuntimeWarning, stacklevel=2)
-                return self.fn(*args)
-        elif not self._matches(args):
-            return self.fn(*args)
-        for static, arg in zip(self.static_inputs, args):
-            if isinstance(static, torch.Tensor):
-                static.copy_(arg)
-        self.graph.replay()
-        return torch.utils._pytree.tree_map_only(torch.Tensor, torch.Tensor.clone, self.static_outputs)
-
-    def _capture(self, args: Sequence[Any]) -> None:
-        cuda = self.cuda
-        self.static_inputs = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
-        # Warm up on a side stream (as torch.cuda.graphs documents): lazy initialisations
-        # (Triton compiling, autotuning, cuBLAS workspaces) must not happen during capture.
-        side = cuda.Stream()
-        side.wait_stream(cuda.current_stream())
-        with cuda.stream(side):
-            for _ in range(self.warmup_calls):
-                self.fn(*self.static_inputs)
-        cuda.current_stream().wait_stream(side)
-        graph = cuda.CUDAGraph()
-        with cuda.graph(graph):
-            self.static_outputs = self.fn(*self.static_inputs)
-        self.graph = graph
-
-    def _matches(self, args: Sequence[Any]) -> bool:
-        if len(args) != len(self.static_inputs):
-            return False
-        for static, arg in zip(self.static_inputs, args):
-            if isinstance(static, torch.Tensor):
-                # Strides may differ: copy_ writes any layout into the captured buffer.
-                if not (isinstance(arg, torch.Tensor) and arg.shape == static.shape and arg.dtype == static.dtype and arg.device == static.device):
-                    return False
-            elif arg != static:
-                return False
-        return True

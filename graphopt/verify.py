@@ -12,6 +12,9 @@ normal; integers are small non-negative values that stay below the size of any
 table they index (found by following the input to a Gather); inputs named like
 masks are all ones; symbolic dimensions get one size per name (1 for batch-like
 dimensions, 16 otherwise) unless pinned with `input_shapes`.
+
+How outputs are compared (tolerances per type and precision) is graphopt.verify_compare's
+job; opening and running onnxruntime sessions is graphopt.verify_session's.
 """
 
 from __future__ import annotations
@@ -20,10 +23,8 @@ import dataclasses
 import functools
 import os
 import re
-import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +35,8 @@ import onnx_ir as ir
 from graphopt.errors import GraphoptError, VerificationError
 from graphopt.inputs import BATCH_DIM, DEFAULT_DIM, MAX_INPUT_BYTES, MAX_INT_VALUE, _inputs, _np_dtype, _resolve_shapes, make_inputs  # noqa: F401  (re-exported)
 from graphopt.report.model import Report, RewriteRecord, Verification
+from graphopt.verify_compare import _EXACT, PRECISION_TOLERANCES, TOLERANCES, Tolerance, _loosest, _tolerance, compare_outputs
+from graphopt.verify_session import _MISSING_KERNEL, Providers, _first_line, _LoadFailed, _run
 
 __all__ = [
     "VerificationError",
@@ -49,210 +52,6 @@ __all__ = [
     "parse_shape",
     "providers_for",
 ]
-
-#: Models bigger than this go to onnxruntime through a temporary folder, not as bytes.
-_MAX_INLINE_BYTES = 1 << 30
-
-#: onnxruntime execution providers: names, or (name, options) pairs.
-Providers = list[Any]
-
-
-@dataclass(frozen=True)
-class Tolerance:
-    rtol: float
-    atol: float
-
-
-#: Per element type: |got - want| <= atol * max(1, scale) + rtol * |want|, where scale is
-#: the output's largest magnitude (rounding error grows with the size of what is summed).
-TOLERANCES: dict[str, Tolerance] = {
-    "float64": Tolerance(1e-7, 1e-9),
-    "float32": Tolerance(1e-4, 1e-5),
-    "float16": Tolerance(1e-2, 1e-3),
-    "bfloat16": Tolerance(5e-2, 1e-2),
-}
-_EXACT = Tolerance(0.0, 0.0)
-
-#: With `--precision`, the least tolerance for float outputs (which keep their float32
-#: type but were computed in 16 bits): about ten units in the last place of the low type,
-#: relative to the output's largest magnitude (docs/precision.md has the measurements).
-PRECISION_TOLERANCES: dict[str, Tolerance] = {
-    "fp16": Tolerance(1e-2, 1e-2),
-    "bf16": Tolerance(5e-2, 5e-2),
-}
-
-
-def _loosest(a: Tolerance, b: Tolerance | None) -> Tolerance:
-    return a if b is None else Tolerance(max(a.rtol, b.rtol), max(a.atol, b.atol))
-
-
-# ------------------------------------------------------------------ inputs
-
-
-def _has_external(model: ir.Model) -> bool:
-    return any(isinstance(v.const_value, ir.ExternalTensor) for g in model.graphs() for v in g.initializers.values())
-
-
-def _weight_bytes(model: ir.Model) -> int:
-    return sum(v.const_value.nbytes for g in model.graphs() for v in g.initializers.values() if v.const_value is not None)
-
-
-class _LoadFailed(Exception):
-    """onnxruntime refused the model itself (as opposed to failing on the inputs)."""
-
-
-_MAX_IR = re.compile(r"max supported IR version: (\d+)")
-_MISSING_KERNEL = re.compile(r"Could not find an implementation|NOT_IMPLEMENTED", re.IGNORECASE)
-
-
-def _open_session(source: bytes | str, providers: Providers) -> Any:
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.log_severity_level = 4  # errors come back as exceptions; keep onnxruntime's log off stderr
-    return ort.InferenceSession(source, options, providers=providers)
-
-
-@contextmanager
-def _embedded_attribute_tensors(model: ir.Model) -> Iterator[None]:
-    """Constant-node tensors stored in external files, embedded for the duration: onnxruntime
-    resolves such paths against its working folder, and onnx-ir's save moves only initializers."""
-    swapped: list[tuple[ir.Node, str, ir.Attr]] = []
-    try:
-        for scope in [*model.graphs(), *model.functions.values()]:
-            for node in scope:
-                for name, attr in list(node.attributes.items()):
-                    if attr.type == ir.AttributeType.TENSOR and isinstance(attr.value, ir.ExternalTensor):
-                        swapped.append((node, name, attr))
-                        node.attributes[name] = ir.AttrTensor(name, ir.Tensor(attr.value.numpy(), name=attr.value.name))
-        yield
-    finally:
-        for node, name, attr in swapped:
-            node.attributes[name] = attr
-
-
-@contextmanager
-def _session(model: ir.Model, providers: Providers) -> Iterator[Any]:
-    """An InferenceSession for `model`, with onnxruntime's own graph rewrites off so the
-    graph runs as written. Big models (or ones whose weights live in files) go through a
-    temporary folder with external data, since a protobuf cannot exceed 2 GB.
-
-    A model newer than this onnxruntime's IR version is run as the newest IR version it
-    supports: both models get the same treatment, and what is compared is the graph."""
-    with tempfile.TemporaryDirectory(prefix="graphopt-verify-") as folder, _embedded_attribute_tensors(model):
-        if not _has_external(model) and _weight_bytes(model) < _MAX_INLINE_BYTES:
-            proto = ir.serde.serialize_model(model)
-            source: bytes | str = proto.SerializeToString()
-        else:
-            source = os.path.join(folder, "model.onnx")
-            ir.save(model, source, external_data="model.onnx.data")
-            proto = onnx.load(source, load_external_data=False)
-        try:
-            try:
-                session = _open_session(source, providers)
-            except Exception as error:  # noqa: BLE001 - onnxruntime raises its own types
-                newest = _MAX_IR.search(str(error))
-                if not newest or proto.ir_version <= int(newest.group(1)):
-                    raise
-                proto.ir_version = int(newest.group(1))
-                if isinstance(source, bytes):
-                    source = proto.SerializeToString()
-                else:
-                    onnx.save(proto, source)  # weights stay in model.onnx.data
-                session = _open_session(source, providers)
-        except Exception as error:  # noqa: BLE001
-            raise _LoadFailed(_first_line(error)) from None
-        yield session
-
-
-def _run(model: ir.Model, feeds: list[dict[str, np.ndarray]], providers: Providers) -> list[dict[str, np.ndarray]]:
-    with _session(model, providers) as session:
-        names = [o.name for o in session.get_outputs()]
-        wanted = {i.name for i in session.get_inputs()}
-        results = []
-        for feed in feeds:
-            arrays = session.run(names, {k: v for k, v in feed.items() if k in wanted})
-            results.append(dict(zip(names, arrays, strict=True)))
-        return results
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip() or type(error).__name__
-    text = text.splitlines()[0]
-    # onnxruntime prefixes messages with "[ONNXRuntimeError] : 1 : FAIL : " and often the C++
-    # source location and function signature; keep the sentence after them.
-    text = re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", text)
-    text = re.sub(r"\S+\.(?:cc|h|cpp):\d+ \S*?\(.*?\) ", "", text)
-    return text[:400]
-
-
-# ------------------------------------------------------------------ comparing
-
-
-def _tolerance(dtype: np.dtype) -> Tolerance:
-    return TOLERANCES.get(np.dtype(dtype).name, _EXACT)
-
-
-def compare_outputs(
-    want: Mapping[str, np.ndarray], got: Mapping[str, np.ndarray], floor: Tolerance | None = None
-) -> tuple[dict[str, float], list[str]]:
-    """Max abs difference per output, and one line per output that is out of tolerance.
-
-    `floor` (a precision's tolerance) loosens the tolerance of every float output."""
-    diffs: dict[str, float] = {}
-    problems: list[str] = []
-    for name, expected in want.items():
-        if name not in got:
-            problems.append(f"output '{name}' is missing")
-            continue
-        actual = np.asarray(got[name])
-        expected = np.asarray(expected)
-        # Outputs that cannot be compared element-wise get no max_abs_diff entry; the problem says why.
-        if actual.shape != expected.shape:
-            problems.append(f"output '{name}' has shape {list(actual.shape)}, expected {list(expected.shape)}")
-            continue
-        if actual.dtype != expected.dtype:
-            problems.append(f"output '{name}' has type {actual.dtype}, expected {expected.dtype}")
-            continue
-        tol = _tolerance(expected.dtype)
-        if tol is not _EXACT:
-            tol = _loosest(tol, floor)
-        if tol is _EXACT or expected.size == 0:
-            equal = np.array_equal(actual, expected)
-            if expected.dtype.kind in "biu":
-                diffs[name] = float(np.max(np.abs(actual.astype(np.float64) - expected.astype(np.float64)), initial=0.0))
-            else:
-                diffs[name] = 0.0 if equal else 1.0  # strings: equal or not
-            if not equal:
-                problems.append(f"output '{name}' differs (exact match required for {expected.dtype})")
-            continue
-        a, e = actual.astype(np.float64), expected.astype(np.float64)
-        # NaN and infinity must sit in the same places; the rest is compared numerically.
-        special = ~np.isfinite(e) | ~np.isfinite(a)
-        same_special = (
-            np.array_equal(np.isnan(a), np.isnan(e))
-            and np.array_equal(a[np.isinf(e)], e[np.isinf(e)])
-            and not np.isinf(a[~np.isinf(e)]).any()
-        )
-        finite = ~special
-        delta = np.abs(a[finite] - e[finite])
-        diffs[name] = float(delta.max(initial=0.0))
-        scale = max(1.0, float(np.abs(e[finite]).max(initial=0.0)))
-        bad = delta > tol.atol * scale + tol.rtol * np.abs(e[finite])
-        broken = np.isfinite(e) & ~np.isfinite(a)
-        if broken.any():
-            problems.append(
-                f"output '{name}' is not finite where the original's is: {int(broken.sum())} of {e.size} elements NaN or infinity"
-            )
-        elif not same_special:
-            problems.append(f"output '{name}' has NaN or infinity in different places")
-        elif bad.any():
-            problems.append(
-                f"output '{name}' differs: max abs diff {diffs[name]:.3g} ({int(bad.sum())} of {e.size} elements out of tolerance rtol={tol.rtol:g}, atol={tol.atol:g}×{scale:.3g})"
-            )
-    return diffs, problems
-
 
 # ------------------------------------------------------------------ verify
 
@@ -430,8 +229,8 @@ def _stand_ins(target: str, precision: str | None, providers: Providers) -> tupl
 
 def _emulated(nhwc: bool, fp16: bool) -> Callable[[ir.Model], ir.Model]:
     def prepare(model: ir.Model) -> ir.Model:
-        from graphopt.passes.layout import emulate_nhwc_ops
-        from graphopt.passes.precision import emulate_low_precision
+        from graphopt.passes.nhwc_emulation import emulate_nhwc_ops
+        from graphopt.passes.precision_range import emulate_low_precision
 
         copy = ir.serde.deserialize_model(ir.serde.serialize_model(model))
         if nhwc:

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from graphopt.pattern.native import native_constraint
+from graphopt.pattern.native import native_constraint, native_rewrite
 
 _SQRT2 = math.sqrt(2.0)
 
@@ -83,11 +83,13 @@ def quick_gelu_alpha(ctx, alpha):
     return True
 
 
-@native_constraint("IsGeluApproximation")
-def is_gelu_approximation(ctx, kind, approximate, wanted):
-    """graphopt.Gelu is the erf GELU and graphopt.FastGelu the tanh one by construction; the
-    standard Gelu says which in `approximate` (absent: "none", the erf form)."""
-    if kind != "Gelu":
-        return True
-    actual = approximate or "none"
-    return True if actual == wanted else f"Gelu with approximate = {actual!r}, the rule wants {wanted!r}"
+@native_rewrite("GeluForm")
+def gelu_form(ctx, kind, approximate):
+    """Which GELU the matched op computes, "none" (erf) or "tanh": graphopt.Gelu is the erf
+    GELU and graphopt.FastGelu the tanh one by construction; the standard Gelu says which
+    in `approximate` (absent: "none")."""
+    if kind == "graphopt.Gelu":
+        return {"form": "none"}
+    if kind == "graphopt.FastGelu":
+        return {"form": "tanh"}
+    return {"form": approximate or "none"}

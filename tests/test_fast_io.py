@@ -1,4 +1,4 @@
-"""graphopt/ir/fast_io.py: memory-mapped loading of single-file models and saves that
+"""graphopt/ir/fast_io.py and fast_save.py: memory-mapped loading of single-file models and saves that
 reuse the input's bytes. Every test compares with onnx-ir's ordinary path
 (fast_io.ENABLED = False) on small models, with the size thresholds lowered so the
 fast path runs."""
@@ -17,7 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import graphopt
 from graphopt.errors import ModelError
-from graphopt.ir import fast_io
+from graphopt.ir import fast_io, fast_save
 from graphopt.ir.onnx_io import load_model, save_model
 
 F = TensorProto.FLOAT
@@ -367,7 +367,7 @@ def test_optimize_file_end_to_end(tmp_path: Path) -> None:
 
 
 def test_mapped_input_to_external_data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(fast_io, "EXTERNAL_SIZE_THRESHOLD", 16)  # the zoo's tensors are small
+    monkeypatch.setattr(fast_save, "EXTERNAL_SIZE_THRESHOLD", 16)  # the zoo's tensors are small
     path = write(zoo_model(), tmp_path / "zoo.onnx")
     model = load_model(path)
     save_model(model, tmp_path / "fast.onnx", external_data=True)

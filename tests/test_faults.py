@@ -36,7 +36,7 @@ from conftest import REPO, run_cli
 from hostile.runner import WarmCli
 
 from graphopt.errors import ModelError
-from graphopt.ir import fast_io, onnx_io
+from graphopt.ir import fast_io, fast_save, onnx_io
 
 
 def _benchmark():
@@ -343,14 +343,14 @@ def test_full_disk_in_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, p
     before = _pair(out)
     disk = _DiskFull(budget=4096)
     if path_kind == "fast_io":
-        real_write = fast_io._Writer.write
+        real_write = fast_save._Writer.write
 
         def write(self, data):  # type: ignore[no-untyped-def]
             disk.spend(len(memoryview(data)))
             real_write(self, data)
 
-        monkeypatch.setattr(fast_io._Writer, "write", write)
-        monkeypatch.setattr(fast_io._Writer, "copy", lambda self, source, offset, length: disk.spend(length))
+        monkeypatch.setattr(fast_save._Writer, "write", write)
+        monkeypatch.setattr(fast_save._Writer, "copy", lambda self, source, offset, length: disk.spend(length))
         # A mapped tensor, so fast_io's writer does the writing.
         saved = tmp_path / "src" / "big.onnx"
         saved.parent.mkdir()

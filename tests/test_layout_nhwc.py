@@ -20,7 +20,8 @@ from rule_testing import TensorProto, assert_same_outputs, helper, init, make_mo
 
 from graphopt.decisions import CostTable, default_table
 from graphopt.ops.targets import get_target
-from graphopt.passes.layout import LayoutOptions, convert_layout, emulate_nhwc_ops
+from graphopt.passes.layout import LayoutOptions, convert_layout
+from graphopt.passes.nhwc_emulation import emulate_nhwc_ops
 
 sys.path.insert(0, str(Path(__file__).parent))
 import models  # noqa: E402

@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from graphopt.ir.onnx_view import OnnxView
-from graphopt.passes import constant_folding, eliminate_dead_code, fold_constants, infer_shapes
+from graphopt.passes import eliminate_dead_code, fold_constants, fold_evaluation, infer_shapes
 
 try:
     from test_passes_helpers import all_op_types, assert_same_outputs, bert_like, feeds_for, make_model, op_types, run, to_ir
@@ -150,7 +150,7 @@ def test_fast_path_matches_onnxruntime(op, inputs, attrs, out_type, monkeypatch)
     def no_reference(*args):
         raise AssertionError(f"{op} should not need onnx.reference")
 
-    monkeypatch.setattr(constant_folding, "_reference_eval", no_reference)
+    monkeypatch.setattr(fold_evaluation, "_reference_eval", no_reference)
     check_against_ort(single_op_model(op, inputs, attrs, out_type), op)
 
 

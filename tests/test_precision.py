@@ -25,7 +25,8 @@ import graphopt
 from graphopt.api import OptimizeOptions
 from graphopt.errors import GraphoptError
 from graphopt.ops.targets import get_target
-from graphopt.passes.precision import DEFAULT_KEEP_FP32, PrecisionPlan, remove_cast_pairs
+from graphopt.passes.precision import remove_cast_pairs
+from graphopt.passes.precision_plan import DEFAULT_KEEP_FP32, PrecisionPlan
 from graphopt.verify import PRECISION_TOLERANCES, compare_outputs, verify_and_repair
 
 F = TensorProto.FLOAT

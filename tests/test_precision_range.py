@@ -15,7 +15,7 @@ import pytest
 from rule_testing import TensorProto, helper, init, make_model
 
 import graphopt
-import graphopt.passes.precision as precision
+import graphopt.passes.precision_range as precision_range
 from graphopt.errors import GraphoptError
 
 F = TensorProto.FLOAT
@@ -26,7 +26,7 @@ def run(model: onnx.ModelProto | ir.Model, x: np.ndarray) -> np.ndarray:
     on a GPU (`emulate_low_precision`): the CPU provider alone computes float16 regions in
     float32 and would hide the overflows these tests are about."""
     m = ir.serde.deserialize_model(model) if isinstance(model, onnx.ModelProto) else model
-    proto = ir.serde.serialize_model(precision.emulate_low_precision(m))
+    proto = ir.serde.serialize_model(precision_range.emulate_low_precision(m))
     return ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
 
 
@@ -91,7 +91,7 @@ def test_overflowing_nodes_stay_float32_and_the_model_is_finite(builder, shape, 
     summary = report.precision_conversion
     kept = {k.node: k for k in summary.kept_for_range}
     assert expected <= set(kept), kept
-    assert all(k.reason == "overflow" and k.max_abs > precision.FP16_SAFE_MAX for k in kept.values())
+    assert all(k.reason == "overflow" and k.max_abs > precision_range.FP16_SAFE_MAX for k in kept.values())
     assert summary.kept.get("range") == len([n for n in kept if n in {node.name for node in model.graph.node}])
     assert summary.nodes_converted > 0  # not everything was given up
     for seed in range(3):
@@ -103,7 +103,7 @@ def test_overflowing_nodes_stay_float32_and_the_model_is_finite(builder, shape, 
 
 def test_a_non_finite_fp16_output_keeps_the_nodes_that_made_it(monkeypatch: pytest.MonkeyPatch) -> None:
     # With the float32 measurement blinded, only the float16 run can find the overflow.
-    monkeypatch.setattr(precision, "FP16_SAFE_MAX", float("inf"))
+    monkeypatch.setattr(precision_range, "FP16_SAFE_MAX", float("inf"))
     model = scaled_square_normalized()
     converted, report = fp16(model)
     reasons = {k.node: k.reason for k in report.precision_conversion.kept_for_range}
@@ -163,7 +163,7 @@ def test_the_report_lists_the_kept_nodes_in_valid_json() -> None:
 
 
 def test_a_skipped_range_check_is_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(precision, "RANGE_CHECK_MAX_BYTES", 0)
+    monkeypatch.setattr(precision_range, "RANGE_CHECK_MAX_BYTES", 0)
     _, report = fp16(scaled_square_normalized())
     assert "range check skipped" in report.precision_conversion.calibration
     assert any("range check skipped" in w for w in report.warnings)

@@ -15,7 +15,7 @@ import onnx_ir as ir
 import pytest
 from rule_testing import TensorProto, assert_same_outputs, helper, init, make_model, op_types, optimize_with, rand, rewrites
 
-from graphopt.passes.layout import emulate_nhwc_ops
+from graphopt.passes.nhwc_emulation import emulate_nhwc_ops
 
 GN_RULES = ["FuseGroupNorm", "GroupNormalizationToGroupNorm", "FuseGroupNormSiLU", "FuseGroupNormQuickGelu"]
 

@@ -256,9 +256,8 @@ def test_projection_bias_folds_into_skip_layer_norm(bias_on_skip_side: bool) -> 
         [helper.make_tensor_value_info("y", F, None)],
         [init("w", rand(H, H)), init("b", rand(H)), init("gamma", rand(H)), init("beta", rand(H))],
     )
-    rules = ["FuseSkipLayerNorm", "FoldBiasIntoSkipLayerNorm", "FoldBiasIntoSkipLayerNormSecond"]
-    optimized, report = optimize_with(model, rules, target="ort-cpu")
-    assert rewrites(report, "FoldBiasIntoSkipLayerNorm") + rewrites(report, "FoldBiasIntoSkipLayerNormSecond") == 1
+    optimized, report = optimize_with(model, ["FuseSkipLayerNorm", "FoldBiasIntoSkipLayerNorm"], target="ort-cpu")
+    assert rewrites(report, "FoldBiasIntoSkipLayerNorm") == 1
     assert op_types(optimized) == ["MatMul", "SkipLayerNormalization"]
     skip = optimized.graph.node[1]
     assert list(skip.input) == ["mm", "r", "gamma", "beta", "b"]
@@ -276,7 +275,7 @@ def test_bias_that_is_not_per_feature_stays_an_add() -> None:
         [helper.make_tensor_value_info("y", F, None)],
         [init("b", rand(4, H)), init("gamma", rand(H)), init("beta", rand(H))],
     )
-    optimized, report = optimize_with(model, ["FuseSkipLayerNorm", "FoldBiasIntoSkipLayerNorm", "FoldBiasIntoSkipLayerNormSecond"], target="ort-cpu")
+    optimized, report = optimize_with(model, ["FuseSkipLayerNorm", "FoldBiasIntoSkipLayerNorm"], target="ort-cpu")
     assert rewrites(report, "FoldBiasIntoSkipLayerNorm") == 0
     assert op_types(optimized) == ["Add", "SkipLayerNormalization"]
     assert_same_outputs(model, optimized, rtol=1e-4, atol=1e-5)

@@ -32,7 +32,7 @@ import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
 from graphopt.errors import ModelError
-from graphopt.ir import fast_io
+from graphopt.ir import fast_io, fast_save
 from graphopt.ir.proto_checks import MAX_MESSAGE_DEPTH_HINT, check_inference, check_proto_contents, tensor_protos
 from graphopt.paths import short_name
 
@@ -252,11 +252,11 @@ def save_model(
     try:
         staging_lock = _lock(staging)  # held while we live: tells other runs this folder is in use
         staged = staging / path.name
-        # fast_io reuses the input's bytes where it can (False: nothing written, use onnx-ir).
+        # fast_save reuses the input's bytes where it can (False: nothing written, use onnx-ir).
         if data_name:
-            if not fast_io.save_with_external_data(model, staged, data_name):
+            if not fast_save.save_with_external_data(model, staged, data_name):
                 ir.save(model, staged, external_data=data_name)
-        elif not fast_io.save_single_file(model, staged):
+        elif not fast_save.save_single_file(model, staged):
             ir.save(model, staged)
         if reference is not None:
             from graphopt.ir.runtime_check import check_loads_in_onnxruntime

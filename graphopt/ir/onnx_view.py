@@ -170,9 +170,6 @@ class OnnxView:
     def users(self, value: ir.Value) -> list[ir.Node]:
         return [use.node for use in value.uses()]
 
-    def num_uses(self, value: ir.Value) -> int:
-        return len(value.uses())
-
     def is_graph_output(self, value: ir.Value) -> bool:
         return value.is_graph_output()
 

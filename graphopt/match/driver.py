@@ -83,7 +83,7 @@ class DriverOptions:
     trace_all: bool = False
     #: Record each rewrite's matched subgraph and replacement (drawn by the HTML report).
     snapshots: bool = True
-    #: The precision conversion that follows the rules (a `graphopt.passes.precision.PrecisionPlan`):
+    #: The precision conversion that follows the rules (a `graphopt.passes.precision_plan.PrecisionPlan`):
     #: new nodes are checked against the target in the type they will run in after it.
     precision: Any = None
     #: Called with every attempt, applied or not (`graphopt explain` listens here).

@@ -21,6 +21,7 @@ import numpy as np
 from graphopt.ir.view import GraphView
 from graphopt.match.context import MatchContext
 from graphopt.pattern.ir import (
+    COMMUTATIVE_FIRST_TWO,
     COMMUTATIVE_OPS,
     MISSING,
     AltMatch,
@@ -241,8 +242,8 @@ class Matcher:
             env = env.bind(p.name, OpBinding(node, outputs[p.output] if len(outputs) > p.output else None))
         depth += 1
         orders: list[tuple[Any, ...]]
-        if key in COMMUTATIVE_OPS and len(p.operands) == 2:
-            orders = [(inputs[0], inputs[1]), (inputs[1], inputs[0])]
+        if (key in COMMUTATIVE_OPS and len(p.operands) == 2) or (key in COMMUTATIVE_FIRST_TWO and len(p.operands) >= 2):
+            orders = [tuple(inputs), (inputs[1], inputs[0], *inputs[2:])]
             if inputs[0] is inputs[1]:
                 orders = orders[:1]
         else:

@@ -43,6 +43,7 @@ __all__ = [
     "PatternFile",
     "VALUE_CONSTRAINTS",
     "COMMUTATIVE_OPS",
+    "COMMUTATIVE_FIRST_TWO",
     "iter_match_nodes",
     "bound_names",
     "default_benefit",
@@ -85,6 +86,11 @@ VALUE_CONSTRAINTS: dict[str, int | None] = {
 COMMUTATIVE_OPS: frozenset[tuple[str, str]] = frozenset(
     {("", "Add"), ("", "Mul"), ("", "Max"), ("", "Min"), ("", "And"), ("", "Or"), ("", "Xor"), ("", "Equal"), ("", "Sum")}
 )
+
+#: Ops with more inputs whose first two commute: the matcher tries those two in both
+#: orders (graphopt.SkipLayerNorm and SkipRMSNorm normalize input + skip), so a rule
+#: that wants a form on either side is written once.
+COMMUTATIVE_FIRST_TWO: frozenset[tuple[str, str]] = frozenset({("graphopt", "SkipLayerNorm"), ("graphopt", "SkipRMSNorm")})
 
 
 @dataclass(frozen=True)

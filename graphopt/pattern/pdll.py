@@ -21,7 +21,8 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedTok
 
 from graphopt.errors import PatternError
 from graphopt.pattern.ir import PatternFile
-from graphopt.pattern.pdll_build import RESERVED_WORDS, FileBuilder, check_value_constraint, format_error, is_name
+from graphopt.pattern.pdll_build import FileBuilder
+from graphopt.pattern.pdll_source import RESERVED_WORDS, check_value_constraint, format_error, is_name
 
 __all__ = ["parse_pdll", "parse_pdll_file", "RESERVED_WORDS", "is_name", "check_value_constraint", "format_error"]
 

@@ -1,0 +1,100 @@
+"""Running a rewritten FX graph as one CUDA graph without inductor (mode="reduce-overhead", inductor off).
+
+`cuda_graphs_refusal` says why a graph cannot be replayed (inputs not all CUDA tensors,
+dynamic shapes, gradients flowing); `CudaGraphReplay` captures the graph on its first
+call and replays it afterwards. It is graphopt's own capture, not dynamo's "cudagraphs"
+backend, which re-traces with aot_autograd and rejects graphopt's triton_op nodes.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+__all__ = ["CudaGraphReplay", "cuda_graphs_refusal"]
+
+def cuda_graphs_refusal(inputs: Sequence[Any], training: bool) -> str | None:
+    """Why the rewritten graph cannot be replayed as one CUDA graph (None: it can)."""
+    tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
+    if len(tensors) != len(inputs):
+        return "some inputs are not tensors (symbolic sizes or Python values)"
+    if not tensors or not all(x.is_cuda for x in tensors):
+        return "these inputs are not on CUDA"
+    if len({x.device for x in tensors}) > 1:
+        return "the inputs are on more than one device"
+    if training:
+        return "gradients flow through this graph"
+    if any(not isinstance(d, int) for x in tensors for d in (*x.shape, *x.stride())):
+        return "the input shapes are dynamic"
+    return None
+
+
+class CudaGraphReplay:
+    """Runs `fn` as one CUDA graph: the first call warms up (Triton compiles, cuBLAS sets up)
+    and captures; later calls copy their inputs into the captured input buffers, replay, and
+    return copies of the captured outputs (so an output stays valid after the next call).
+
+    A call whose inputs differ in shape, dtype or device from the captured ones, or
+    that needs gradients, runs `fn` as it is; so does every call after a failed capture (with
+    a RuntimeWarning). `cuda` is the torch.cuda API (tests pass a stand-in).
+    """
+
+    warmup_calls = 3
+
+    def __init__(self, fn: Callable[..., Any], cuda: Any = None) -> None:
+        self.fn = fn
+        self.cuda = cuda if cuda is not None else torch.cuda
+        self.graph: Any = None
+        self.static_inputs: list[Any] = []
+        self.static_outputs: Any = None
+        self.failed: str | None = None
+
+    def __call__(self, *args: Any) -> Any:
+        if self.failed is not None or (torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)):
+            return self.fn(*args)
+        if self.graph is None:
+            try:
+                self._capture(args)
+            except Exception as error:  # an op that cannot be captured: run without CUDA graphs
+                self.failed = f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}"
+                self.graph = None
+                warnings.warn(f"graphopt: CUDA graph capture failed ({self.failed}); this graph runs without CUDA graphs", RuntimeWarning, stacklevel=2)
+                return self.fn(*args)
+        elif not self._matches(args):
+            return self.fn(*args)
+        for static, arg in zip(self.static_inputs, args):
+            if isinstance(static, torch.Tensor):
+                static.copy_(arg)
+        self.graph.replay()
+        return torch.utils._pytree.tree_map_only(torch.Tensor, torch.Tensor.clone, self.static_outputs)
+
+    def _capture(self, args: Sequence[Any]) -> None:
+        cuda = self.cuda
+        self.static_inputs = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+        # Warm up on a side stream (as torch.cuda.graphs documents): lazy initialisations
+        # (Triton compiling, autotuning, cuBLAS workspaces) must not happen during capture.
+        side = cuda.Stream()
+        side.wait_stream(cuda.current_stream())
+        with cuda.stream(side):
+            for _ in range(self.warmup_calls):
+                self.fn(*self.static_inputs)
+        cuda.current_stream().wait_stream(side)
+        graph = cuda.CUDAGraph()
+        with cuda.graph(graph):
+            self.static_outputs = self.fn(*self.static_inputs)
+        self.graph = graph
+
+    def _matches(self, args: Sequence[Any]) -> bool:
+        if len(args) != len(self.static_inputs):
+            return False
+        for static, arg in zip(self.static_inputs, args):
+            if isinstance(static, torch.Tensor):
+                # Strides may differ: copy_ writes any layout into the captured buffer.
+                if not (isinstance(arg, torch.Tensor) and arg.shape == static.shape and arg.dtype == static.dtype and arg.device == static.device):
+                    return False
+            elif arg != static:
+                return False
+        return True

@@ -1,0 +1,106 @@
+"""The options of `torch.compile(model, backend="graphopt", options={...}, mode=...)`, parsed and checked.
+
+`TorchOptions.parse` turns torch.compile's `options` dict and `mode` into one typed
+object, raising GraphoptError for an unknown option or a bad value (docs/torch-compile.md
+says what each option means); `kernel_policy` says which graphopt custom kernels the
+lowering may use under that mode. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from graphopt.errors import GraphoptError
+
+__all__ = ["TorchOptions"]
+
+_LAYOUTS = ("auto", "nhwc", "nchw")
+_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+_CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # the modes in which inductor replays CUDA graphs
+
+
+@dataclass
+class TorchOptions:
+    """What ``torch.compile(..., options={...})`` may set (see docs/torch-compile.md)."""
+
+    #: Only these rules (None: the whole library). ``"rules"`` is accepted as another name.
+    enable: list[str] | None = None
+    disable: list[str] = field(default_factory=list)
+    #: Extra .pdll / .py pattern files or folders, loaded after the built-in library.
+    patterns: list[str] = field(default_factory=list)
+    #: Write each graph's report here, as JSON or (for a .html name) as the HTML page; an
+    #: index is added per graph, or put {index} in the name.
+    report: str | None = None
+    #: Hand the rewritten graph to inductor (True) or run it as it is (False).
+    inductor: bool = True
+    #: Inference only: parameters and buffers become constants (they must not change after compiling).
+    freeze: bool = True
+    #: "auto" (channels-last convolutions on CUDA), "nhwc" (always), "nchw" (never).
+    layout: str = "auto"
+    fold_size_limit: int = 1 << 20
+    max_sweeps: int = 8
+    #: Keep every failed attempt in report.trace.
+    trace: bool = False
+    #: Raise when graphopt fails on a graph (default: warn, and run the graph without its rewrites).
+    strict: bool = False
+    #: Which torch.ops.graphopt custom kernels fused ops may run on: "all", "none" (ATen ops
+    #: only), or "auto": all without inductor; with inductor and CUDA graphs only those measured
+    #: faster than inductor's own code (torch_lowering.PREFERRED_OVER_INDUCTOR), so it is never
+    #: slower; with inductor and no CUDA graphs none: a custom op's Python dispatch, which CUDA
+    #: graphs do away with, costs more than its kernel saves (ResNet-50 on an H200: 3.64 ms
+    #: with cuDNN's fused conv as a custom op, against inductor's 2.02 ms).
+    kernels: str = "auto"
+    #: With inductor: compile the graph both ways (graphopt's rewrites, and as dynamo captured
+    #: it), time both on the example inputs, and keep the faster (the report says which, and
+    #: the times). Costs a second compile; graphs graphopt leaves unchanged skip it.
+    tune: bool = False
+    #: torch.compile's mode (passed to inductor; "reduce-overhead" also means CUDA graphs without it).
+    #: torch.compile takes mode= or options=, not both: options={"mode": ...} sets it along with others.
+    mode: str | None = None
+
+    def kernel_policy(self) -> str:
+        if self.kernels == "auto":
+            if not self.inductor:
+                return "all"
+            return "inductor" if self.mode in _CUDA_GRAPH_MODES else "none"
+        return self.kernels
+
+    @classmethod
+    def parse(cls, options: Mapping[str, Any] | None, mode: str | None = None) -> TorchOptions:
+        given = dict(options or {})
+        if "rules" in given:
+            if "enable" in given:
+                raise GraphoptError("graphopt options: give 'rules' or 'enable', not both")
+            given["enable"] = given.pop("rules")
+        # torch.compile takes mode= or options=, never both: the mode may come in the options.
+        if "mode" in given and mode is not None:
+            raise GraphoptError("graphopt: mode given twice (torch.compile's mode= and options['mode'])")
+        mode = given.pop("mode", mode)
+        known = {f.name for f in fields(cls)} - {"mode"}
+        unknown = sorted(set(given) - known)
+        if unknown:
+            raise GraphoptError(f"unknown graphopt option {', '.join(map(repr, unknown))} (known: rules, mode, {', '.join(sorted(known))})")
+        opts = cls(mode=mode)
+        for key, value in given.items():
+            if key in ("enable", "disable", "patterns"):
+                value = [value] if isinstance(value, (str, os.PathLike)) else value
+                if value is not None and not all(isinstance(v, (str, os.PathLike)) for v in value):
+                    raise GraphoptError(f"graphopt option '{key}' takes a list of names, not {value!r}")
+                value = None if value is None else [str(v) for v in value]
+            elif key in ("inductor", "freeze", "trace", "strict", "tune") and not isinstance(value, bool):
+                raise GraphoptError(f"graphopt option '{key}' takes True or False, not {value!r}")
+            elif key == "kernels" and value not in ("auto", "all", "none"):
+                raise GraphoptError(f"graphopt option 'kernels' takes 'auto', 'all' or 'none', not {value!r}")
+            elif key == "layout" and value not in _LAYOUTS:
+                raise GraphoptError(f"graphopt option 'layout' takes one of {', '.join(_LAYOUTS)}, not {value!r}")
+            elif key in ("fold_size_limit", "max_sweeps") and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+                raise GraphoptError(f"graphopt option '{key}' takes a non-negative int, not {value!r}")
+            elif key == "report" and value is not None and not isinstance(value, (str, os.PathLike)):
+                raise GraphoptError(f"graphopt option 'report' takes a path, not {value!r}")
+            setattr(opts, key, str(value) if key == "report" and value is not None else value)
+        if opts.mode not in _MODES:
+            raise GraphoptError(f"torch.compile mode {opts.mode!r} is not one of {', '.join(m for m in _MODES if m)}")
+        return opts
