@@ -26,9 +26,10 @@ FACTS: Mapping[str, str] = {
     "same_shape": "its first output has its first input's shape (symbolic shapes)",
     "elementwise": "applies to each element alone: computes the same in any layout (layout; implies same_shape)",
     "reduce": "a Reduce* op: axes and keepdims (layout)",
-    "same_dtype": "data movement: its output has its first input's dtype (driver, inputs' index limits)",
+    "moves_data": "copies, selects or rearranges its first input's elements: same dtype, same values (driver, --verify's inputs)",
     "nan_order_sensitive": "its result over a NaN depends on the implementation (constant folding)",
     "unbounded_output": "its output size cannot be bounded from its inputs' sizes (constant folding)",
+    "never_folded": "constant folding leaves it as it is, constant inputs or not (constant folding)",
     "non_deterministic": "not a function of its inputs: never folded, never merged (folding, CSE)",
     "keep_fp32": "kept in float32 by --precision fp16/bf16 unless the user says otherwise (precision)",
     "attribute_typed": "an attribute sets its float output type (precision)",
@@ -111,8 +112,11 @@ class InferContext:
         return None if found is None else list(found)
 
     def attr(self, name: str) -> Any:
+        """The attribute's value, else its declared default, else None."""
         value = self._attrs(name)
-        return self.op.default(name) if value is MISSING or value is None else value
+        if value is MISSING or value is None:
+            value = self.op.default(name)
+        return None if value is MISSING else value
 
 
 #: infer(context) -> one shape per output (None where unknown).

@@ -168,9 +168,6 @@ def torch_lowerings() -> Mapping[str, Any]:
 
 # --------------------------------------------------------------------------- standard ops from onnx
 
-_ATTR_TYPE_NAMES = {int(v): k for k, v in onnx.AttributeProto.AttributeType.items()}
-
-
 @lru_cache(maxsize=1024)
 def _standard(op_type: str) -> OpSpec | None:
     declared = _DECLARED.get(("", op_type))
@@ -187,7 +184,10 @@ def onnx_signature(schema: onnx.defs.OpSchema, base: OpSpec | None = None) -> Op
     attributes = []
     for attr in schema.attributes.values():
         default = onnx.helper.get_attribute_value(attr.default_value) if attr.default_value.name else MISSING
-        attributes.append(Attribute(attr.name, _ATTR_TYPE_NAMES.get(int(attr.type), str(attr.type)), default.decode() if isinstance(default, bytes) else default))
+        if isinstance(default, bytes):
+            default = default.decode()
+        type_name = str(attr.type.name)  # type: ignore[attr-defined]  # a pybind enum: its stubs lack .name
+        attributes.append(Attribute(attr.name, type_name, default))
     return OpSpec(
         domain="",
         name=schema.name,

@@ -22,8 +22,8 @@ functions handled exactly as below.
 * Never folded: non-deterministic ops, ops with subgraphs, ops with attribute
   references (function bodies), non-ONNX domains, Quantize/DequantizeLinear (folding
   them would turn int8 weights into float ones and break QDQ fusion), dead nodes
-  (DCE's job), and max/min-like reductions over a NaN (`NAN_ORDER_SENSITIVE_OPS`: what
-  they give there differs between numpy and onnxruntime).
+  (DCE's job), and max/min-like reductions over a NaN (the registry's fact
+  `nan_order_sensitive`: what they give there differs between numpy and onnxruntime).
 * Evaluation: numpy fast paths for the small ops that shape arithmetic uses (checked
   against onnxruntime in tests); everything else through onnx.reference's op
   classes. A result whose dtype or static shape disagrees with what the graph
@@ -44,7 +44,8 @@ import onnx
 import onnx_ir as ir
 
 from graphopt.ir.onnx_view import OnnxView
-from graphopt.passes._common import NON_DETERMINISTIC_OPS, ONNX_DOMAINS, has_subgraphs, record, subgraphs
+from graphopt.ops.registry import has_fact
+from graphopt.passes._common import ONNX_DOMAINS, has_subgraphs, is_non_deterministic, record, subgraphs
 
 __all__ = ["fold_constants", "DEFAULT_SIZE_LIMIT_BYTES"]
 
@@ -53,18 +54,9 @@ logger = logging.getLogger(__name__)
 #: Default bound on how much one fold may grow the model.
 DEFAULT_SIZE_LIMIT_BYTES = 1 << 20
 
-_SKIP_OPS = NON_DETERMINISTIC_OPS | {"Constant", "QuantizeLinear", "DequantizeLinear"}
-
-# Ops whose output size cannot be bounded from their inputs' sizes: folded only when
-# the graph declares a static output shape we can check the size against.
-_UNBOUNDED_OPS = frozenset(
-    {
-        "Resize", "Upsample", "Pad", "Col2Im", "Einsum", "Conv", "ConvTranspose",
-        "ConvInteger", "MaxUnpool", "GatherND", "DFT", "STFT", "MelWeightMatrix",
-        "BlackmanWindow", "HannWindow", "HammingWindow", "MatMulInteger", "QLinearMatMul",
-        "QLinearConv", "CenterCropPad", "AffineGrid",
-    }
-)  # fmt: skip
+# Ops whose output size cannot be bounded from their inputs' sizes (the registry's fact
+# `unbounded_output`) are folded only when the graph declares a static output shape we
+# can check the size against.
 
 # dtypes numpy handles natively; others (bfloat16, float8, int4, string) go to onnx.reference.
 _NATIVE_DTYPES = frozenset(
@@ -132,7 +124,7 @@ class _Folder:
     # ------------------------------------------------------------- one node
     def try_fold(self, node: ir.Node, opset: int) -> None:
         op = node.op_type
-        if node.domain not in ONNX_DOMAINS or op in _SKIP_OPS:
+        if node.domain not in ONNX_DOMAINS or has_fact(node.domain, op, "never_folded") or is_non_deterministic(node):
             return
         if not any(out.uses() or out.is_graph_output() for out in node.outputs):
             return
@@ -323,13 +315,13 @@ def _estimate_out_bytes(node: ir.Node, xs: Sequence[np.ndarray | None]) -> int |
     computed = _computed_out_bytes(node, xs)
     if computed is not None:
         return max(computed, declared or 0)
-    return None if node.op_type not in _UNBOUNDED_OPS or declared is None else int(declared)
+    return None if not has_fact(node.domain, node.op_type, "unbounded_output") or declared is None else int(declared)
 
 
 def _computed_out_bytes(node: ir.Node, xs: Sequence[np.ndarray | None]) -> int | None:
     """The outputs' size from the input data, or None when the data cannot bound them."""
     op = node.op_type
-    if op in _UNBOUNDED_OPS:
+    if has_fact(node.domain, op, "unbounded_output"):
         return None
     arrays = [x for x in xs if x is not None]
     itemsize = max((x.itemsize for x in arrays if x.dtype != object), default=8)
@@ -374,10 +366,8 @@ def _computed_out_bytes(node: ir.Node, xs: Sequence[np.ndarray | None]) -> int |
 _FastOp = Callable[[ir.Node, list[Any], int], "list[np.ndarray] | None"]
 
 
-#: Ops whose result over a NaN depends on the implementation: onnxruntime's ReduceMax
-#: skips NaNs where numpy's propagates them, its ArgMax picks another index, its Clip
-#: ignores a NaN bound. With a NaN among the inputs they are left for the runtime.
-NAN_ORDER_SENSITIVE_OPS = frozenset({"ReduceMax", "ReduceMin", "ArgMax", "ArgMin", "Clip", "TopK", "MaxPool", "GlobalMaxPool", "MaxRoiPool"})
+# Ops whose result over a NaN depends on the implementation (the registry's fact
+# `nan_order_sensitive`) are left for the runtime when a NaN is among their inputs.
 
 
 def _holds_nan(xs: list[Any]) -> bool:
@@ -386,7 +376,7 @@ def _holds_nan(xs: list[Any]) -> bool:
 
 def _evaluate(node: ir.Node, xs: list[Any], version: int) -> tuple[Any, bool]:
     """(results, computed_by_fast_path); results None when the node cannot be evaluated."""
-    if node.op_type in NAN_ORDER_SENSITIVE_OPS and _holds_nan(xs):
+    if has_fact(node.domain, node.op_type, "nan_order_sensitive") and _holds_nan(xs):
         return None, False
     fast = _FAST_OPS.get(node.op_type)
     if fast is not None:

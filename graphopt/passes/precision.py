@@ -54,6 +54,7 @@ import onnx
 import onnx_ir as ir
 
 from graphopt.errors import GraphoptError
+from graphopt.ops.registry import fp32_outputs, has_fact, names_with
 from graphopt.ops.targets import GRAPHOPT_DOMAIN, Target
 from graphopt.passes._common import ONNX_DOMAINS, has_subgraphs, record
 from graphopt.report.model import PrecisionSummary
@@ -79,73 +80,19 @@ _LOW: dict[str, tuple[str, ir.DataType, str]] = {
     "bf16": ("bf16", ir.DataType.BFLOAT16, "tensor(bfloat16)"),
 }
 
-#: Op types (standard domain) kept in float32 unless the user says otherwise. Fused
-#: kernels (LayerNormalization, SkipLayerNormalization, attention, graphopt's ops)
-#: accumulate in float32 internally and are not listed; neither are Erf, Tanh and
-#: Sigmoid (bounded outputs), nor ReduceMax/ReduceMin/ArgMax (exact in any type).
-DEFAULT_KEEP_FP32: frozenset[str] = frozenset(
-    {
-        # reductions whose accumulation loses precision in 16 bits
-        "ReduceMean", "ReduceSum", "ReduceSumSquare", "ReduceL1", "ReduceL2",
-        "ReduceLogSum", "ReduceLogSumExp", "ReduceProd",
-        # range-expanding math
-        "Pow", "Exp", "Log",
-        # standalone softmax (not the fused attention kernels)
-        "Softmax", "LogSoftmax",
-        # normalization statistics without a fused kernel
-        "MeanVarianceNormalization", "LpNormalization", "LRN", "LpPool", "GlobalLpPool",
-        # running sums and generated sequences
-        "CumSum", "Range",
-        # random numbers (their dtype attribute sets the type)
-        "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli",
-        # coordinates and boxes
-        "NonMaxSuppression", "RoiAlign",
-        # signal processing
-        "DFT", "STFT",
-        # quantization: scales keep their type
-        "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear",
-    }
-)
-
-# Ops whose float output type an attribute sets (converting them would need the attribute changed).
-_ATTRIBUTE_TYPED = frozenset(
-    {"ConstantOfShape", "EyeLike", "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
-)
-
-# Elementwise and layout ops that stay float32 when every non-constant float input
-# comes from a float32 node: converting them would only add a Cast.
-_FOLLOW_INPUTS = frozenset(
-    {
-        "Add", "Sub", "Mul", "Div", "Sqrt", "Reciprocal", "Neg", "Abs", "Pow", "Exp", "Log",
-        "Max", "Min", "Sum", "Mean", "Clip", "Where",
-        "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Expand",
-        "Slice", "Concat", "Split", "Gather", "Tile", "Cast",
-    }
-)
-
-# Ops whose precision decides a fusion's worth (see PrecisionPlan.fusion_problem); ops
-# outside the standard domain (fused ops) count as heavy too.
-_HEAVY_OPS = frozenset(
-    {
-        "Conv", "ConvTranspose", "MatMul", "Gemm", "Einsum", "Attention",
-        "LayerNormalization", "GroupNormalization", "InstanceNormalization", "RMSNormalization",
-        "LSTM", "GRU", "RNN",
-    }
-)
+#: Op types (standard domain) kept in float32 unless the user says otherwise: the
+#: registry's fact `keep_fp32` (graphopt/ops/standard_ops.py says which and why). The
+#: other op classes this pass reads are facts there too: `attribute_typed` (an attribute
+#: sets the float output type), `follows_inputs` (elementwise and layout ops that stay
+#: float32 when their float inputs are), `heavy` (their precision decides a fusion's
+#: worth), and `fp32_outputs` (statistics outputs that stay float32).
+DEFAULT_KEEP_FP32: frozenset[str] = names_with("keep_fp32")
 
 
 def _is_heavy(domain: str, op_type: str) -> bool:
-    return op_type in _HEAVY_OPS or domain not in ONNX_DOMAINS
+    # ops outside the standard domain (fused ops) count as heavy too
+    return has_fact(domain, op_type, "heavy") or domain not in ONNX_DOMAINS
 
-
-# Outputs that stay float32 whatever the input type (statistics in the stash type),
-# by the op type the target runs.
-_STAT_OUTPUTS: dict[str, frozenset[int]] = {
-    "LayerNormalization": frozenset({1, 2}),
-    "SimplifiedLayerNormalization": frozenset({1}),
-    "SkipLayerNormalization": frozenset({1, 2}),
-    "SkipSimplifiedLayerNormalization": frozenset({1, 2}),
-}
 
 _FLOAT = ir.DataType.FLOAT
 
@@ -212,7 +159,7 @@ class PrecisionPlan:
 
     def cannot_run_low(self, target: Target, domain: str, op_type: str, opset: int | None) -> str | None:
         """Why the target cannot run this op in the low type (None if it can)."""
-        if op_type in _ATTRIBUTE_TYPED and domain in ONNX_DOMAINS:
+        if has_fact(domain, op_type, "attribute_typed"):
             return f"{op_type}'s output type is set by an attribute"
         reason = target.why_not(domain, op_type, self.low, opset)
         if reason is not None:
@@ -238,7 +185,7 @@ class PrecisionPlan:
         """The driver's capability check for a node a rewrite would emit, in the type it
         will run in after conversion. `matched` lists (domain, op, dtype) of the nodes the
         rewrite replaces: a fused op the target has only in float32 is refused when it
-        would pull the heavy ops it replaces (`_HEAVY_OPS`: Conv, MatMul, normalizations,
+        would pull the heavy ops it replaces (fact `heavy`: Conv, MatMul, normalizations,
         fused ops), which could run in the low type, back to float32. Activations,
         elementwise and layout ops do not count: Conv+BatchNormalization folded into a
         Conv that stays float32 is still a gain."""
@@ -419,7 +366,7 @@ class _Converter:
         if any(v.dtype is None for v in node.outputs) or any(v is not None and self.dtype(v) is None for v in node.inputs):
             return "unknown_type", None
         if self.plan.cannot_run_low(self.target, domain, node.op_type, self.opset) is not None:
-            return ("attribute_type" if node.op_type in _ATTRIBUTE_TYPED else "no_kernel"), None
+            return ("attribute_type" if has_fact(domain, node.op_type, "attribute_typed") else "no_kernel"), None
         ins, outs = self._positions(node, domain, f32_in, f32_out)
         if not ins and not outs:
             return "no_kernel", None
@@ -429,13 +376,13 @@ class _Converter:
             if readers and all(id(v) in self.low_values for v in readers):
                 return None, _Decision(ins, outs)
             return "follows_fp32", None
-        if node.op_type in _FOLLOW_INPUTS and domain in ONNX_DOMAINS and readers and all(id(v) in self.fp32_values for v in readers):
+        if has_fact(domain, node.op_type, "follows_inputs") and readers and all(id(v) in self.fp32_values for v in readers):
             return "follows_fp32", None
         return None, _Decision(ins, outs)
 
     def _positions(self, node: ir.Node, domain: str, f32_in: tuple[int, ...], f32_out: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
         lowered_domain, lowered_op = self.target.lowered(domain, node.op_type)
-        fixed = _STAT_OUTPUTS.get(lowered_op, frozenset())
+        fixed = fp32_outputs(lowered_domain, lowered_op)
         # graphopt's fused ops read and write one float type (their lowering may move inputs,
         # so the lowered op's schema positions do not apply to them).
         schema = _schema(lowered_op, self.opset) if lowered_domain in ONNX_DOMAINS and domain != GRAPHOPT_DOMAIN else None
@@ -647,7 +594,7 @@ def _output_dtype(node: ir.Node, index: int, opset: int, target: Target) -> ir.D
     inputs = [v for v in node.inputs if v is not None]
     domain = "" if node.domain == "ai.onnx" else node.domain
     if domain == GRAPHOPT_DOMAIN:
-        if index in _STAT_OUTPUTS.get(target.lowered(domain, node.op_type)[1], frozenset()):
+        if index in fp32_outputs(*target.lowered(domain, node.op_type)):
             return _FLOAT
         floats = [v.dtype for v in inputs if v.dtype is not None and v.dtype.is_floating_point()]
         return floats[0] if floats else None
