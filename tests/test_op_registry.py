@@ -330,3 +330,26 @@ def test_declarations_are_frozen_specs() -> None:
         assert isinstance(op, OpSpec)
         with pytest.raises(AttributeError):
             op.name = "x"  # type: ignore[misc]
+
+
+# --------------------------------------------------------------------------- what people read
+
+
+def test_the_report_says_which_targets_lower_the_op_a_target_lacks() -> None:
+    from graphopt.report.hints import summarize_target_gaps
+
+    [fused_conv, swiglu] = summarize_target_gaps([
+        ("FuseConvActivation", "target onnx has no lowering for graphopt.FusedConv"),
+        ("FuseSwiGLU", "target ort-cpu has no lowering for graphopt.SwiGLU"),
+    ])
+    assert fused_conv.endswith("--target ort-cpu or ort-cuda lower graphopt.FusedConv.")
+    assert swiglu.endswith("no other --target lowers graphopt.SwiGLU (it runs on torch.compile only).")
+
+
+def test_graphopt_ops_lists_the_declarations(cli) -> None:
+    result = cli("ops")
+    assert result.returncode == 0, result.stderr
+    rows = {line.split("\t")[0]: line.split("\t") for line in result.stdout.splitlines()[1:]}
+    assert set(rows) == {op.name for op in registry.graphopt_ops()}
+    assert rows["QuickGelu"][2] == "alpha=1.702" and "onnx: Swish" in rows["QuickGelu"][3]
+    assert rows["SkipLayerNorm"][4] == "graphopt::layer_norm"
