@@ -154,16 +154,14 @@ class _CudaKernels(KernelTable):
 
 _ORT_CUDA = _CudaKernels("CUDAExecutionProvider", fixed=_ORT_CUDA_KNOWN)
 
-def _as_lowering(entry: Lowering | tuple[str, str]) -> Lowering:
-    return entry if isinstance(entry, Lowering) else Lowering(*entry)
-
 
 @dataclass(frozen=True)
 class Target:
     name: str
     description: str
     kernels: Mapping[tuple[str, str], frozenset[str]] = field(default_factory=dict)
-    lowerings: Mapping[str, Any] = field(default_factory=dict)
+    #: graphopt op -> how this target runs it (from the op registry; the torch target's own).
+    lowerings: Mapping[str, Lowering] = field(default_factory=dict)
     #: True when `kernels` lists every op the target runs (standard ops too).
     complete: bool = False
     #: Per-kernel checks of attributes and input shapes (see `Contract`; declared with the lowerings).
@@ -189,8 +187,7 @@ class Target:
 
     def lowering(self, op_type: str) -> Lowering | None:
         """How graphopt.<op_type> is lowered on this target, or None when it is not."""
-        entry = self.lowerings.get(op_type)
-        return None if entry is None else _as_lowering(entry)
+        return self.lowerings.get(op_type)
 
     def lowered(self, domain: str, op_type: str) -> tuple[str, str]:
         """The op this target runs for (domain, op_type): graphopt ops map through the lowering table."""
