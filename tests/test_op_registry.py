@@ -353,3 +353,35 @@ def test_graphopt_ops_lists_the_declarations(cli) -> None:
     assert set(rows) == {op.name for op in registry.graphopt_ops()}
     assert rows["QuickGelu"][2] == "alpha=1.702" and "onnx: Swish" in rows["QuickGelu"][3]
     assert rows["SkipLayerNorm"][4] == "graphopt::layer_norm"
+
+
+#: torch-only graphopt ops -> (input shapes, attributes), lowered on fake CPU tensors.
+_TORCH_CASES: dict[str, tuple[list[list[int]], dict[str, Any]]] = {
+    "ScaledDotProductAttention": ([[2, 3, 5, 8], [2, 3, 7, 8], [2, 3, 7, 6]], {}),
+    "SwiGLU": ([[2, 5, 16], [2, 5, 16]], {}),
+    "GeGLU": ([[2, 5, 16], [16]], {}),
+    "GemmActivation": ([[4, 8], [8, 6], [6]], {"activation": "Relu"}),
+}
+
+
+def test_the_torch_cases_cover_every_op_only_torch_runs() -> None:
+    only_torch = {op.name for op in registry.graphopt_ops() if "ort-cpu" not in op.lowerings}
+    assert only_torch - {"GroupNorm"} <= set(_TORCH_CASES)  # GroupNorm runs on ort-cuda only, not on torch
+
+
+@pytest.mark.parametrize("name", sorted(_TORCH_CASES))
+def test_declared_inference_matches_the_torch_lowerings_output_shapes(name: str) -> None:
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from graphopt.ops.torch_lowering import FxBuilder, ensure_kernels
+
+    assert ensure_kernels() is None
+    shapes, attrs = _TORCH_CASES[name]
+    with FakeTensorMode() as mode:
+        inputs = [torch.empty(*shape) for shape in shapes]
+    (out,) = registry.torch_lowerings()[name].fn(FxBuilder(None, mode, evaluate=True), inputs, attrs, {0})
+    op = registry.spec(GRAPHOPT_DOMAIN, name)
+    assert op is not None and op.infer is not None
+    inferred = op.infer(InferContext(op, lambda i: shapes[i], lambda n: attrs.get(n, MISSING), len(shapes)))
+    assert [list(out.shape)] == inferred
