@@ -413,6 +413,43 @@ def list_patterns(
         print(f"{native.kind.lower()}\t{native.name}\t{_short(native.source)}\t")
 
 
+@app.command("ops", cls=_Command)
+def list_ops() -> None:
+    """List graphopt's own fused ops as the op registry declares them: inputs, attributes
+    with their defaults, and what each target runs them as (graphopt/ops/fused_ops.py)."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    from graphopt.ops import registry
+    from graphopt.pattern.ir import MISSING
+
+    try:
+        import graphopt.ops.torch_lowering  # noqa: F401 - registers the torch lowerings
+    except Exception:  # noqa: BLE001 - without torch, the torch column stays empty
+        pass
+    rows = []
+    for op in registry.graphopt_ops():
+        inputs = ", ".join(f"{i.name}?" if i.optional else i.name for i in op.inputs)
+        attrs = ", ".join(a.name if a.default is MISSING else f"{a.name}={a.default}" for a in op.attributes)
+        lowered = "; ".join(f"{t}: {low.domain + '.' if low.domain else ''}{low.op_type}" for t, low in op.lowerings.items())
+        torch_low = registry.torch_lowerings().get(op.name)
+        torch_text = "" if torch_low is None else ", ".join(torch_low.custom_ops) or "aten"
+        rows.append((op.name, inputs, attrs, lowered, torch_text, op.doc))
+    console = Console()
+    if console.is_terminal:
+        table = Table(title=f"{len(rows)} graphopt ops", title_justify="left")
+        for column in ("op", "inputs", "attributes", "onnx targets", "torch", "does"):
+            table.add_column(column)
+        for row in rows:
+            table.add_row(*map(escape, row))
+        console.print(table)
+        return
+    print("op\tinputs\tattributes\tonnx targets\ttorch\tdoes")
+    for row in rows:
+        print("\t".join(row))
+
+
 def _short(location: Any) -> str:
     """file:line[:col]: built-in rules relative to the library (rules/...), others to the current folder."""
     from graphopt.library import display_source

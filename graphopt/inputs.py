@@ -18,6 +18,7 @@ import numpy as np
 import onnx_ir as ir
 
 from graphopt.errors import VerificationError
+from graphopt.ops.registry import has_fact
 
 __all__ = ["DEFAULT_DIM", "BATCH_DIM", "MAX_INT_VALUE", "MAX_INPUT_BYTES", "make_inputs", "resolve_shapes"]
 
@@ -31,9 +32,6 @@ MAX_INT_VALUE = 8
 MAX_INPUT_BYTES = 4 << 30
 
 _BATCH_NAMES = re.compile(r"^(n|b|bs|batch.*|.*_batch|batch_size|num_batches)$", re.IGNORECASE)
-# Ops that pass integer values through unchanged, so a Gather behind them still indexes with them.
-_PASSTHROUGH = {"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity", "Expand", "Transpose", "Slice", "Concat"}
-
 
 
 def _np_dtype(dtype: ir.DataType) -> np.dtype:
@@ -61,7 +59,8 @@ def _gather_limits(graph: ir.Graph) -> dict[str, int]:
                         dim = shape[axis % len(shape)]
                         if isinstance(dim, int) and dim > 0:
                             smallest = dim if smallest is None else min(smallest, dim)
-                elif node.op_type in _PASSTHROUGH:
+                elif node.op_type == "Cast" or has_fact(node.domain, node.op_type, "moves_data"):
+                    # integer values pass through unchanged: a Gather behind still indexes with them
                     stack.extend(node.outputs)
         if smallest is not None:
             limits[name] = smallest

@@ -6,7 +6,7 @@ an elementwise op, a clip, a softmax...). graphopt folds `op(c)` where it can; t
 optimized model must compute in onnxruntime what the original computes there: NaN in
 the same places, equal values elsewhere. onnxruntime's ReduceMax skips NaNs where numpy
 propagates them, and its ArgMax picks another index: folding those with numpy was the
-bug this family found (graphopt.passes.fold_evaluation.NAN_ORDER_SENSITIVE_OPS).
+bug this family found (the op registry's fact `nan_order_sensitive`).
 
 Profiles as in test_fuzz_differential.py: GRAPHOPT_FUZZ=long for fresh random examples.
 """

@@ -32,6 +32,7 @@ import numpy as np
 import sympy
 
 from graphopt.ir.view import GraphView
+from graphopt.ops.registry import InferContext, has_fact, spec
 
 __all__ = ["Dim", "dim_from_text", "value_dims", "shape_tensor", "dims_equal", "static_int", "broadcast_dims", "SymbolicShapes"]
 
@@ -40,20 +41,6 @@ Dim: TypeAlias = Any
 
 _MAX_DEPTH = 64
 
-# Ops whose output has the broadcast shape of their inputs.
-_BROADCASTING = frozenset({
-    "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Where", "And", "Or", "Xor", "Equal", "Less",
-    "LessOrEqual", "Greater", "GreaterOrEqual", "Mod", "BitShift", "PRelu", "Sum", "Mean",
-})
-# Ops whose (first) output has the shape of their first input.
-_SAME_SHAPE = frozenset({
-    "Relu", "Cast", "CastLike", "Softmax", "LogSoftmax", "Sqrt", "Erf", "Tanh", "Sigmoid", "Neg", "Exp",
-    "Log", "Abs", "IsNaN", "IsInf", "Not", "Identity", "LayerNormalization", "Gelu", "Reciprocal", "Sin",
-    "Cos", "Dropout", "LeakyRelu", "Clip", "HardSigmoid", "Elu", "Selu", "Softplus", "Softsign", "Floor",
-    "Ceil", "Round", "Sign", "BatchNormalization", "InstanceNormalization", "RMSNormalization",
-    "SimplifiedLayerNormalization", "SkipLayerNormalization", "SkipSimplifiedLayerNormalization",
-    "BiasGelu", "FastGelu", "QuickGelu", "SkipLayerNorm", "SkipRMSNorm", "RMSNorm", "Trilu",
-})
 
 
 def static_int(d: Any) -> int | None:
@@ -199,6 +186,11 @@ class SymbolicShapes:
             self._dims[key] = self._merge(value, self._derive_dims(value, depth))
         return self._dims[key]
 
+    def _static_dims(self, value: Any, depth: int) -> list[Dim] | None:
+        """dims() with known integers as Python ints (what the registry's inference functions take)."""
+        dims = self.dims(value, depth)
+        return None if dims is None else [static_int(x) if static_int(x) is not None else x for x in dims]
+
     def _inferred(self, value: Any) -> list[Dim] | None:
         shape = self.view.shape(value)
         if shape is None:
@@ -243,19 +235,16 @@ class SymbolicShapes:
         d = depth + 1
         if view.output_index(value) != 0 and op not in ("Split",):
             return None
-        if domain == "graphopt" and op in ("MultiHeadAttention", "Attention"):
-            # [batch, seq] of the query (or input), times the value's hidden size.
-            q = self.dims(ins[0], d)
-            if q is None or len(q) != 3:
-                return None
-            if op == "MultiHeadAttention":
-                v = self.dims(ins[2], d)
-                return None if v is None or len(v) != 3 else [q[0], q[1], v[2]]
-            w = view.const_array(ins[1])
-            return None if w is None or w.shape[-1] % 3 else [q[0], q[1], sympy.Integer(w.shape[-1] // 3)]
-        if op in _SAME_SHAPE:
+        declared = spec(domain, op) if domain == "graphopt" else None
+        if declared is not None and declared.infer is not None:  # graphopt's own ops: their declared inference
+            ctx = InferContext(declared, lambda i: self._static_dims(ins[i], d) if ins[i] is not None else None, lambda name: view.attr(node, name), len(ins))
+            shapes = declared.infer(ctx)
+            index = view.output_index(value)
+            found = shapes[index] if index < len(shapes) else None
+            return None if found is None else [sympy.Integer(x) if isinstance(x, int) else x for x in found]
+        if has_fact(domain, op, "same_shape") or has_fact(domain, op, "elementwise"):
             return self.dims(ins[0], d) if ins else None
-        if op in _BROADCASTING:
+        if has_fact(domain, op, "broadcasting"):
             return _broadcast([self.dims(x, d) for x in ins if x is not None])
         if op == "Reshape":
             return self._reshape(node, ins, d)

@@ -30,6 +30,7 @@ from graphopt.library import BUILTIN_RULES_DIR
 from graphopt.match.cycles import TopoOrder, cycle_through
 from graphopt.match.matcher import Failure, Match, Matcher, OpBinding
 from graphopt.match.rewrite import plan_rewrite, target_variants
+from graphopt.ops.registry import has_fact
 from graphopt.ops.targets import Target
 from graphopt.pattern.ir import Rule, required_ops
 from graphopt.pattern.native import RewriteDeclined, UserCodeExit
@@ -278,11 +279,6 @@ def _leaf_producers(view: GraphView, match: Match) -> list[Any]:
     return result
 
 
-#: standard ops whose output has their first input's type: a value a rewrite just made
-#: (no type recorded yet) takes its type from there
-_SAME_TYPE_OPS = frozenset({"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Expand", "Flatten", "Identity", "Slice", "Concat"})
-
-
 def _first_dtype(view: GraphView, node: Any) -> str | None:
     inputs = list(view.inputs(node))
     # The kernel tables key on the data type: Where's is its second input, not the condition.
@@ -293,7 +289,9 @@ def _first_dtype(view: GraphView, node: Any) -> str | None:
         if first is None or view.dtype(first) is not None:
             break
         producer = view.producer(first)
-        if producer is None or view.op_key(producer) not in {("", op) for op in _SAME_TYPE_OPS}:
+        # ops that only move data have their first input's type: a value a rewrite just
+        # made (no type recorded yet) takes its type from there
+        if producer is None or not has_fact(*view.op_key(producer), "moves_data"):
             break
         first = next(iter(view.inputs(producer)), None)
     return view.dtype(first) if first is not None else None

@@ -20,6 +20,7 @@ import numpy as np
 
 from graphopt.ir.view import GraphView
 from graphopt.match.context import MatchContext
+from graphopt.ops.registry import attribute_default
 from graphopt.pattern.ir import (
     COMMUTATIVE_FIRST_TWO,
     COMMUTATIVE_OPS,
@@ -209,7 +210,9 @@ class Matcher:
         if p.type_bind is not None:
             env = env.bind(p.type_bind, op_key_text(key))
         for a in p.attrs:
-            actual = view.attr(node, a.name)
+            actual = view.attr(node, a.name)  # the node's, else its onnx schema's default
+            if actual is MISSING:  # graphopt's own ops: the default declared in the op registry
+                actual = attribute_default(*key, a.name)
             if actual is MISSING:
                 actual = a.default
             if a.literal is not MISSING:

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from graphopt.ops.targets import GRAPHOPT_DOMAIN, Lowering, Target
+from graphopt.ops.registry import GRAPHOPT_DOMAIN, Lowering, attribute_default
+from graphopt.ops.targets import Target
+from graphopt.pattern.ir import MISSING
 
 __all__ = ["lower_fused_ops"]
 
@@ -26,11 +28,21 @@ def lower_fused_ops(model: ir.Model, target: Target) -> int:
             low = target.lowering(node.op_type)
             if low is None:
                 raise AssertionError(f"target {target.name} has no lowering for graphopt.{node.op_type}")
+            _write_explicit_defaults(node, low)
             _apply(node, low)
             lowered += 1
             if low.domain and low.domain not in model.opset_imports:
                 model.opset_imports[low.domain] = 1
     return lowered
+
+
+def _write_explicit_defaults(node: ir.Node, low: Lowering) -> None:
+    """Attributes whose default differs on the target's op get graphopt's default written out
+    (QuickGelu's alpha is 1.702; opset 24 Swish's defaults to 1.0)."""
+    for name in low.explicit:
+        default = attribute_default(GRAPHOPT_DOMAIN, node.op_type, name)
+        if name not in node.attributes and default is not MISSING:
+            node.attributes[name] = ir.convenience.convert_attribute(name, default)
 
 
 def _apply(node: ir.Node, low: Lowering) -> None:

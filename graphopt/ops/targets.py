@@ -4,7 +4,9 @@ A rewrite emits standard ONNX ops or graphopt's own fused ops (domain
 `graphopt`). Standard ops are allowed when the model's opset defines them. A
 graphopt op is allowed only when the target has a lowering for it *and* the op
 it lowers to has a kernel for the dtype on that target. Nothing else is ever
-emitted: the driver checks every new node before committing a rewrite.
+emitted: the driver checks every new node before committing a rewrite. Which op a
+graphopt op lowers to, per target, and the kernel's contract are declared with the op
+(graphopt/ops/fused_ops.py, read through graphopt.ops.registry).
 
 The ort-cpu table is read from the installed onnxruntime's kernel registry the first
 time it is needed (snapshot_ort_kernels.installed_kernels, cached on disk per
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -30,10 +32,10 @@ from typing import Any
 
 import onnx
 
-__all__ = ["Lowering", "Target", "TARGETS", "get_target", "KernelTable", "GRAPHOPT_DOMAIN", "MS_DOMAIN"]
+from graphopt.ops import registry
+from graphopt.ops.opspec import GRAPHOPT_DOMAIN, MS_DOMAIN, Contract, Lowering
 
-GRAPHOPT_DOMAIN = "graphopt"
-MS_DOMAIN = "com.microsoft"
+__all__ = ["Lowering", "Target", "TARGETS", "get_target", "KernelTable", "GRAPHOPT_DOMAIN", "MS_DOMAIN"]
 
 _F = frozenset
 
@@ -101,7 +103,7 @@ _ORT_CPU = KernelTable("CPUExecutionProvider", fallback="ort_cpu_kernels.json")
 # Contrib kernels of the CUDA provider (cuda_contrib_kernels.cc). Standard ops
 # need no table here: the CUDA provider hands any op it lacks to the CPU provider.
 _ORT_CUDA_KNOWN: dict[tuple[str, str], frozenset[str]] = {
-    # contrib_ops/cuda/fused_conv.cc: float only; activation Relu only (see _ORT_CUDA_CONTRACTS).
+    # contrib_ops/cuda/fused_conv.cc: float only; activation Relu only (see graphopt.FusedConv's contract).
     (MS_DOMAIN, "FusedConv"): _F({"f32"}),
     (MS_DOMAIN, "FusedMatMul"): _F({"f32", "f64", "f16", "bf16"}),
     (MS_DOMAIN, "Attention"): _F({"f32", "f16"}),
@@ -116,7 +118,7 @@ _ORT_CUDA_KNOWN: dict[tuple[str, str], frozenset[str]] = {
     (MS_DOMAIN, "Gelu"): _F({"f32", "f64", "f16", "bf16"}),
     (MS_DOMAIN, "BiasSplitGelu"): _F({"f32", "f16"}),
     # contrib_ops/cuda/diffusion/group_norm.cc: X float/float16 in NHWC (channels_last = 1 only),
-    # gamma/beta float32 whatever X is; shape limits in _ORT_CUDA_CONTRACTS.
+    # gamma/beta float32 whatever X is; shape limits in graphopt.GroupNorm's contract (fused_ops.py).
     (MS_DOMAIN, "GroupNorm"): _F({"f32", "f16"}),
     # contrib_ops/cuda/diffusion/nhwc_conv.cc: cuda::Conv<T, NHWC=true> for float and float16;
     # X and Y are NHWC, W stays [M, C/group, kH, kW] (prepacked to NHWC when constant). Emitted
@@ -152,145 +154,17 @@ class _CudaKernels(KernelTable):
 
 _ORT_CUDA = _CudaKernels("CUDAExecutionProvider", fixed=_ORT_CUDA_KNOWN)
 
-@dataclass(frozen=True)
-class Lowering:
-    """How one graphopt op becomes a target's op.
-
-    ``inputs`` lists, for each input slot of the target op, the graphopt op's
-    input index or None for an omitted optional input (None: same inputs in the
-    same order). ``rename`` maps a graphopt attribute to the target's names for
-    it (an empty tuple drops it); other attributes keep their names.
-    """
-
-    domain: str
-    op_type: str
-    inputs: tuple[int | None, ...] | None = None
-    rename: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-
-    @property
-    def key(self) -> tuple[str, str]:
-        return (self.domain, self.op_type)
-
-
-def _as_lowering(entry: Lowering | tuple[str, str]) -> Lowering:
-    return entry if isinstance(entry, Lowering) else Lowering(*entry)
-
-
-# graphopt op -> the op it lowers to on onnxruntime targets (a (domain, op) pair:
-# same inputs and attributes; or a Lowering that maps them).
-_ORT_LOWERINGS: dict[str, Any] = {
-    # q, k, v [batch, seq, hidden], attention_bias -> com.microsoft.MultiHeadAttention
-    # (query, key, value, bias, key_padding_mask, attention_bias).
-    "MultiHeadAttention": Lowering(MS_DOMAIN, "MultiHeadAttention", inputs=(0, 1, 2, None, None, 3)),
-    # x [batch, seq, hidden], packed weights [hidden, 3 * hidden] and bias, attention_bias ->
-    # com.microsoft.Attention (input, weights, bias, mask_index, past, attention_bias).
-    "Attention": Lowering(MS_DOMAIN, "Attention", inputs=(0, 1, 2, None, None, 3)),
-    "FusedConv": (MS_DOMAIN, "FusedConv"),
-    "SkipLayerNorm": (MS_DOMAIN, "SkipLayerNormalization"),
-    "Gelu": (MS_DOMAIN, "Gelu"),
-    "FastGelu": (MS_DOMAIN, "FastGelu"),
-    "BiasGelu": (MS_DOMAIN, "BiasGelu"),
-    "QuickGelu": (MS_DOMAIN, "QuickGelu"),
-    # x [batch, heads, seq, head] or [batch, seq, hidden], position_ids, cos/sin caches
-    # [max_pos, rotary_dim / 2]: the same inputs and attributes (contrib RotaryEmbedding).
-    "RotaryEmbedding": (MS_DOMAIN, "RotaryEmbedding"),
-    "RMSNorm": ("", "SimplifiedLayerNormalization"),
-    "SkipRMSNorm": (MS_DOMAIN, "SkipSimplifiedLayerNormalization"),
-}
-
-
-# Lowerings only the CUDA provider has a kernel for.
-_ORT_CUDA_LOWERINGS: dict[str, Any] = {
-    # x [N, C, H, W] with channels_last = 0 (graphopt's form); the layout pass
-    # (graphopt/passes/layout.py) makes it NHWC, the only layout the CUDA kernel runs.
-    "GroupNorm": (MS_DOMAIN, "GroupNorm"),
-    # (x + bias) halved on the last axis, a * Gelu_erf(g): BiasSplitGelu(X [N, S, D], bias [D]).
-    "GeGLU": (MS_DOMAIN, "BiasSplitGelu"),
-}
-
-
-# graphopt op -> standard ONNX op on `--target onnx` (allowed where the model's opset defines it).
-_ONNX_LOWERINGS: dict[str, Any] = {
-    # opset 23 Attention, 3-D form: the head counts are attributes.
-    "MultiHeadAttention": Lowering("", "Attention", rename={"num_heads": ("q_num_heads", "kv_num_heads")}),
-    # opset 24 Swish(x) = x * Sigmoid(alpha * x): QuickGelu's formula (SiLU at alpha = 1).
-    "QuickGelu": ("", "Swish"),
-}
-
-
-# What a kernel accepts beyond its dtypes, where it is pickier than its schema:
-# lowered (domain, op) -> check(attributes, input shapes) -> None, or why not.
-Contract = Callable[[Mapping[str, Any], Sequence[Any]], "str | None"]
-
-
-def _activation_in(*allowed: str | None) -> Contract:
-    """FusedConv's `activation` must be one the provider's kernel maps (None: attribute absent)."""
-
-    def check(attrs: Mapping[str, Any], shapes: Sequence[Any]) -> str | None:
-        activation = attrs.get("activation")
-        if isinstance(activation, bytes):
-            activation = activation.decode()
-        if activation not in allowed:
-            names = ", ".join(a for a in allowed if a)
-            return f"the kernel's activations are {names}, not {activation}"
-        return None
-
-    return check
-
-
-def _cuda_group_norm(attrs: Mapping[str, Any], shapes: Sequence[Any]) -> str | None:
-    """group_norm.cc / group_norm_impl.cu: 4-D input, C divisible by groups, and the
-    channels per group even (2 per thread) and at most 512 (one block), else NOT_IMPLEMENTED."""
-    x_shape = shapes[0] if shapes else None
-    if x_shape is not None and len(x_shape) != 4:
-        return f"the CUDA GroupNorm kernel takes 4-D input, not rank {len(x_shape)}"
-    gamma = shapes[1] if len(shapes) > 1 else None
-    groups = attrs.get("groups")
-    if gamma is None or len(gamma) != 1 or not isinstance(gamma[0], int) or not groups:
-        return "the channel count or the group count is unknown"
-    channels, groups = gamma[0], int(groups)
-    if channels % groups:
-        return f"{channels} channels do not split into {groups} groups"
-    per_group = channels // groups
-    if per_group % 2 or per_group > 512:
-        return f"the CUDA GroupNorm kernel needs an even number of channels per group, at most 512 (got {per_group})"
-    return None
-
-
-def _cuda_bias_split_gelu(attrs: Mapping[str, Any], shapes: Sequence[Any]) -> str | None:
-    """contrib_ops/cuda/diffusion/bias_split_gelu.cc: X is 3-D with a last dim of 2560,
-    5120 or 10240 (the kernel is instantiated for those half widths only), bias is [D]."""
-    x_shape = shapes[0] if shapes else None
-    if x_shape is None or len(x_shape) != 3:
-        return f"the CUDA BiasSplitGelu kernel takes 3-D input, not {'unknown rank' if x_shape is None else f'rank {len(x_shape)}'}"
-    if x_shape[-1] not in (2560, 5120, 10240):
-        return f"the CUDA BiasSplitGelu kernel runs hidden sizes 2560, 5120 and 10240 only, not {x_shape[-1]}"
-    return None
-
-
-_ORT_CPU_CONTRACTS: dict[tuple[str, str], Contract] = {
-    # contrib_ops/cpu/fused_activation.cc (onnxruntime 1.31: Silu is refused by the NCHWc kernel).
-    (MS_DOMAIN, "FusedConv"): _activation_in(None, "Relu", "Tanh", "Sigmoid", "LeakyRelu", "Clip", "HardSigmoid"),
-}
-
-_ORT_CUDA_CONTRACTS: dict[tuple[str, str], Contract] = {
-    # contrib_ops/cuda/fused_conv.cc MapMode: Relu only (newer cuDNN-frontend builds add Tanh),
-    # and the activation attribute is required.
-    (MS_DOMAIN, "FusedConv"): _activation_in("Relu"),
-    (MS_DOMAIN, "GroupNorm"): _cuda_group_norm,
-    (MS_DOMAIN, "BiasSplitGelu"): _cuda_bias_split_gelu,
-}
-
 
 @dataclass(frozen=True)
 class Target:
     name: str
     description: str
     kernels: Mapping[tuple[str, str], frozenset[str]] = field(default_factory=dict)
-    lowerings: Mapping[str, Any] = field(default_factory=dict)
+    #: graphopt op -> how this target runs it (from the op registry; the torch target's own).
+    lowerings: Mapping[str, Lowering] = field(default_factory=dict)
     #: True when `kernels` lists every op the target runs (standard ops too).
     complete: bool = False
-    #: Per-kernel checks of attributes and input shapes (see `Contract`).
+    #: Per-kernel checks of attributes and input shapes (see `Contract`; declared with the lowerings).
     contracts: Mapping[tuple[str, str], Contract] = field(default_factory=dict)
     #: For `onnx`: the runtime whose kernels confirm the standard ops graphopt's own ops
     #: are lowered to (the installed onnxruntime's CPU provider, what --verify runs on).
@@ -313,8 +187,7 @@ class Target:
 
     def lowering(self, op_type: str) -> Lowering | None:
         """How graphopt.<op_type> is lowered on this target, or None when it is not."""
-        entry = self.lowerings.get(op_type)
-        return None if entry is None else _as_lowering(entry)
+        return self.lowerings.get(op_type)
 
     def lowered(self, domain: str, op_type: str) -> tuple[str, str]:
         """The op this target runs for (domain, op_type): graphopt ops map through the lowering table."""
@@ -368,9 +241,13 @@ def _name(key: tuple[str, str]) -> str:
 
 
 TARGETS: dict[str, Target] = {
-    "onnx": Target("onnx", "standard ONNX ops only; runs in any runtime", lowerings=_ONNX_LOWERINGS, runtime_check=_ORT_CPU),
-    "ort-cpu": Target("ort-cpu", "onnxruntime, CPU execution provider", _ORT_CPU, _ORT_LOWERINGS, complete=True, contracts=_ORT_CPU_CONTRACTS),
-    "ort-cuda": Target("ort-cuda", "onnxruntime, CUDA execution provider", _ORT_CUDA, {**_ORT_LOWERINGS, **_ORT_CUDA_LOWERINGS}, contracts=_ORT_CUDA_CONTRACTS),
+    "onnx": Target("onnx", "standard ONNX ops only; runs in any runtime", lowerings=registry.lowerings_for("onnx"), runtime_check=_ORT_CPU),
+    "ort-cpu": Target(
+        "ort-cpu", "onnxruntime, CPU execution provider", _ORT_CPU, registry.lowerings_for("ort-cpu"), complete=True, contracts=registry.contracts_for("ort-cpu")
+    ),
+    "ort-cuda": Target(
+        "ort-cuda", "onnxruntime, CUDA execution provider", _ORT_CUDA, registry.lowerings_for("ort-cuda"), contracts=registry.contracts_for("ort-cuda")
+    ),
 }
 
 

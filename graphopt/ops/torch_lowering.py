@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +29,7 @@ import torch.fx as fx
 
 from graphopt.ir.dtypes import onnx_enum_to_name
 from graphopt.ir.fx_values import InlineConst, is_neutral, meta_val, neutral_op, numpy_to_tensor, torch_dtype_from_name
+from graphopt.ops import registry
 from graphopt.ops.targets import Lowering, Target
 from graphopt.pattern.native import RewriteDeclined
 
@@ -630,13 +631,14 @@ class GraphoptLowering:
         return None
 
 
-GRAPHOPT: dict[str, GraphoptLowering] = {}
+#: graphopt op -> its torch lowering: the registry's table (graphopt.ops.registry), filled by `_lowers`.
+GRAPHOPT: Mapping[str, GraphoptLowering] = registry.torch_lowerings()
 
 
 def _lowers(op_type: str, custom_ops: tuple[str, ...] = (), dtypes: frozenset[str] = _FLOATS,
             no_gradient: str | None = None) -> Callable[[LoweringFn], LoweringFn]:
     def register(fn: LoweringFn) -> LoweringFn:
-        GRAPHOPT[op_type] = GraphoptLowering(op_type, fn, custom_ops, dtypes, no_gradient)
+        registry.register_torch_lowering(op_type, GraphoptLowering(op_type, fn, custom_ops, dtypes, no_gradient))
         return fn
 
     return register
@@ -845,6 +847,7 @@ def neutral_node(b: FxBuilder, op_type: str, args: list[Any], attrs: dict[str, A
     lowering = GRAPHOPT.get(op_type)
     if lowering is None:
         raise RewriteDeclined(f"target torch has no lowering for graphopt.{op_type}")
+    attrs = registry.with_defaults(op_type, attrs)  # the declared defaults, as on every other target
     inputs = [b.tensor(a) if isinstance(a, InlineConst) else a for a in args]
     evaluating = FxBuilder(None, b.fake_mode, evaluate=True)
     fake_inputs = [b.meta(x) if x is not None else None for x in inputs]
@@ -900,13 +903,10 @@ def lower_neutral_nodes(
 
 
 #: graphopt ops whose custom kernels beat what inductor generates for the ops they replace,
-#: measured on the GPU: with inductor and kernels="auto" only these are used, so that
-#: graphopt + inductor is never slower than inductor alone. FusedConv: cuDNN's fused
-#: conv + bias + (add +) ReLU against the convolution and inductor's fused pointwise kernel,
-#: 1.12 ms against 1.82 ms for ResNet-50's 49 such convolutions on an H200
-#: (benchmarks/torch_op_choices.py). The Triton kernels (attention, norms, ...) lose to or tie
-#: with inductor's code (benchmarks/RESULTS.md) and are left to the no-inductor path.
-PREFERRED_OVER_INDUCTOR: frozenset[str] = frozenset({"FusedConv"})
+#: measured on the GPU (the fact `torch_beats_inductor`, declared with the op in
+#: graphopt/ops/fused_ops.py with its measurement): with inductor and kernels="auto" only
+#: these are used, so that graphopt + inductor is never slower than inductor alone.
+PREFERRED_OVER_INDUCTOR: frozenset[str] = registry.names_with("torch_beats_inductor", registry.GRAPHOPT_DOMAIN)
 
 
 def torch_target(training: bool = False, kernels: str = "all") -> Target:

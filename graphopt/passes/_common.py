@@ -8,9 +8,10 @@ from typing import Any
 
 import onnx_ir as ir
 
+from graphopt.ops.registry import has_fact
+
 __all__ = [
     "ONNX_DOMAINS",
-    "NON_DETERMINISTIC_OPS",
     "is_non_deterministic",
     "subgraphs",
     "has_subgraphs",
@@ -20,21 +21,9 @@ __all__ = [
 
 ONNX_DOMAINS = frozenset({"", "ai.onnx"})
 
-# Ops whose result is not a function of their inputs: never folded, never merged.
-NON_DETERMINISTIC_OPS = frozenset(
-    {
-        "RandomNormal",
-        "RandomNormalLike",
-        "RandomUniform",
-        "RandomUniformLike",
-        "Multinomial",
-        "Bernoulli",
-    }
-)
-
-
 def is_non_deterministic(node: ir.Node) -> bool:
-    return node.op_type in NON_DETERMINISTIC_OPS and node.domain in ONNX_DOMAINS
+    """Its result is not a function of its inputs: never folded, never merged."""
+    return has_fact(node.domain, node.op_type, "non_deterministic")
 
 
 def subgraphs(node: ir.Node) -> Iterator[ir.Graph]:

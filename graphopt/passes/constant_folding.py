@@ -22,7 +22,7 @@ functions handled exactly as below.
 * Never folded: non-deterministic ops, ops with subgraphs, ops with attribute
   references (function bodies), non-ONNX domains, Quantize/DequantizeLinear (folding
   them would turn int8 weights into float ones and break QDQ fusion), dead nodes
-  (DCE's job), and max/min-like reductions over a NaN (`NAN_ORDER_SENSITIVE_OPS`: what
+  (DCE's job), and max/min-like reductions over a NaN (the registry's fact `nan_order_sensitive`: what
   they give there differs between numpy and onnxruntime).
 * Evaluation: numpy fast paths for the small ops that shape arithmetic uses (checked
   against onnxruntime in tests); everything else through onnx.reference's op
@@ -46,7 +46,8 @@ import onnx
 import onnx_ir as ir
 
 from graphopt.ir.onnx_view import OnnxView
-from graphopt.passes._common import NON_DETERMINISTIC_OPS, ONNX_DOMAINS, has_subgraphs, record, subgraphs
+from graphopt.ops.registry import has_fact
+from graphopt.passes._common import ONNX_DOMAINS, has_subgraphs, is_non_deterministic, record, subgraphs
 from graphopt.passes.fold_evaluation import _evaluate, _infer_output_dtypes
 from graphopt.passes.fold_numpy_paths import _contiguous, _NoFold
 from graphopt.passes.fold_size_bound import _dead_input_bytes, _estimate_out_bytes
@@ -58,7 +59,6 @@ logger = logging.getLogger(__name__)
 #: Default bound on how much one fold may grow the model.
 DEFAULT_SIZE_LIMIT_BYTES = 1 << 20
 
-_SKIP_OPS = NON_DETERMINISTIC_OPS | {"Constant", "QuantizeLinear", "DequantizeLinear"}
 
 
 def fold_constants(
@@ -113,7 +113,7 @@ class _Folder:
     # ------------------------------------------------------------- one node
     def try_fold(self, node: ir.Node, opset: int) -> None:
         op = node.op_type
-        if node.domain not in ONNX_DOMAINS or op in _SKIP_OPS:
+        if node.domain not in ONNX_DOMAINS or has_fact(node.domain, op, "never_folded") or is_non_deterministic(node):
             return
         if not any(out.uses() or out.is_graph_output() for out in node.outputs):
             return

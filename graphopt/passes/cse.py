@@ -29,13 +29,11 @@ import numpy as np
 import onnx_ir as ir
 
 from graphopt.ir.onnx_view import OnnxView
+from graphopt.ops.registry import has_fact
 from graphopt.passes._common import ONNX_DOMAINS, as_model, has_subgraphs, is_non_deterministic, record, subgraphs
 
 __all__ = ["eliminate_common_subexpressions"]
 
-# Exactly commutative in IEEE arithmetic too (a+b == b+a bit for bit); Max/Min are
-# left out because NaN handling is not symmetric in every runtime.
-_COMMUTATIVE = frozenset({"Add", "Mul", "Equal", "And", "Or", "Xor", "BitwiseAnd", "BitwiseOr", "BitwiseXor"})
 
 _Table = MutableMapping[Hashable, Any]
 
@@ -132,7 +130,7 @@ class _Cse:
         # The values themselves (hashed by identity): the key keeps them alive, so an id
         # can never be reused by a value created later in the pass.
         inputs = tuple(node.inputs)
-        if node.op_type in _COMMUTATIVE and len(inputs) == 2 and None not in inputs and node.domain in ONNX_DOMAINS:
+        if len(inputs) == 2 and None not in inputs and has_fact(node.domain, node.op_type, "commutative"):
             inputs = tuple(sorted(inputs, key=id))
         return (node.domain, node.op_type, node.overload, node.version, len(node.outputs), inputs, tuple(sorted(attrs)))
 

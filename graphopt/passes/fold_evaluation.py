@@ -3,7 +3,7 @@
 `_evaluate` runs one node on constant inputs for constant folding
 (graphopt.passes.constant_folding): the numpy fast paths (graphopt.passes.fold_numpy_paths)
 for the small ops of shape arithmetic, everything else through onnx.reference's op
-classes; max/min-like ops over a NaN (`NAN_ORDER_SENSITIVE_OPS`) are not evaluated, since
+classes; max/min-like ops over a NaN (the registry's fact `nan_order_sensitive`) are not evaluated, since
 numpy and onnxruntime disagree there. `_infer_output_dtypes` asks the op schema for the
 output types where onnx.reference may return a wider one.
 """
@@ -19,17 +19,16 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
+from graphopt.ops.registry import has_fact
 from graphopt.passes.fold_numpy_paths import _FAST_OPS, _NoFold
 
-__all__ = ["NAN_ORDER_SENSITIVE_OPS"]
+__all__: list[str] = []
 
 logger = logging.getLogger(__name__)
 
 
-#: Ops whose result over a NaN depends on the implementation: onnxruntime's ReduceMax
-#: skips NaNs where numpy's propagates them, its ArgMax picks another index, its Clip
-#: ignores a NaN bound. With a NaN among the inputs they are left for the runtime.
-NAN_ORDER_SENSITIVE_OPS = frozenset({"ReduceMax", "ReduceMin", "ArgMax", "ArgMin", "Clip", "TopK", "MaxPool", "GlobalMaxPool", "MaxRoiPool"})
+# Ops whose result over a NaN depends on the implementation (the registry's fact
+# `nan_order_sensitive`) are left for the runtime when a NaN is among their inputs.
 
 
 def _holds_nan(xs: list[Any]) -> bool:
@@ -38,7 +37,7 @@ def _holds_nan(xs: list[Any]) -> bool:
 
 def _evaluate(node: ir.Node, xs: list[Any], version: int) -> tuple[Any, bool]:
     """(results, computed_by_fast_path); results None when the node cannot be evaluated."""
-    if node.op_type in NAN_ORDER_SENSITIVE_OPS and _holds_nan(xs):
+    if has_fact(node.domain, node.op_type, "nan_order_sensitive") and _holds_nan(xs):
         return None, False
     fast = _FAST_OPS.get(node.op_type)
     if fast is not None:

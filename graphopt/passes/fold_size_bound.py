@@ -4,7 +4,8 @@ Constant folding (graphopt.passes.constant_folding) lets one fold grow the model
 its size limit: growth = bytes of the new constants - bytes of the constant inputs that
 die with the node. The outputs' size is bounded from the input data before anything is
 evaluated (a model's declared shapes may lie), so a huge result is never computed; ops
-whose output size the inputs cannot bound (`_UNBOUNDED_OPS`) need a static declared shape.
+whose output size the inputs cannot bound (the registry's fact `unbounded_output`) need a
+static declared shape.
 """
 
 from __future__ import annotations
@@ -15,18 +16,8 @@ from collections.abc import Sequence
 import numpy as np
 import onnx_ir as ir
 
+from graphopt.ops.registry import has_fact
 from graphopt.passes.fold_numpy_paths import _attr, _norm
-
-# Ops whose output size cannot be bounded from their inputs' sizes: folded only when
-# the graph declares a static output shape we can check the size against.
-_UNBOUNDED_OPS = frozenset(
-    {
-        "Resize", "Upsample", "Pad", "Col2Im", "Einsum", "Conv", "ConvTranspose",
-        "ConvInteger", "MaxUnpool", "GatherND", "DFT", "STFT", "MelWeightMatrix",
-        "BlackmanWindow", "HannWindow", "HammingWindow", "MatMulInteger", "QLinearMatMul",
-        "QLinearConv", "CenterCropPad", "AffineGrid",
-    }
-)  # fmt: skip
 
 
 def _dead_input_bytes(node: ir.Node, xs: Sequence[np.ndarray | None]) -> int:
@@ -61,13 +52,13 @@ def _estimate_out_bytes(node: ir.Node, xs: Sequence[np.ndarray | None]) -> int |
     computed = _computed_out_bytes(node, xs)
     if computed is not None:
         return max(computed, declared or 0)
-    return None if node.op_type not in _UNBOUNDED_OPS or declared is None else int(declared)
+    return None if not has_fact(node.domain, node.op_type, "unbounded_output") or declared is None else int(declared)
 
 
 def _computed_out_bytes(node: ir.Node, xs: Sequence[np.ndarray | None]) -> int | None:
     """The outputs' size from the input data, or None when the data cannot bound them."""
     op = node.op_type
-    if op in _UNBOUNDED_OPS:
+    if has_fact(node.domain, op, "unbounded_output"):
         return None
     arrays = [x for x in xs if x is not None]
     itemsize = max((x.itemsize for x in arrays if x.dtype != object), default=8)

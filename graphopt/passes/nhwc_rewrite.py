@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnx_ir as ir
 
+from graphopt.ops.fused_ops import FUSED_CONV_ACTIVATIONS
+from graphopt.ops.registry import has_fact
 from graphopt.ops.targets import MS_DOMAIN, Target
 from graphopt.passes.nhwc_graph import (
     _ONNX,
@@ -41,30 +43,9 @@ if TYPE_CHECKING:
 
 # ----------------------------------------------------------------------------- op classes
 
-_UNARY = frozenset(
-    {
-        "Relu", "Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid", "HardSwish", "Elu", "Selu", "Celu", "Gelu",
-        "Erf", "Exp", "Log", "Neg", "Abs", "Sqrt", "Reciprocal", "Softplus", "Softsign", "Mish", "Identity",
-        "Cast", "Floor", "Ceil", "Round", "Sign", "Not", "IsNaN", "IsInf", "ThresholdedRelu", "Sin", "Cos",
-        "Clip", "Dropout",
-    }
-)
-_BROADCAST = frozenset(
-    {
-        "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "PRelu", "Where", "Mod",
-        "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor", "BitShift",
-    }
-)
-_MS_ELEMENTWISE = frozenset({"QuickGelu", "Gelu"})
-_REDUCE = frozenset(
-    {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
-     "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare"}
-)
-# Opset from which a Reduce op takes `axes` as an input instead of an attribute.
-_AXES_INPUT_FROM = {"ReduceSum": 13}
+# Which ops are elementwise (computed the same in either layout), broadcasting, reductions
+# or have an NHWC pool kernel: the registry's facts (graphopt/ops/standard_ops.py).
 _GLOBAL_POOL = {"GlobalAveragePool": "ReduceMean", "GlobalMaxPool": "ReduceMax"}
-_INTERNAL_POOLS = frozenset({"MaxPool", "AveragePool", "GlobalMaxPool", "GlobalAveragePool"})
-_FUSED_ACTIVATIONS = frozenset({"Relu", "Tanh", "Sigmoid", "LeakyRelu", "Clip", "HardSigmoid"})
 
 
 # ----------------------------------------------------------------------------- the pass
@@ -96,7 +77,7 @@ class _Layout:
                 return False
             if node.op_type == "FusedConv":
                 activation = _attr(node, "activation")
-                return activation is None or activation in _FUSED_ACTIVATIONS
+                return activation is None or activation in FUSED_CONV_ACTIVATIONS
             return True
         return False
 
@@ -130,21 +111,21 @@ class _Layout:
     def kind(self, node: ir.Node) -> str | None:
         op, domain = node.op_type, node.domain
         if domain in _ONNX:
-            if self.options.internal_nhwc_pools and op in _INTERNAL_POOLS:
+            if self.options.internal_nhwc_pools and has_fact(domain, op, "nhwc_internal_pool"):
                 return "internal_pool"
             if op in _GLOBAL_POOL:
                 return "pool"
-            if op in _UNARY:
+            if has_fact(domain, op, "elementwise"):
                 return "unary"
-            if op in _BROADCAST:
+            if has_fact(domain, op, "broadcasting"):
                 return "broadcast"
-            if op in _REDUCE:
+            if has_fact(domain, op, "reduce"):
                 return "reduce"
             if op == "Concat":
                 return "concat"
             if op == "Split":
                 return "split"
-        elif domain == MS_DOMAIN and op in _MS_ELEMENTWISE and len(node.inputs) == 1:
+        elif domain == MS_DOMAIN and has_fact(domain, op, "elementwise") and len(node.inputs) == 1:
             return "unary"
         return None
 
@@ -171,7 +152,7 @@ class _Layout:
         return axes
 
     def output_is_nhwc(self, node: ir.Node) -> bool:
-        if node.op_type in _REDUCE and not _attr(node, "keepdims", 1):
+        if has_fact(node.domain, node.op_type, "reduce") and not _attr(node, "keepdims", 1):
             return False
         return True
 
@@ -319,7 +300,7 @@ class _Layout:
         permute = self.kind(node) in ("broadcast", "concat")  # constants broadcast against (or join) the data
         inputs = [self.operand(v, data, before, permute) for v in node.inputs]
         attrs: dict[str, Any] = dict(node.attributes)
-        if op in _REDUCE:
+        if has_fact(domain, op, "reduce"):
             nhwc_axes = [_nhwc_axis(a) for a in self.reduce_axes(node) or []]
             if "axes" in attrs:
                 attrs["axes"] = ir.AttrInt64s("axes", nhwc_axes)

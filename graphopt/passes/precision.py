@@ -55,12 +55,11 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
+from graphopt.ops.registry import fp32_outputs, has_fact
 from graphopt.ops.targets import GRAPHOPT_DOMAIN, Target
 from graphopt.passes._common import ONNX_DOMAINS, has_subgraphs, record
 from graphopt.passes.precision_plan import (
-    _ATTRIBUTE_TYPED,
     _LOW,
-    _STAT_OUTPUTS,
     DEFAULT_KEEP_FP32,
     PrecisionPlan,
     _formal,
@@ -70,17 +69,6 @@ from graphopt.passes.precision_plan import (
 from graphopt.report.model import PrecisionSummary
 
 __all__ = ["convert_precision", "remove_cast_pairs"]
-
-# Elementwise and layout ops that stay float32 when every non-constant float input
-# comes from a float32 node: converting them would only add a Cast.
-_FOLLOW_INPUTS = frozenset(
-    {
-        "Add", "Sub", "Mul", "Div", "Sqrt", "Reciprocal", "Neg", "Abs", "Pow", "Exp", "Log",
-        "Max", "Min", "Sum", "Mean", "Clip", "Where",
-        "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Expand",
-        "Slice", "Concat", "Split", "Gather", "Tile", "Cast",
-    }
-)
 
 _FLOAT = ir.DataType.FLOAT
 
@@ -253,7 +241,7 @@ class _Converter:
         if any(v.dtype is None for v in node.outputs) or any(v is not None and self.dtype(v) is None for v in node.inputs):
             return "unknown_type", None
         if self.plan.cannot_run_low(self.target, domain, node.op_type, self.opset) is not None:
-            return ("attribute_type" if node.op_type in _ATTRIBUTE_TYPED else "no_kernel"), None
+            return ("attribute_type" if has_fact(domain, node.op_type, "attribute_typed") else "no_kernel"), None
         ins, outs = self._positions(node, domain, f32_in, f32_out)
         if not ins and not outs:
             return "no_kernel", None
@@ -263,13 +251,13 @@ class _Converter:
             if readers and all(id(v) in self.low_values for v in readers):
                 return None, _Decision(ins, outs)
             return "follows_fp32", None
-        if node.op_type in _FOLLOW_INPUTS and domain in ONNX_DOMAINS and readers and all(id(v) in self.fp32_values for v in readers):
+        if has_fact(domain, node.op_type, "follows_inputs") and readers and all(id(v) in self.fp32_values for v in readers):
             return "follows_fp32", None
         return None, _Decision(ins, outs)
 
     def _positions(self, node: ir.Node, domain: str, f32_in: tuple[int, ...], f32_out: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
         lowered_domain, lowered_op = self.target.lowered(domain, node.op_type)
-        fixed = _STAT_OUTPUTS.get(lowered_op, frozenset())
+        fixed = fp32_outputs(lowered_domain, lowered_op)
         # graphopt's fused ops read and write one float type (their lowering may move inputs,
         # so the lowered op's schema positions do not apply to them).
         schema = _schema(lowered_op, self.opset) if lowered_domain in ONNX_DOMAINS and domain != GRAPHOPT_DOMAIN else None
@@ -481,7 +469,7 @@ def _output_dtype(node: ir.Node, index: int, opset: int, target: Target) -> ir.D
     inputs = [v for v in node.inputs if v is not None]
     domain = "" if node.domain == "ai.onnx" else node.domain
     if domain == GRAPHOPT_DOMAIN:
-        if index in _STAT_OUTPUTS.get(target.lowered(domain, node.op_type)[1], frozenset()):
+        if index in fp32_outputs(*target.lowered(domain, node.op_type)):
             return _FLOAT
         floats = [v.dtype for v in inputs if v.dtype is not None and v.dtype.is_floating_point()]
         return floats[0] if floats else None

@@ -20,6 +20,7 @@ import onnx
 import onnx_ir as ir
 
 from graphopt.errors import GraphoptError
+from graphopt.ops.registry import has_fact, names_with
 from graphopt.ops.targets import Target
 from graphopt.passes._common import ONNX_DOMAINS
 
@@ -33,61 +34,18 @@ _LOW: dict[str, tuple[str, ir.DataType, str]] = {
     "bf16": ("bf16", ir.DataType.BFLOAT16, "tensor(bfloat16)"),
 }
 
-#: Op types (standard domain) kept in float32 unless the user says otherwise. Fused
-#: kernels (LayerNormalization, SkipLayerNormalization, attention, graphopt's ops)
-#: accumulate in float32 internally and are not listed; neither are Erf, Tanh and
-#: Sigmoid (bounded outputs), nor ReduceMax/ReduceMin/ArgMax (exact in any type).
-DEFAULT_KEEP_FP32: frozenset[str] = frozenset(
-    {
-        # reductions whose accumulation loses precision in 16 bits
-        "ReduceMean", "ReduceSum", "ReduceSumSquare", "ReduceL1", "ReduceL2",
-        "ReduceLogSum", "ReduceLogSumExp", "ReduceProd",
-        # range-expanding math
-        "Pow", "Exp", "Log",
-        # standalone softmax (not the fused attention kernels)
-        "Softmax", "LogSoftmax",
-        # normalization statistics without a fused kernel
-        "MeanVarianceNormalization", "LpNormalization", "LRN", "LpPool", "GlobalLpPool",
-        # running sums and generated sequences
-        "CumSum", "Range",
-        # random numbers (their dtype attribute sets the type)
-        "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli",
-        # coordinates and boxes
-        "NonMaxSuppression", "RoiAlign",
-        # signal processing
-        "DFT", "STFT",
-        # quantization: scales keep their type
-        "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear",
-    }
-)
-
-# Ops whose float output type an attribute sets (converting them would need the attribute changed).
-_ATTRIBUTE_TYPED = frozenset(
-    {"ConstantOfShape", "EyeLike", "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
-)
-# Ops whose precision decides a fusion's worth (see PrecisionPlan.fusion_problem); ops
-# outside the standard domain (fused ops) count as heavy too.
-_HEAVY_OPS = frozenset(
-    {
-        "Conv", "ConvTranspose", "MatMul", "Gemm", "Einsum", "Attention",
-        "LayerNormalization", "GroupNormalization", "InstanceNormalization", "RMSNormalization",
-        "LSTM", "GRU", "RNN",
-    }
-)
+#: Op types (standard domain) kept in float32 unless the user says otherwise: the
+#: registry's fact `keep_fp32` (graphopt/ops/standard_ops.py says which and why). The
+#: other op classes this pass reads are facts there too: `attribute_typed` (an attribute
+#: sets the float output type), `follows_inputs` (elementwise and layout ops that stay
+#: float32 when their float inputs are), `heavy` (their precision decides a fusion's
+#: worth), and `fp32_outputs` (statistics outputs that stay float32).
+DEFAULT_KEEP_FP32: frozenset[str] = names_with("keep_fp32")
 
 
 def _is_heavy(domain: str, op_type: str) -> bool:
-    return op_type in _HEAVY_OPS or domain not in ONNX_DOMAINS
-
-
-# Outputs that stay float32 whatever the input type (statistics in the stash type),
-# by the op type the target runs.
-_STAT_OUTPUTS: dict[str, frozenset[int]] = {
-    "LayerNormalization": frozenset({1, 2}),
-    "SimplifiedLayerNormalization": frozenset({1}),
-    "SkipLayerNormalization": frozenset({1, 2}),
-    "SkipSimplifiedLayerNormalization": frozenset({1, 2}),
-}
+    # ops outside the standard domain (fused ops) count as heavy too
+    return has_fact(domain, op_type, "heavy") or domain not in ONNX_DOMAINS
 
 
 def parse_precision(name: str | None) -> str | None:
@@ -152,7 +110,7 @@ class PrecisionPlan:
 
     def cannot_run_low(self, target: Target, domain: str, op_type: str, opset: int | None) -> str | None:
         """Why the target cannot run this op in the low type (None if it can)."""
-        if op_type in _ATTRIBUTE_TYPED and domain in ONNX_DOMAINS:
+        if has_fact(domain, op_type, "attribute_typed"):
             return f"{op_type}'s output type is set by an attribute"
         reason = target.why_not(domain, op_type, self.low, opset)
         if reason is not None:
@@ -178,7 +136,7 @@ class PrecisionPlan:
         """The driver's capability check for a node a rewrite would emit, in the type it
         will run in after conversion. `matched` lists (domain, op, dtype) of the nodes the
         rewrite replaces: a fused op the target has only in float32 is refused when it
-        would pull the heavy ops it replaces (`_HEAVY_OPS`: Conv, MatMul, normalizations,
+        would pull the heavy ops it replaces (fact `heavy`: Conv, MatMul, normalizations,
         fused ops), which could run in the low type, back to float32. Activations,
         elementwise and layout ops do not count: Conv+BatchNormalization folded into a
         Conv that stays float32 is still a gain."""

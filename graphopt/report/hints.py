@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from graphopt.ops.registry import GRAPHOPT_DOMAIN, spec
+
 __all__ = ["Hint", "HINTS", "hint_for", "target_gap", "summarize_target_gaps"]
 
 
@@ -105,9 +107,23 @@ def summarize_target_gaps(misses: list[tuple[str, str]]) -> list[str]:
             rules[rule] = rules.get(rule, 0) + 1
     lines = []
     for reason, rules in by_reason.items():
-        target = (target_gap(reason) or ("", ""))[0]
+        target, op = target_gap(reason) or ("", "")
         count = sum(rules.values())
         which = ", ".join(f"{rule} ×{n}" for rule, n in sorted(rules.items(), key=lambda item: (-item[1], item[0])))
-        others = ", ".join(t for t in ("onnx", "ort-cpu", "ort-cuda") if t != target)
-        lines.append(f"{count} {'match' if count == 1 else 'matches'} not applied, {reason} ({which}): another --target ({others}) may take them.")
+        lines.append(f"{count} {'match' if count == 1 else 'matches'} not applied, {reason} ({which}): {_where_it_runs(target, op)}.")
     return lines
+
+
+_ONNX_TARGETS = ("onnx", "ort-cpu", "ort-cuda")
+
+
+def _where_it_runs(target: str, op: str) -> str:
+    """Which other --target lowers a graphopt op, as its declaration says (graphopt/ops/fused_ops.py)."""
+    domain, _, name = op.rpartition(".")
+    declared = spec(domain, name) if domain == GRAPHOPT_DOMAIN and target in _ONNX_TARGETS else None
+    if declared is None:
+        return f"another --target ({', '.join(t for t in _ONNX_TARGETS if t != target)}) may take them"
+    others = [t for t in _ONNX_TARGETS if t in declared.lowerings and t != target]
+    if not others:
+        return f"no other --target lowers {op}" + ("" if declared.lowerings else " (it runs on torch.compile only)")
+    return f"--target {' or '.join(others)} {'lowers' if len(others) == 1 else 'lower'} {op}"

@@ -1,0 +1,297 @@
+"""graphopt's own fused ops (domain `graphopt`): one declaration each.
+
+A rule emits these neutral ops; each target then runs them its own way (`lowerings`:
+onnxruntime's com.microsoft contrib kernels on ort-cpu / ort-cuda, standard ops of recent
+opsets on `onnx`; graphopt/ops/torch_lowering.py registers the torch lowering of each).
+Attribute defaults are the target kernel's defaults (tests/test_op_registry.py checks
+them against onnxruntime's and onnx's schemas); where a target's op has another default,
+the lowering names the attribute in `Lowering.explicit` and writes it.
+
+To add a fused op: declare it here (inputs, outputs, attributes, `infer`, lowerings),
+emit it from a rule, and register its torch lowering if it has one; docs/design.md
+("The op registry") walks through it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from graphopt.ops.opspec import MS_DOMAIN, Attribute, Contract, InferContext, Input, Lowering, OpSpec, Output, facts
+from graphopt.pattern.ir import MISSING
+
+__all__ = ["FUSED_OPS", "FUSED_CONV_ACTIVATIONS"]
+
+#: The activations graphopt.FusedConv carries: those onnxruntime's CPU kernel maps
+#: (contrib_ops/cpu/fused_activation.cc; 1.31 refuses Silu in the NCHWc kernel).
+FUSED_CONV_ACTIVATIONS = ("Relu", "Tanh", "Sigmoid", "LeakyRelu", "Clip", "HardSigmoid")
+
+
+def _ort(low: Lowering) -> dict[str, Lowering]:
+    """The same lowering on both onnxruntime targets."""
+    return {"ort-cpu": low, "ort-cuda": low}
+
+
+# --------------------------------------------------------------------------- contracts
+
+
+def _activation_in(*allowed: str | None) -> Contract:
+    """FusedConv's `activation` must be one the provider's kernel maps (None: attribute absent)."""
+
+    def check(attrs: Mapping[str, Any], shapes: Sequence[Any]) -> str | None:
+        activation = attrs.get("activation")
+        if isinstance(activation, bytes):
+            activation = activation.decode()
+        if activation not in allowed:
+            names = ", ".join(a for a in allowed if a)
+            return f"the kernel's activations are {names}, not {activation}"
+        return None
+
+    return check
+
+
+def _cuda_group_norm(attrs: Mapping[str, Any], shapes: Sequence[Any]) -> str | None:
+    """group_norm.cc / group_norm_impl.cu: 4-D input, C divisible by groups, and the
+    channels per group even (2 per thread) and at most 512 (one block), else NOT_IMPLEMENTED."""
+    x_shape = shapes[0] if shapes else None
+    if x_shape is not None and len(x_shape) != 4:
+        return f"the CUDA GroupNorm kernel takes 4-D input, not rank {len(x_shape)}"
+    gamma = shapes[1] if len(shapes) > 1 else None
+    groups = attrs.get("groups")
+    if gamma is None or len(gamma) != 1 or not isinstance(gamma[0], int) or not groups:
+        return "the channel count or the group count is unknown"
+    channels, groups = gamma[0], int(groups)
+    if channels % groups:
+        return f"{channels} channels do not split into {groups} groups"
+    per_group = channels // groups
+    if per_group % 2 or per_group > 512:
+        return f"the CUDA GroupNorm kernel needs an even number of channels per group, at most 512 (got {per_group})"
+    return None
+
+
+def _cuda_bias_split_gelu(attrs: Mapping[str, Any], shapes: Sequence[Any]) -> str | None:
+    """contrib_ops/cuda/diffusion/bias_split_gelu.cc: X is 3-D with a last dim of 2560,
+    5120 or 10240 (the kernel is instantiated for those half widths only), bias is [D]."""
+    x_shape = shapes[0] if shapes else None
+    if x_shape is None or len(x_shape) != 3:
+        return f"the CUDA BiasSplitGelu kernel takes 3-D input, not {'unknown rank' if x_shape is None else f'rank {len(x_shape)}'}"
+    if x_shape[-1] not in (2560, 5120, 10240):
+        return f"the CUDA BiasSplitGelu kernel runs hidden sizes 2560, 5120 and 10240 only, not {x_shape[-1]}"
+    return None
+
+
+# --------------------------------------------------------------------------- shape inference
+
+
+def _like_first(ctx: InferContext) -> list[list[Any] | None]:
+    """Every output has the first input's shape."""
+    return [ctx.shape(0) for _ in ctx.op.outputs]
+
+
+def _skip_norm(ctx: InferContext) -> list[list[Any] | None]:
+    """output and the input + skip (+ bias) sum: the input's shape; mean and inv_std: [..., 1]."""
+    x = ctx.shape(0)
+    stats = None if x is None else [*x[:-1], 1]
+    return [x, stats, stats, x]
+
+
+def _mha(ctx: InferContext) -> list[list[Any] | None]:
+    """[batch, seq] of the query, the value's hidden size."""
+    q, v = ctx.shape(0), ctx.shape(2)
+    return [None if q is None or v is None or len(q) != 3 or len(v) != 3 else [q[0], q[1], v[2]]]
+
+
+def _packed_attention(ctx: InferContext) -> list[list[Any] | None]:
+    """[batch, seq] of the input, a third of the packed weights' width."""
+    x, w = ctx.shape(0), ctx.shape(1)
+    if x is None or w is None or len(x) != 3 or len(w) != 2 or not isinstance(w[1], int) or w[1] % 3:
+        return [None]
+    return [[x[0], x[1], w[1] // 3]]
+
+
+def _sdpa(ctx: InferContext) -> list[list[Any] | None]:
+    q, v = ctx.shape(0), ctx.shape(2)
+    return [None if q is None or v is None or len(q) < 2 else [*q[:-1], v[-1]]]
+
+
+def _halved(ctx: InferContext) -> list[list[Any] | None]:
+    """GeGLU: (x + bias) halved on the last axis."""
+    x = ctx.shape(0)
+    if x is None or not x or not isinstance(x[-1], int) or x[-1] % 2:
+        return [None]
+    return [[*x[:-1], x[-1] // 2]]
+
+
+def _gemm(ctx: InferContext) -> list[list[Any] | None]:
+    a, b = ctx.shape(0), ctx.shape(1)
+    return [None if a is None or b is None or len(a) != 2 or len(b) != 2 else [a[0], b[1]]]
+
+
+def _conv(ctx: InferContext) -> list[list[Any] | None]:
+    """Conv's output shape, for explicit pads (auto_pad NOTSET) and static spatial dims."""
+    x, w = ctx.shape(0), ctx.shape(1)
+    if x is None or w is None or len(x) != len(w) or len(x) < 3 or ctx.attr("auto_pad") not in ("NOTSET", b"NOTSET"):
+        return [None]
+    spatial = len(x) - 2
+    kernel = list(ctx.attr("kernel_shape") or w[2:])
+    strides = list(ctx.attr("strides") or [1] * spatial)
+    dilations = list(ctx.attr("dilations") or [1] * spatial)
+    pads = list(ctx.attr("pads") or [0] * (2 * spatial))
+    dims: list[Any] = [x[0], w[0]]
+    for i in range(spatial):
+        size, k = x[2 + i], kernel[i]
+        if not isinstance(size, int) or not isinstance(k, int):
+            dims.append(None)
+            continue
+        dims.append((size + pads[i] + pads[i + spatial] - dilations[i] * (k - 1) - 1) // strides[i] + 1)
+    return [dims]
+
+
+# --------------------------------------------------------------------------- the ops
+
+_X = (Input("X"),)
+_Y = (Output("Y"),)
+_NORM_OUTPUTS = (Output("output"), Output("mean", True, "f32"), Output("inv_std_var", True, "f32"), Output("input_skip_bias_sum", True))
+
+FUSED_OPS: tuple[OpSpec, ...] = (
+    OpSpec(
+        "graphopt", "MultiHeadAttention",
+        "softmax(q k^T * scale + attention_bias) v on q, k, v [batch, seq, heads * head_size]",
+        inputs=(Input("query"), Input("key"), Input("value"), Input("attention_bias", optional=True)),
+        outputs=(Output("output"),),
+        attributes=(Attribute("num_heads", "INT"), Attribute("scale", "FLOAT")),
+        infer=_mha,
+        lowerings={
+            # com.microsoft.MultiHeadAttention(query, key, value, bias, key_padding_mask, attention_bias)
+            **_ort(Lowering(MS_DOMAIN, "MultiHeadAttention", inputs=(0, 1, 2, None, None, 3))),
+            # opset 23 Attention, 3-D form: the head counts are attributes.
+            "onnx": Lowering("", "Attention", rename={"num_heads": ("q_num_heads", "kv_num_heads")}),
+        },
+    ),
+    OpSpec(
+        "graphopt", "Attention",
+        "MultiHeadAttention of x [batch, seq, hidden] with packed q|k|v weights [hidden, 3 * hidden] and bias",
+        inputs=(Input("input"), Input("weights"), Input("bias"), Input("attention_bias", optional=True)),
+        outputs=(Output("output"),),
+        attributes=(Attribute("num_heads", "INT"), Attribute("scale", "FLOAT")),
+        infer=_packed_attention,
+        # com.microsoft.Attention(input, weights, bias, mask_index, past, attention_bias)
+        lowerings=_ort(Lowering(MS_DOMAIN, "Attention", inputs=(0, 1, 2, None, None, 3))),
+    ),
+    OpSpec(
+        "graphopt", "ScaledDotProductAttention",
+        "softmax(q k^T * scale + mask) v on [batch, heads, seq, head_size] (torch only)",
+        inputs=(Input("query"), Input("key"), Input("value"), Input("attn_mask", optional=True)),
+        outputs=(Output("output"),),
+        attributes=(Attribute("scale", "FLOAT"), Attribute("is_causal", "INT", 0)),
+        infer=_sdpa,
+    ),
+    OpSpec(
+        "graphopt", "FusedConv",
+        "Conv (+ Z, a residual of the output's shape) + activation",
+        inputs=(Input("X"), Input("W"), Input("B", optional=True), Input("Z", optional=True)),
+        outputs=_Y,
+        attributes=(
+            Attribute("activation", "STRING", choices=FUSED_CONV_ACTIVATIONS),
+            Attribute("activation_params", "FLOATS"),
+            Attribute("auto_pad", "STRING", "NOTSET"),
+            Attribute("dilations", "INTS"),
+            Attribute("group", "INT", 1),
+            Attribute("kernel_shape", "INTS"),
+            Attribute("pads", "INTS"),
+            Attribute("strides", "INTS"),
+        ),
+        infer=_conv,
+        lowerings={
+            "ort-cpu": Lowering(MS_DOMAIN, "FusedConv", contract=_activation_in(None, *FUSED_CONV_ACTIVATIONS)),
+            # contrib_ops/cuda/fused_conv.cc MapMode: Relu only (newer cuDNN-frontend builds add
+            # Tanh), and the activation attribute is required.
+            "ort-cuda": Lowering(MS_DOMAIN, "FusedConv", contract=_activation_in("Relu")),
+        },
+        # torch: cuDNN's fused conv + bias + (add +) ReLU against the convolution and inductor's
+        # fused pointwise kernel, 1.12 ms against 1.82 ms for ResNet-50's 49 such convolutions on
+        # an H200 (benchmarks/torch_op_choices.py). The Triton kernels (attention, norms, ...)
+        # lose to or tie with inductor's code (benchmarks/RESULTS.md): not marked.
+        facts=facts("torch_beats_inductor"),
+    ),
+    OpSpec(
+        "graphopt", "SkipLayerNorm",
+        "LayerNormalization(input + skip (+ bias)) over the last axis; the sum is the 4th output",
+        inputs=(Input("input"), Input("skip"), Input("gamma"), Input("beta", optional=True), Input("bias", optional=True)),
+        outputs=_NORM_OUTPUTS,
+        attributes=(Attribute("epsilon", "FLOAT", 1e-12),),
+        infer=_skip_norm,
+        lowerings=_ort(Lowering(MS_DOMAIN, "SkipLayerNormalization")),
+    ),
+    OpSpec(
+        "graphopt", "SkipRMSNorm",
+        "RMS normalization of input + skip (+ bias) over the last axis; the sum is the 4th output",
+        inputs=(Input("input"), Input("skip"), Input("gamma"), Input("bias", optional=True)),
+        outputs=_NORM_OUTPUTS,
+        attributes=(Attribute("epsilon", "FLOAT", 1e-12),),
+        infer=_skip_norm,
+        lowerings=_ort(Lowering(MS_DOMAIN, "SkipSimplifiedLayerNormalization")),
+    ),
+    OpSpec(
+        "graphopt", "RMSNorm",
+        "x / sqrt(mean(x^2, axis) + epsilon) * scale",
+        inputs=(Input("X"), Input("scale")),
+        outputs=_Y,
+        attributes=(Attribute("axis", "INT", -1), Attribute("epsilon", "FLOAT", 1e-5)),
+        infer=_like_first,
+        # onnxruntime registers SimplifiedLayerNormalization in the default domain.
+        lowerings=_ort(Lowering("", "SimplifiedLayerNormalization")),
+    ),
+    OpSpec(
+        "graphopt", "GroupNorm",
+        "GroupNormalization with per-channel gamma and beta, optionally followed by SiLU (activation = 1)",
+        inputs=(Input("X"), Input("gamma"), Input("beta")),
+        outputs=_Y,
+        # Rules write channels_last = 0 (X is NCHW, graphopt's form); the layout pass makes it
+        # NHWC, the only layout the CUDA kernel runs.
+        attributes=(Attribute("groups", "INT"), Attribute("activation", "INT"), Attribute("epsilon", "FLOAT", 1e-5), Attribute("channels_last", "INT", 1)),
+        infer=_like_first,
+        lowerings={"ort-cuda": Lowering(MS_DOMAIN, "GroupNorm", contract=_cuda_group_norm)},
+    ),
+    OpSpec("graphopt", "Gelu", "x * 0.5 * (1 + erf(x / sqrt(2)))", inputs=_X, outputs=_Y, infer=_like_first,
+           lowerings=_ort(Lowering(MS_DOMAIN, "Gelu"))),
+    OpSpec(
+        "graphopt", "FastGelu", "the tanh approximation of GELU of X (+ bias)",
+        inputs=(Input("X"), Input("bias", optional=True)), outputs=_Y, infer=_like_first,
+        lowerings=_ort(Lowering(MS_DOMAIN, "FastGelu")),
+    ),
+    OpSpec("graphopt", "BiasGelu", "erf GELU of A + B (B: a bias of A's last dim)", inputs=(Input("A"), Input("B")), outputs=(Output("C"),),
+           infer=_like_first, lowerings=_ort(Lowering(MS_DOMAIN, "BiasGelu"))),
+    OpSpec(
+        "graphopt", "QuickGelu", "x * Sigmoid(alpha * x) (SiLU at alpha = 1)",
+        inputs=_X, outputs=_Y, attributes=(Attribute("alpha", "FLOAT", 1.702),), infer=_like_first,
+        lowerings={
+            **_ort(Lowering(MS_DOMAIN, "QuickGelu")),
+            # opset 24 Swish(x) = x * Sigmoid(alpha * x), whose alpha defaults to 1.0: written always.
+            "onnx": Lowering("", "Swish", explicit=("alpha",)),
+        },
+    ),
+    OpSpec(
+        "graphopt", "RotaryEmbedding",
+        "rotary position embedding of x [batch, heads, seq, head] or [batch, seq, hidden] with cos/sin caches [max_pos, rotary_dim / 2]",
+        inputs=(Input("input"), Input("position_ids"), Input("cos_cache"), Input("sin_cache")),
+        outputs=(Output("output"),),
+        attributes=(Attribute("interleaved", "INT", 0), Attribute("num_heads", "INT", 0), Attribute("rotary_embedding_dim", "INT", 0)),
+        infer=_like_first,
+        lowerings=_ort(Lowering(MS_DOMAIN, "RotaryEmbedding")),
+    ),
+    OpSpec(
+        "graphopt", "GeGLU",
+        "(X + bias) halved on the last axis into (a, g) -> a * Gelu_erf(g)",
+        inputs=(Input("X"), Input("bias")), outputs=_Y, infer=_halved,
+        lowerings={"ort-cuda": Lowering(MS_DOMAIN, "BiasSplitGelu", contract=_cuda_bias_split_gelu)},
+    ),
+    OpSpec("graphopt", "SwiGLU", "silu(gate) * up (torch only)", inputs=(Input("gate"), Input("up")), outputs=_Y, infer=_like_first),
+    OpSpec(
+        "graphopt", "GemmActivation",
+        "activation(A @ B + C) in the GEMM's epilogue (torch only: cuBLASLt)",
+        inputs=(Input("A"), Input("B"), Input("C")), outputs=_Y,
+        attributes=(Attribute("activation", "STRING", MISSING, choices=("Relu", "GeluTanh")),),
+        infer=_gemm,
+    ),
+)  # fmt: skip
