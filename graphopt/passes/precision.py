@@ -54,7 +54,7 @@ import onnx
 import onnx_ir as ir
 
 from graphopt.errors import GraphoptError
-from graphopt.ops.targets import GRAPHOPT_DOMAIN, Target
+from graphopt.ops.targets import GRAPHOPT_DOMAIN, MS_DOMAIN, Target
 from graphopt.passes._common import ONNX_DOMAINS, has_subgraphs, record
 from graphopt.report.model import PrecisionSummary
 
@@ -145,6 +145,15 @@ _STAT_OUTPUTS: dict[str, frozenset[int]] = {
     "SimplifiedLayerNormalization": frozenset({1}),
     "SkipLayerNormalization": frozenset({1, 2}),
     "SkipSimplifiedLayerNormalization": frozenset({1, 2}),
+}
+
+# Inputs a kernel reads as float32 whatever the type of the others, by the op the target
+# runs: the CUDA GroupNorm reads gamma and beta with Data<float>() (contrib_ops/cuda/diffusion/
+# group_norm.cc), so float16 ones fail at run time; onnxruntime's own float16 converter keeps
+# the same inputs (transformers/float16.py, ALWAYS_FLOAT_INPUTS).
+_FLOAT32_INPUTS: dict[tuple[str, str], frozenset[int]] = {
+    (MS_DOMAIN, "GroupNorm"): frozenset({1, 2}),
+    (MS_DOMAIN, "SkipGroupNorm"): frozenset({1, 2}),
 }
 
 _FLOAT = ir.DataType.FLOAT
@@ -436,6 +445,7 @@ class _Converter:
     def _positions(self, node: ir.Node, domain: str, f32_in: tuple[int, ...], f32_out: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
         lowered_domain, lowered_op = self.target.lowered(domain, node.op_type)
         fixed = _STAT_OUTPUTS.get(lowered_op, frozenset())
+        f32_in = tuple(i for i in f32_in if i not in _FLOAT32_INPUTS.get((lowered_domain, lowered_op), frozenset()))
         # graphopt's fused ops read and write one float type (their lowering may move inputs,
         # so the lowered op's schema positions do not apply to them).
         schema = _schema(lowered_op, self.opset) if lowered_domain in ONNX_DOMAINS and domain != GRAPHOPT_DOMAIN else None
