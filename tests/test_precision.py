@@ -18,7 +18,7 @@ import onnxruntime as ort
 import pytest
 from conftest import run_cli
 from onnx.reference import ReferenceEvaluator
-from rule_testing import TensorProto, helper, init, make_model, rand
+from rule_testing import FUSED_CONV_WINS, TensorProto, helper, init, make_model, rand
 from test_report import validate
 
 import graphopt
@@ -410,7 +410,7 @@ def test_no_fused_conv_on_cuda_when_it_would_run_in_fp16() -> None:
 
 
 def test_fused_conv_stays_on_cpu_where_conv_has_no_f16_kernel_anyway() -> None:
-    model, report = convert(conv_relu(), "fp16", target="ort-cpu")
+    model, report = convert(conv_relu(), "fp16", target="ort-cpu", cost_table=FUSED_CONV_WINS)
     assert [n.op_type for n in model.graph] == ["FusedConv"]
     assert report.precision_conversion.nodes_converted == 0 and report.precision_conversion.casts_inserted == 0
 

@@ -13,6 +13,9 @@ changes nothing at run time), the shape classes of the ops it is about, and, for
    margin, for every op it touches and every batch size the model allows. A class the
    table has no entry for predicts nothing, and the baseline stays.
 
+The baseline is the model as it came in (or as the decisions before this one left it):
+a decision never needs evidence to leave the model alone, only to change it.
+
 Each choice becomes a `DecisionRecord` in the report, with every candidate's predicted
 and measured time.
 """
@@ -41,6 +44,11 @@ NOISE_MARGIN = 0.03
 #: Builds one candidate as a runnable model: candidate -> (model bytes, feeds).
 Build = Callable[[str], tuple[bytes, Mapping[str, np.ndarray]]]
 
+#: Where the table's time of (one op's class, candidate) is read: (decision, candidate) pairs,
+#: tried in order. By default a decision reads its own entries; the layout decision reads an
+#: NCHW convolution's time in the form the fused_conv decision left it (see passes/layout.py).
+Readings = Callable[[OpClass, str], Sequence[tuple[str, str]]]
+
 
 def signature_of(*parts: Any) -> str:
     """A short stable key for a decision's site (op, attributes, shapes, dtype; or a model's bytes)."""
@@ -62,6 +70,7 @@ class DecisionPoint:
     records: list[DecisionRecord] = field(default_factory=list)
     #: How many candidates were timed (not found in the cache) in this run.
     timed: int = 0
+    _readings: Readings | None = field(default=None, repr=False)
 
     @property
     def ep(self) -> str | None:
@@ -82,11 +91,13 @@ class DecisionPoint:
         forced: str | None = None,
         build: Build | None = None,
         signature: str = "",
+        readings: Readings | None = None,
     ) -> DecisionRecord:
         """Choose among `candidates` (baseline included); `worlds` are the shape classes of the
         ops concerned, once per batch size the model allows (None: unknown). Returns the
         record (also kept in `records`); its `chosen` is the answer."""
         assert baseline in candidates
+        self._readings = readings
         predicted, sources, missing = self._predict(kind, candidates, worlds)
         alternatives = [Alternative(c, predicted.get(c), None, sources.get(c, "")) for c in candidates]
         record = DecisionRecord(kind, site, baseline, baseline, "no_entry", "", alternatives)
@@ -117,7 +128,7 @@ class DecisionPoint:
             totals: list[float] = []
             used: list[Entry] = []
             for world in worlds:
-                total, entries = self.table.predict(self.ep, kind, world, candidate)
+                total, entries = self._predict_world(kind, world, candidate)
                 used.extend(e for e in entries if e not in used)
                 if total is None:
                     break
@@ -132,11 +143,29 @@ class DecisionPoint:
                     missing.append(cls.key())
         return predicted, sources, missing
 
+    def _predict_world(self, kind: str, world: Sequence[OpClass], candidate: str) -> tuple[float | None, list[Entry]]:
+        """The candidate's predicted time for one world's ops (None if an op has no reading)."""
+        assert self.ep is not None
+        if self._readings is None:
+            return self.table.predict(self.ep, kind, world, candidate)
+        total = 0.0
+        used: list[Entry] = []
+        for cls in world:
+            for decision, name in self._readings(cls, candidate):
+                t, entries = self.table.predict(self.ep, decision, [cls], name)
+                if t is not None:
+                    break
+            else:
+                return None, used
+            total += t
+            used.extend(e for e in entries if e not in used)
+        return total, used
+
     def _world_totals(self, kind: str, worlds: Sequence[Sequence[OpClass]], candidate: str) -> list[float] | None:
         assert self.ep is not None
         totals = []
         for world in worlds:
-            total, _ = self.table.predict(self.ep, kind, world, candidate)
+            total, _ = self._predict_world(kind, world, candidate)
             if total is None:
                 return None
             totals.append(total)
