@@ -39,7 +39,10 @@ squeeze-excite; issue 14). So "auto" is a decision (graphopt.decisions): the can
 "nchw" (the baseline), "nhwc-add" and "nhwc-kernel" are compared on the shipped cost
 table by the shape class of every convolution (dense / depthwise / grouped, kernel size,
 channels, batch, dtype) and NHWC is chosen only where the table predicts it faster for
-all of them; a convolution class nobody measured keeps the model NCHW. With `--tune`
+all of them; a convolution class nobody measured keeps the model NCHW. "nchw" is the model
+as it is: each convolution is read in the form it has (a Conv + activation the fused_conv
+decision left is read from that decision's figures, `_layout_readings`), and NHWC needs at
+least the measured blocks' convolutions per Transpose it adds. With `--tune`
 and the CUDA provider present, the whole model is timed in each form instead.
 `conv_bias="add"`/`"kernel"` and `layout="nhwc"` force the choice; `auto_dtypes` limits
 the dtypes "auto" considers, and `fused_conv="keep"` keeps FusedConv inside an NHWC
