@@ -70,7 +70,6 @@ class DecisionPoint:
     records: list[DecisionRecord] = field(default_factory=list)
     #: How many candidates were timed (not found in the cache) in this run.
     timed: int = 0
-    _readings: Readings | None = field(default=None, repr=False)
 
     @property
     def ep(self) -> str | None:
@@ -97,8 +96,7 @@ class DecisionPoint:
         ops concerned, once per batch size the model allows (None: unknown). Returns the
         record (also kept in `records`); its `chosen` is the answer."""
         assert baseline in candidates
-        self._readings = readings
-        predicted, sources, missing = self._predict(kind, candidates, worlds)
+        predicted, sources, missing = self._predict(kind, candidates, worlds, readings)
         alternatives = [Alternative(c, predicted.get(c), None, sources.get(c, "")) for c in candidates]
         record = DecisionRecord(kind, site, baseline, baseline, "no_entry", "", alternatives)
         self.records.append(record)
@@ -108,14 +106,14 @@ class DecisionPoint:
         if self.can_tune and build is not None:
             self._measure(record, kind, candidates, baseline, build, signature)
             return record
-        self._from_table(record, candidates, baseline, worlds, missing)
+        self._from_table(record, candidates, baseline, worlds, missing, readings)
         if self.tune and not self.can_tune:
             record.reason += f" (--tune: {self.ep or 'no execution provider'} is not available here, so nothing was timed)"
         return record
 
     # ------------------------------------------------------------------ the table
     def _predict(
-        self, kind: str, candidates: Sequence[str], worlds: Sequence[Sequence[OpClass]] | None
+        self, kind: str, candidates: Sequence[str], worlds: Sequence[Sequence[OpClass]] | None, readings: Readings | None = None
     ) -> tuple[dict[str, float], dict[str, str], list[str]]:
         """Per candidate: the predicted time in the first world (if every world has one), the
         entries' sources; and the classes no entry covers."""
@@ -128,7 +126,7 @@ class DecisionPoint:
             totals: list[float] = []
             used: list[Entry] = []
             for world in worlds:
-                total, entries = self._predict_world(kind, world, candidate)
+                total, entries = self._predict_world(kind, world, candidate, readings)
                 used.extend(e for e in entries if e not in used)
                 if total is None:
                     break
@@ -143,15 +141,17 @@ class DecisionPoint:
                     missing.append(cls.key())
         return predicted, sources, missing
 
-    def _predict_world(self, kind: str, world: Sequence[OpClass], candidate: str) -> tuple[float | None, list[Entry]]:
+    def _predict_world(
+        self, kind: str, world: Sequence[OpClass], candidate: str, readings: Readings | None
+    ) -> tuple[float | None, list[Entry]]:
         """The candidate's predicted time for one world's ops (None if an op has no reading)."""
         assert self.ep is not None
-        if self._readings is None:
+        if readings is None:
             return self.table.predict(self.ep, kind, world, candidate)
         total = 0.0
         used: list[Entry] = []
         for cls in world:
-            for decision, name in self._readings(cls, candidate):
+            for decision, name in readings(cls, candidate):
                 t, entries = self.table.predict(self.ep, decision, [cls], name)
                 if t is not None:
                     break
@@ -161,24 +161,32 @@ class DecisionPoint:
             used.extend(e for e in entries if e not in used)
         return total, used
 
-    def _world_totals(self, kind: str, worlds: Sequence[Sequence[OpClass]], candidate: str) -> list[float] | None:
+    def _world_totals(
+        self, kind: str, worlds: Sequence[Sequence[OpClass]], candidate: str, readings: Readings | None
+    ) -> list[float] | None:
         assert self.ep is not None
         totals = []
         for world in worlds:
-            total, _ = self._predict_world(kind, world, candidate)
+            total, _ = self._predict_world(kind, world, candidate, readings)
             if total is None:
                 return None
             totals.append(total)
         return totals
 
     def _from_table(
-        self, record: DecisionRecord, candidates: Sequence[str], baseline: str, worlds: Sequence[Sequence[OpClass]] | None, missing: list[str]
+        self,
+        record: DecisionRecord,
+        candidates: Sequence[str],
+        baseline: str,
+        worlds: Sequence[Sequence[OpClass]] | None,
+        missing: list[str],
+        readings: Readings | None,
     ) -> None:
         ops = sum(len(w) for w in worlds[:1]) if worlds else 0
         if not worlds or self.ep is None:
             record.reason = "the shape classes of the ops concerned are unknown: keeping the model as it is"
             return
-        base = self._world_totals(record.kind, worlds, baseline)
+        base = self._world_totals(record.kind, worlds, baseline, readings)
         if base is None:
             shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
             record.reason = f"no measured entry for {shown or 'these ops'} on {self.ep}: keeping the model as it is"
@@ -189,7 +197,7 @@ class DecisionPoint:
         for candidate in candidates:
             if candidate == baseline:
                 continue
-            totals = self._world_totals(record.kind, worlds, candidate)
+            totals = self._world_totals(record.kind, worlds, candidate, readings)
             if totals is None:
                 continue
             if all(t < b * (1 - self.margin) for t, b in zip(totals, base)):
