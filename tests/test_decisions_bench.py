@@ -31,6 +31,9 @@ def test_tiny_cpu_run_writes_a_readable_table_and_merges(tmp_path: Path) -> None
     assert table.lookup("CPUExecutionProvider", "fused_conv", cls) == entry
     rows = json.loads((out / "decisions_bench-cpu.json").read_text())["rows"]
     assert {r["candidate"] for r in rows} == {"FusedConv", "Conv+activation"} and all(r["max_rel_diff"] == 0.0 for r in rows)
+    # Each candidate is timed in its own form (the fused_conv decision would split an unmeasured FusedConv).
+    ops = {r["candidate"]: r["ops"] for r in rows}
+    assert "FusedConv" in ops["FusedConv"] and "FusedConv" not in ops["Conv+activation"] and "Relu" in ops["Conv+activation"]
     shipped = tmp_path / "shipped.json"
     shipped.write_text((ROOT / "graphopt" / "decisions" / "cost_table.json").read_text())
     before = len(CostTable.load(shipped).entries)

@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 import pytest
-from rule_testing import TensorProto, assert_same_outputs, helper, init, make_model, optimize_with, rand
+from rule_testing import FUSED_CONV_WINS, TensorProto, assert_same_outputs, helper, init, make_model, optimize_with, rand
 
 from graphopt.decisions import CostTable, default_table
 from graphopt.ops.targets import get_target
@@ -111,16 +111,18 @@ def test_other_targets_do_not_run_the_pass(target: str) -> None:
     assert report.layout is None and ops(optimized)["Conv"] == 3
 
 
-def dense_block(channels: int = 64, batch: int = 32, dtype=np.float32) -> onnx.ModelProto:
-    """Three dense 3x3 convolutions with bias and Relu at a size the cost table has measured
-    (ResNet-50's convolutions: dense, 33+ channels, batch 32)."""
+def dense_block(channels: int = 64, batch: int = 32, dtype=np.float32, depth: int = 6) -> onnx.ModelProto:
+    """Six dense 3x3 convolutions with bias and Relu at a size the cost table has measured
+    (ResNet-50's convolutions: dense, 33+ channels, batch 32): as many convolutions per
+    Transpose NHWC adds (2) as the measured blocks had (AUTO_CONVS_PER_TRANSPOSE)."""
     elem = TensorProto.FLOAT16 if dtype == np.float16 else TensorProto.FLOAT
     inits = []
     nodes = []
-    for i, src in enumerate(["x", "r0", "r1"]):
+    for i in range(depth):
+        src = "x" if i == 0 else f"r{i - 1}"
         inits += [init(f"w{i}", (rand(channels, channels, 3, 3) * 0.05).astype(dtype)), init(f"b{i}", rand(channels).astype(dtype))]
         nodes += [helper.make_node("Conv", [src, f"w{i}", f"b{i}"], [f"c{i}"], pads=[1, 1, 1, 1]), helper.make_node("Relu", [f"c{i}"], [f"r{i}"])]
-    nodes.append(helper.make_node("Identity", ["r2"], ["y"]))
+    nodes.append(helper.make_node("Identity", [f"r{depth - 1}"], ["y"]))
     return make_model(nodes, [helper.make_tensor_value_info("x", elem, [batch, channels, 8, 8])], [helper.make_tensor_value_info("y", elem, None)], inits)
 
 
@@ -170,12 +172,13 @@ def test_fused_conv_is_split_in_nhwc_or_kept_between_transposes() -> None:
     ]
     model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
                        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
-    optimized, report = optimize_with(model, None, target="ort-cuda", layout=LayoutOptions(mode="nhwc", conv_bias="add"))
+    # FusedConv predicted faster (else the fused_conv decision splits them before the layout pass).
+    optimized, report = optimize_with(model, None, target="ort-cuda", layout=LayoutOptions(mode="nhwc", conv_bias="add"), cost_table=FUSED_CONV_WINS)
     # FuseConvRelu and FuseConvAddRelu made two FusedConvs; NHWC splits them again.
     assert report.layout.fused_convs_split == 2
     assert ops(optimized) == Counter({"NhwcConv": 2, "Relu": 2, "Add": 3, "Transpose": 2})  # 2 biases + the residual
     assert_same_outputs(model, emulated(optimized))
-    kept, report = optimize_with(model, None, target="ort-cuda", layout=LayoutOptions(mode="nhwc", fused_conv="keep"))
+    kept, report = optimize_with(model, None, target="ort-cuda", layout=LayoutOptions(mode="nhwc", fused_conv="keep"), cost_table=FUSED_CONV_WINS)
     assert ops(kept)["FusedConv"] == 2 and report.layout.converted == {}
 
 

@@ -5,7 +5,18 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from rule_testing import TensorProto, assert_same_outputs, helper, init, make_model, op_types, optimize_with, rand, rewrites
+from rule_testing import (
+    FUSED_CONV_WINS,
+    TensorProto,
+    assert_same_outputs,
+    helper,
+    init,
+    make_model,
+    op_types,
+    optimize_with,
+    rand,
+    rewrites,
+)
 
 F = TensorProto.FLOAT
 RULES = ["FoldAddIntoConvBias", "FoldAddIntoConvBiasBeforeRelu", "FoldChannelsLastAddIntoConvBias"]
@@ -127,7 +138,7 @@ def test_squeeze_excite_bias_stays_a_bias_on_ort_cpu(with_relu: bool) -> None:
         nodes.append(helper.make_node("Relu", ["a"], ["y"]))
     model = make_model(nodes, [helper.make_tensor_value_info("x", F, [1, 8, 5, 5])], [helper.make_tensor_value_info("y", F, None)],
                        [init("w", rand(4, 8, 1, 1)), init("c", rand(1, 4, 1, 1))])
-    optimized, report = optimize_with(model, None, target="ort-cpu")
+    optimized, report = optimize_with(model, None, target="ort-cpu", cost_table=FUSED_CONV_WINS)  # FusedConv kept: its inputs are checked
     assert rewrites(report, "FoldAddIntoConvBiasBeforeRelu" if with_relu else "FoldAddIntoConvBias") == 1
     assert rewrites(report, "FuseConvAddRelu") == 0 and rewrites(report, "FuseConvAdd") == 0
     conv = optimized.graph.node[-1]

@@ -1,8 +1,14 @@
 """Golden tests for conv_activation.pdll, and the capability table (dtypes and kernel
-contracts) that gates it per target."""
+contracts) that gates it per target.
+
+FusedConv is a decision (graphopt/passes/fused_conv.py): unless the cost table predicts it
+faster, it is split back into the input's Conv + activation. The golden tests here look
+at the rules' output, so they optimize with a table in which FusedConv wins
+(`FUSED_CONV_WINS`); tests/test_decisions.py checks the default."""
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections import Counter
 from pathlib import Path
@@ -10,7 +16,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from rule_testing import TensorProto, assert_same_outputs, helper, init, make_model, op_types, optimize_with, rand, rewrites
+from rule_testing import FUSED_CONV_WINS, TensorProto, assert_same_outputs, helper, init, make_model, op_types, rand, rewrites
+from rule_testing import optimize_with as _optimize_with
+
+optimize_with = functools.partial(_optimize_with, cost_table=FUSED_CONV_WINS)
 
 CONV_RULES = [
     "FuseConvActivation",

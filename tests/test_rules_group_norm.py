@@ -128,6 +128,22 @@ def test_float16_group_norm_gets_float32_gamma_and_beta() -> None:
     assert inits[gn.input[1]].data_type == TensorProto.FLOAT and inits[gn.input[2]].data_type == TensorProto.FLOAT
 
 
+def test_fp16_conversion_keeps_gamma_and_beta_float32() -> None:
+    # unet-block-dynamo with --precision fp16 failed to run in onnxruntime's CUDA provider (zoo,
+    # 2026-11-25): the conversion, after the rules, turned GroupNorm's gamma and beta to float16,
+    # which the CUDA kernel reads as float32 (group_norm.cc: Data<float>()).
+    model = decomposed_group_norm(silu=True)
+    optimized, report = optimize_with(model, GN_RULES, target="ort-cuda", precision="fp16")
+    assert rewrites(report, "FuseGroupNorm") == 1
+    [gn] = group_norms(optimized)
+    inits = {i.name: i for i in optimized.graph.initializer}
+    assert inits[gn.input[1]].data_type == TensorProto.FLOAT and inits[gn.input[2]].data_type == TensorProto.FLOAT
+    typed = {v.name: v.type.tensor_type.elem_type for v in [*optimized.graph.value_info, *optimized.graph.input]}
+    assert typed[gn.input[0]] == typed[gn.output[0]] == TensorProto.FLOAT16  # X and Y in float16: the conversion did happen
+    # The emulation reads X's type and gamma's values: it runs, and agrees with float32 within fp16's tolerance.
+    assert_same_outputs(model, emulated(optimized), rtol=3e-2, atol=3e-2)
+
+
 def test_channels_per_group_the_cuda_kernel_cannot_run_are_not_fused() -> None:
     model = decomposed_group_norm(channels=6, groups=2)  # 3 channels per group: the kernel needs an even count
     optimized, report = optimize_with(model, GN_RULES, target="ort-cuda")

@@ -40,38 +40,41 @@ COUNTED = ("BatchNormalization", "HardSigmoid", "HardSwish", "Mish", "Softplus",
            "com.microsoft.SkipLayerNormalization", "LayerNormalization", "com.microsoft.NhwcConv", "Conv", "ConvTranspose", "Gemm")
 
 # Recompute with `python tests/test_zoo.py` after a deliberate change, and review the diff model by model.
-# (ort-cuda: layout `auto` is a decision from the cost table; with no measured entry for these shape
-# classes the convolutions stay NCHW.)
+# FusedConv and the layout are decisions from the shipped cost table (graphopt/decisions): no FusedConv
+# is left (on ort-cpu nothing is measured; on ort-cuda the H100 entries predict it slower for these
+# batch-1 classes, or have none), so Conv + activation come back as the input had them; every model
+# stays NCHW (NHWC is predicted no faster, a class has no entry, or NHWC would add more Transposes
+# per convolution than the measured blocks had).
 GOLDEN: dict[tuple[str, str], dict[str, int]] = {
     ('hb-mobilenetv3-nhwc-op11', 'onnx'): {'HardSigmoid': 12, 'Conv': 19, 'Gemm': 1},
     ('hb-mobilenetv3-nhwc-op11', 'ort-cpu'): {'HardSigmoid': 12, 'Conv': 19, 'Gemm': 1},
     ('hb-mobilenetv3-nhwc-op11', 'ort-cuda'): {'HardSigmoid': 12, 'Conv': 19, 'Gemm': 1},
     ('hb-seg-decoder-op13', 'onnx'): {'HardSigmoid': 6, 'Conv': 12, 'ConvTranspose': 2},
-    ('hb-seg-decoder-op13', 'ort-cpu'): {'HardSigmoid': 3, 'com.microsoft.FusedConv': 8, 'Conv': 4, 'ConvTranspose': 2},
-    ('hb-seg-decoder-op13', 'ort-cuda'): {'HardSigmoid': 6, 'com.microsoft.FusedConv': 5, 'Conv': 7, 'ConvTranspose': 2},
+    ('hb-seg-decoder-op13', 'ort-cpu'): {'HardSigmoid': 6, 'Conv': 12, 'ConvTranspose': 2},
+    ('hb-seg-decoder-op13', 'ort-cuda'): {'HardSigmoid': 6, 'Conv': 12, 'ConvTranspose': 2},
     ('hb-crnn-neck-op17', 'onnx'): {'HardSwish': 3, 'LayerNormalization': 5, 'Conv': 3},
     ('hb-crnn-neck-op17', 'ort-cpu'): {'HardSigmoid': 3, 'com.microsoft.QuickGelu': 2, 'com.microsoft.MultiHeadAttention': 2, 'com.microsoft.SkipLayerNormalization': 1, 'LayerNormalization': 4, 'Conv': 3},
     ('hb-crnn-neck-op17', 'ort-cuda'): {'HardSwish': 3, 'com.microsoft.QuickGelu': 2, 'com.microsoft.MultiHeadAttention': 2, 'com.microsoft.SkipLayerNormalization': 1, 'LayerNormalization': 4, 'Conv': 3},
     ('hb-yolo-mish-op18', 'onnx'): {'Mish': 8, 'Conv': 11},
-    ('hb-yolo-mish-op18', 'ort-cpu'): {'Softplus': 8, 'com.microsoft.FusedConv': 1, 'com.microsoft.QuickGelu': 2, 'Conv': 10},
+    ('hb-yolo-mish-op18', 'ort-cpu'): {'Softplus': 8, 'com.microsoft.QuickGelu': 2, 'Conv': 11},
     ('hb-yolo-mish-op18', 'ort-cuda'): {'Mish': 8, 'com.microsoft.QuickGelu': 2, 'Conv': 11},
     ('hb-mlp-bn-op23', 'onnx'): {'HardSwish': 2, 'Gemm': 4},
     ('hb-mlp-bn-op23', 'ort-cpu'): {'HardSigmoid': 1, 'HardSwish': 1, 'Gemm': 4},
     ('hb-mlp-bn-op23', 'ort-cuda'): {'HardSwish': 2, 'Gemm': 4},
     ('hb-fpn-upsample-op11', 'onnx'): {'Clip': 3, 'Conv': 7},
-    ('hb-fpn-upsample-op11', 'ort-cpu'): {'com.microsoft.FusedConv': 3, 'Conv': 4},
+    ('hb-fpn-upsample-op11', 'ort-cpu'): {'Clip': 3, 'Conv': 7},
     ('hb-fpn-upsample-op11', 'ort-cuda'): {'Clip': 3, 'Conv': 7},
     ('resnet-torchscript', 'onnx'): {'Conv': 20},
-    ('resnet-torchscript', 'ort-cpu'): {'com.microsoft.FusedConv': 16, 'Conv': 4},
-    ('resnet-torchscript', 'ort-cuda'): {'com.microsoft.FusedConv': 16, 'Conv': 4},
+    ('resnet-torchscript', 'ort-cpu'): {'Conv': 20},
+    ('resnet-torchscript', 'ort-cuda'): {'Conv': 20},
     ('clip-text-torchscript', 'onnx'): {'LayerNormalization': 5},
     ('clip-text-torchscript', 'ort-cpu'): {'com.microsoft.QuickGelu': 2, 'com.microsoft.SkipLayerNormalization': 5},
     ('clip-text-torchscript', 'ort-cuda'): {'com.microsoft.QuickGelu': 2, 'com.microsoft.SkipLayerNormalization': 5},
     ('rnn-tagger-torchscript', 'onnx'): {'Conv': 1},
-    ('rnn-tagger-torchscript', 'ort-cpu'): {'com.microsoft.FusedConv': 1},
-    ('rnn-tagger-torchscript', 'ort-cuda'): {'com.microsoft.FusedConv': 1},
+    ('rnn-tagger-torchscript', 'ort-cpu'): {'Conv': 1},
+    ('rnn-tagger-torchscript', 'ort-cuda'): {'Conv': 1},
     ('mobilenetv2-dynamo', 'onnx'): {'Clip': 35, 'Conv': 52},
-    ('mobilenetv2-dynamo', 'ort-cpu'): {'com.microsoft.FusedConv': 45, 'Conv': 7},
+    ('mobilenetv2-dynamo', 'ort-cpu'): {'Clip': 35, 'Conv': 52},
     ('mobilenetv2-dynamo', 'ort-cuda'): {'Clip': 35, 'Conv': 52},
 }
 
@@ -119,6 +122,22 @@ def test_zoo_model_optimizes(name: str, target: str, zoo_dir: Path) -> None:
         scale = max(float(np.abs(expected).max()), 1e-6)
         assert np.isfinite(actual).all()
         assert float(np.abs(actual - expected).max()) / scale < 1e-4
+
+
+def test_crnn_neck_for_cuda_computes_what_the_original_does(zoo_dir: Path) -> None:
+    """On the H100 graphopt's ort-cuda hb-crnn-neck differed from the original by 1.1e-3 (the zoo's
+    float32 tolerance is 1e-3). Its fused ops (MultiHeadAttention, SkipLayerNormalization,
+    QuickGelu, HardSwish) all have CPU kernels: on the CPU it equals the original to float32
+    rounding, so no rewrite changes the numbers; the CUDA provider's TF32 MatMuls alone move this
+    model's output by 1.6e-3 (benchmarks/tf32_noise.py), see benchmarks/RESULTS.md."""
+    path = _built("hb-crnn-neck-op17", zoo_dir)
+    original = onnx.load(str(path))
+    optimized, _ = graphopt.optimize(original, target="ort-cuda")
+    assert counts(optimized)["com.microsoft.MultiHeadAttention"] == 2
+    with np.load(path.with_name("inputs.npz")) as data:
+        feeds = {k: data[k] for k in data.files}
+    for expected, actual in zip(_run(original, feeds), _run(optimized, feeds)):
+        assert float(np.abs(actual - expected).max()) / float(np.abs(expected).max()) < 1e-5
 
 
 def test_hard_swish_written_out_is_gone(zoo_dir: Path) -> None:

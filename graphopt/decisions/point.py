@@ -13,6 +13,9 @@ changes nothing at run time), the shape classes of the ops it is about, and, for
    margin, for every op it touches and every batch size the model allows. A class the
    table has no entry for predicts nothing, and the baseline stays.
 
+The baseline is the model as it came in (or as the decisions before this one left it):
+a decision never needs evidence to leave the model alone, only to change it.
+
 Each choice becomes a `DecisionRecord` in the report, with every candidate's predicted
 and measured time.
 """
@@ -40,6 +43,11 @@ NOISE_MARGIN = 0.03
 
 #: Builds one candidate as a runnable model: candidate -> (model bytes, feeds).
 Build = Callable[[str], tuple[bytes, Mapping[str, np.ndarray]]]
+
+#: Where the table's time of (one op's class, candidate) is read: (decision, candidate) pairs,
+#: tried in order. By default a decision reads its own entries; the layout decision reads an
+#: NCHW convolution's time in the form the fused_conv decision left it (see passes/layout.py).
+Readings = Callable[[OpClass, str], Sequence[tuple[str, str]]]
 
 
 def signature_of(*parts: Any) -> str:
@@ -82,12 +90,13 @@ class DecisionPoint:
         forced: str | None = None,
         build: Build | None = None,
         signature: str = "",
+        readings: Readings | None = None,
     ) -> DecisionRecord:
         """Choose among `candidates` (baseline included); `worlds` are the shape classes of the
         ops concerned, once per batch size the model allows (None: unknown). Returns the
         record (also kept in `records`); its `chosen` is the answer."""
         assert baseline in candidates
-        predicted, sources, missing = self._predict(kind, candidates, worlds)
+        predicted, sources, missing = self._predict(kind, candidates, worlds, readings)
         alternatives = [Alternative(c, predicted.get(c), None, sources.get(c, "")) for c in candidates]
         record = DecisionRecord(kind, site, baseline, baseline, "no_entry", "", alternatives)
         self.records.append(record)
@@ -97,14 +106,14 @@ class DecisionPoint:
         if self.can_tune and build is not None:
             self._measure(record, kind, candidates, baseline, build, signature)
             return record
-        self._from_table(record, candidates, baseline, worlds, missing)
+        self._from_table(record, candidates, baseline, worlds, missing, readings)
         if self.tune and not self.can_tune:
             record.reason += f" (--tune: {self.ep or 'no execution provider'} is not available here, so nothing was timed)"
         return record
 
     # ------------------------------------------------------------------ the table
     def _predict(
-        self, kind: str, candidates: Sequence[str], worlds: Sequence[Sequence[OpClass]] | None
+        self, kind: str, candidates: Sequence[str], worlds: Sequence[Sequence[OpClass]] | None, readings: Readings | None = None
     ) -> tuple[dict[str, float], dict[str, str], list[str]]:
         """Per candidate: the predicted time in the first world (if every world has one), the
         entries' sources; and the classes no entry covers."""
@@ -117,7 +126,7 @@ class DecisionPoint:
             totals: list[float] = []
             used: list[Entry] = []
             for world in worlds:
-                total, entries = self.table.predict(self.ep, kind, world, candidate)
+                total, entries = self._predict_world(kind, world, candidate, readings)
                 used.extend(e for e in entries if e not in used)
                 if total is None:
                     break
@@ -132,24 +141,52 @@ class DecisionPoint:
                     missing.append(cls.key())
         return predicted, sources, missing
 
-    def _world_totals(self, kind: str, worlds: Sequence[Sequence[OpClass]], candidate: str) -> list[float] | None:
+    def _predict_world(
+        self, kind: str, world: Sequence[OpClass], candidate: str, readings: Readings | None
+    ) -> tuple[float | None, list[Entry]]:
+        """The candidate's predicted time for one world's ops (None if an op has no reading)."""
+        assert self.ep is not None
+        if readings is None:
+            return self.table.predict(self.ep, kind, world, candidate)
+        total = 0.0
+        used: list[Entry] = []
+        for cls in world:
+            for decision, name in readings(cls, candidate):
+                t, entries = self.table.predict(self.ep, decision, [cls], name)
+                if t is not None:
+                    break
+            else:
+                return None, used
+            total += t
+            used.extend(e for e in entries if e not in used)
+        return total, used
+
+    def _world_totals(
+        self, kind: str, worlds: Sequence[Sequence[OpClass]], candidate: str, readings: Readings | None
+    ) -> list[float] | None:
         assert self.ep is not None
         totals = []
         for world in worlds:
-            total, _ = self.table.predict(self.ep, kind, world, candidate)
+            total, _ = self._predict_world(kind, world, candidate, readings)
             if total is None:
                 return None
             totals.append(total)
         return totals
 
     def _from_table(
-        self, record: DecisionRecord, candidates: Sequence[str], baseline: str, worlds: Sequence[Sequence[OpClass]] | None, missing: list[str]
+        self,
+        record: DecisionRecord,
+        candidates: Sequence[str],
+        baseline: str,
+        worlds: Sequence[Sequence[OpClass]] | None,
+        missing: list[str],
+        readings: Readings | None,
     ) -> None:
         ops = sum(len(w) for w in worlds[:1]) if worlds else 0
         if not worlds or self.ep is None:
             record.reason = "the shape classes of the ops concerned are unknown: keeping the model as it is"
             return
-        base = self._world_totals(record.kind, worlds, baseline)
+        base = self._world_totals(record.kind, worlds, baseline, readings)
         if base is None:
             shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
             record.reason = f"no measured entry for {shown or 'these ops'} on {self.ep}: keeping the model as it is"
@@ -160,7 +197,7 @@ class DecisionPoint:
         for candidate in candidates:
             if candidate == baseline:
                 continue
-            totals = self._world_totals(record.kind, worlds, candidate)
+            totals = self._world_totals(record.kind, worlds, candidate, readings)
             if totals is None:
                 continue
             if all(t < b * (1 - self.margin) for t, b in zip(totals, base)):

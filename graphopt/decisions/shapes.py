@@ -34,6 +34,9 @@ class OpClass:
     dtype: str
     features: tuple[tuple[str, str], ...]
 
+    def feature(self, name: str) -> str | None:
+        return dict(self.features).get(name)
+
     def key(self) -> str:
         return " ".join([self.op, self.dtype, *(v for _, v in self.features)])
 

@@ -137,6 +137,8 @@ class OpSpec:
     facts: frozenset[str] = frozenset()
     #: outputs that stay float32 whatever the input type (statistics in the stash type).
     fp32_outputs: tuple[int, ...] = ()
+    #: inputs the kernel reads as float32 whatever the type of the others (a float16 model keeps them float32).
+    fp32_inputs: tuple[int, ...] = ()
 
     @property
     def qualified(self) -> str:

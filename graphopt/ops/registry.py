@@ -60,6 +60,7 @@ __all__ = [
     "has_fact",
     "names_with",
     "fp32_outputs",
+    "fp32_inputs",
     "attribute_default",
     "with_defaults",
     "lowerings_for",
@@ -126,6 +127,12 @@ def fp32_outputs(domain: str, op_type: str) -> frozenset[int]:
     """Outputs of the op that stay float32 whatever its input type."""
     found = _DECLARED.get((_norm(domain), op_type))
     return frozenset(found.fp32_outputs) if found is not None else frozenset()
+
+
+def fp32_inputs(domain: str, op_type: str) -> frozenset[int]:
+    """Inputs of the op its kernel reads as float32 whatever the other inputs' type."""
+    found = _DECLARED.get((_norm(domain), op_type))
+    return frozenset(found.fp32_inputs) if found is not None else frozenset()
 
 
 def attribute_default(domain: str, op_type: str, name: str) -> Any:
@@ -197,4 +204,5 @@ def onnx_signature(schema: onnx.defs.OpSchema, base: OpSpec | None = None) -> Op
         attributes=tuple(attributes),
         facts=base.facts if base is not None else frozenset(),
         fp32_outputs=base.fp32_outputs if base is not None else (),
+        fp32_inputs=base.fp32_inputs if base is not None else (),
     )

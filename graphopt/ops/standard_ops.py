@@ -30,8 +30,8 @@ from graphopt.ops.opspec import MS_DOMAIN, OpSpec, facts
 __all__ = ["STANDARD_OPS"]
 
 
-def _op(name: str, *fact_names: str, domain: str = "", fp32_outputs: tuple[int, ...] = ()) -> OpSpec:
-    return OpSpec(domain, name, facts=facts(*fact_names), fp32_outputs=fp32_outputs)
+def _op(name: str, *fact_names: str, domain: str = "", fp32_outputs: tuple[int, ...] = (), fp32_inputs: tuple[int, ...] = ()) -> OpSpec:
+    return OpSpec(domain, name, facts=facts(*fact_names), fp32_outputs=fp32_outputs, fp32_inputs=fp32_inputs)
 
 
 STANDARD_OPS: tuple[OpSpec, ...] = (
@@ -187,4 +187,9 @@ STANDARD_OPS: tuple[OpSpec, ...] = (
     _op("QuickGelu", "elementwise", domain=MS_DOMAIN),
     _op("SkipLayerNormalization", "same_shape", domain=MS_DOMAIN, fp32_outputs=(1, 2)),
     _op("SkipSimplifiedLayerNormalization", "same_shape", domain=MS_DOMAIN, fp32_outputs=(1, 2)),
+    # The CUDA GroupNorm reads gamma and beta with Data<float>() (contrib_ops/cuda/diffusion/
+    # group_norm.cc): float16 ones fail at run time; onnxruntime's own float16 converter keeps
+    # the same inputs float32 (transformers/float16.py, ALWAYS_FLOAT_INPUTS).
+    _op("GroupNorm", domain=MS_DOMAIN, fp32_inputs=(1, 2)),
+    _op("SkipGroupNorm", domain=MS_DOMAIN, fp32_inputs=(1, 2)),
 )

@@ -39,7 +39,10 @@ squeeze-excite; issue 14). So "auto" is a decision (graphopt.decisions): the can
 "nchw" (the baseline), "nhwc-add" and "nhwc-kernel" are compared on the shipped cost
 table by the shape class of every convolution (dense / depthwise / grouped, kernel size,
 channels, batch, dtype) and NHWC is chosen only where the table predicts it faster for
-all of them; a convolution class nobody measured keeps the model NCHW. With `--tune`
+all of them; a convolution class nobody measured keeps the model NCHW. "nchw" is the model
+as it is: each convolution is read in the form it has (a Conv + activation the fused_conv
+decision left is read from that decision's figures, `_layout_readings`), and NHWC needs at
+least the measured blocks' convolutions per Transpose it adds. With `--tune`
 and the CUDA provider present, the whole model is timed in each form instead.
 `conv_bias="add"`/`"kernel"` and `layout="nhwc"` force the choice; `auto_dtypes` limits
 the dtypes "auto" considers, and `fused_conv="keep"` keeps FusedConv inside an NHWC
@@ -74,10 +77,13 @@ from graphopt.report.model import LayoutSummary
 
 __all__ = ["LayoutOptions", "convert_layout"]
 
-#: "auto" converts a model only when it has more than this many convolutions per Transpose
-#: the NHWC layout adds at its boundaries (ResNet-50: 53 for 4; MobileNetV2: 52 for 2; a
-#: ViT's patch embedding: 1 for 2, left NCHW; a UNet's GroupNorms need Transposes in NCHW too).
-AUTO_CONVS_PER_TRANSPOSE = 1
+#: "auto" converts a model only when it has at least this many convolutions per Transpose the
+#: NHWC layout adds at its boundaries: the cost table's NHWC figures were measured on blocks of
+#: 6 convolutions with 2 boundary Transposes (benchmarks/decisions_bench.py), so a model with
+#: more Transposes per convolution than that is outside what was measured (ResNet-50: 53 for 4;
+#: MobileNetV2: 52 for 2; a ViT's patch embedding: 1 for 2, and a 3-convolution CRNN stem: 3
+#: for 2, left NCHW). Transposes NCHW needs anyway (around a UNet's GroupNorms) do not count.
+AUTO_CONVS_PER_TRANSPOSE = 3
 
 
 @dataclass(frozen=True)
@@ -115,10 +121,12 @@ def _count_transposes(model: ir.Model) -> int:
 LAYOUT_CANDIDATES = ("nchw", "nhwc-add", "nhwc-kernel")
 
 
-def _conv_sites(model: ir.Model, target: Target, options: LayoutOptions) -> list[tuple[str, list[Any], list[Any], int]]:
-    """(dtype, input shape, weight shape, group) of every 2-D convolution the target could run in NHWC."""
+def _conv_sites(model: ir.Model, target: Target, options: LayoutOptions) -> tuple[list[tuple[str, list[Any], list[Any], int]], list[str]]:
+    """(dtype, input shape, weight shape, group) of every 2-D convolution the target could run in
+    NHWC, and the form each has now ("FusedConv" or "Conv")."""
     kernels = target.kernels.get((MS_DOMAIN, "NhwcConv"), frozenset())
     sites = []
+    forms = []
     for node in model.graph:
         if node.op_type not in ("Conv", "FusedConv") or node.domain not in (*_ONNX, MS_DOMAIN) or _rank(node.inputs[0]) != 4:
             continue
@@ -128,7 +136,30 @@ def _conv_sites(model: ir.Model, target: Target, options: LayoutOptions) -> list
             continue
         w_shape = w.const_value.shape if w is not None and w.const_value is not None else (w.shape if w is not None else None)
         sites.append((dtype, list(x.shape or []), list(w_shape) if w_shape is not None else [], int(_attr(node, "group", 1))))
-    return sites
+        forms.append(node.op_type)
+    return sites, forms
+
+
+def _with_forms(worlds: list[list[Any]] | None, forms: list[str]) -> list[list[Any]] | None:
+    """Each convolution's class, told the form it has now (a feature no entry restricts)."""
+    from graphopt.decisions import OpClass
+
+    if worlds is None:
+        return None
+    return [[OpClass(c.op, c.dtype, (*c.features, ("form", form))) for c, form in zip(world, forms)] for world in worlds]
+
+
+def _layout_readings(cls: Any, candidate: str) -> list[tuple[str, str]]:
+    """Where the table's time of one convolution in a layout candidate is read. The layout
+    entries' "nchw" is graphopt's NCHW output as benchmarks/decisions_bench.py wrote it:
+    FusedConv in float32. The baseline is the model as it is now, so an NCHW convolution
+    the fused_conv decision left as Conv + activation (the input's form) is read from that
+    decision's "Conv+activation" figure, measured on the same block; where there is none
+    (float16: FusedConv is float32 only) the layout entry's "nchw" is that form already."""
+    if candidate != "nchw":
+        return [("layout", candidate)]
+    fused = cls.feature("form") == "FusedConv"
+    return [("fused_conv", "FusedConv" if fused else "Conv+activation"), ("layout", "nchw")]
 
 
 def _decide_layout(model: ir.Model, target: Target, options: LayoutOptions, decider: Any) -> tuple[str, str, Any]:
@@ -142,8 +173,8 @@ def _decide_layout(model: ir.Model, target: Target, options: LayoutOptions, deci
         raise ValueError(f"conv_bias must be 'auto', 'add' or 'kernel', not {options.conv_bias!r}")
     if options.mode == "nchw":
         return "nchw", "kernel", None
-    sites = _conv_sites(model, target, options)
-    worlds = conv_worlds(sites) if sites else None
+    sites, forms = _conv_sites(model, target, options)
+    worlds = _with_forms(conv_worlds(sites), forms) if sites else None
     if options.mode == "nhwc":
         if options.conv_bias != "auto":
             return "nhwc", options.conv_bias, None
@@ -157,7 +188,7 @@ def _decide_layout(model: ir.Model, target: Target, options: LayoutOptions, deci
     build, signature = None, ""
     if decider.can_tune:
         build, signature = _tune_builder(model, target, options)
-    chosen = decider.choose("layout", "model", candidates, "nchw", worlds, build=build, signature=signature)
+    chosen = decider.choose("layout", "model", candidates, "nchw", worlds, build=build, signature=signature, readings=_layout_readings)
     if chosen.chosen == "nchw":
         return "nchw", "kernel", chosen
     return "nhwc", chosen.chosen.split("-", 1)[1], chosen
@@ -213,17 +244,20 @@ def convert_layout(
         chosen = layout.plan(nhwc=mode == "nhwc")
         measured = decision is not None and decision.basis == "measured"
         if mode == "nhwc" and options.mode == "auto" and not measured:
-            # Worth it only where the convolutions outnumber the Transposes NHWC adds (over
-            # those NCHW needs anyway, around GroupNorm).
+            # The table's NHWC figures hold where the model has at least the measured blocks'
+            # convolutions per Transpose NHWC adds (over those NCHW needs anyway, around GroupNorm).
             convs = sum(1 for n in chosen if n.op_type in ("Conv", "FusedConv"))
             nchw = layout.plan(nhwc=False)
             added = layout.boundary(chosen) - layout.boundary(nchw)
-            if convs <= AUTO_CONVS_PER_TRANSPOSE * added:
+            if convs < AUTO_CONVS_PER_TRANSPOSE * added:
                 summary.mode = "nchw"
                 chosen = nchw
                 if decision is not None:
                     decision.chosen = "nchw"
-                    decision.reason += f"; but NHWC would add {added} Transposes for {convs} convolutions: kept NCHW"
+                    decision.reason += (
+                        f"; but NHWC would add {added} Transposes for {convs} convolutions (the table's figures hold from"
+                        f" {AUTO_CONVS_PER_TRANSPOSE} per Transpose): kept NCHW"
+                    )
         changed = layout.run(chosen)
         if changed:
             before = _count_transposes(model)

@@ -23,7 +23,10 @@ def _emulate_group_norm(b: _Builder, node: ir.Node, x_nchw: ir.Value, made: list
     groups = int(_attr(node, "groups"))
     eps = float(_attr(node, "epsilon", 1e-5))
     gamma, beta = _const(node.inputs[1]), _const(node.inputs[2])
-    dtype = ir.DataType(x_nchw.type.dtype).numpy() if x_nchw.type is not None else np.float32
+    # X's type (gamma and beta may be float32 under float16 X: the CUDA kernel reads them so).
+    x = node.inputs[0]
+    typed = x if x is not None and x.type is not None else x_nchw
+    dtype = ir.DataType(typed.type.dtype).numpy() if typed.type is not None else np.float32
     shape1 = b.constant(np.array([0, groups, -1], np.int64), "gn_shape")
     r1 = b.node("", "Reshape", [x_nchw, shape1], hint="gn_group")
     ones = b.constant(np.ones(groups, dtype), "gn_one")

@@ -55,7 +55,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from graphopt.ops.registry import fp32_outputs, has_fact
+from graphopt.ops.registry import fp32_inputs, fp32_outputs, has_fact
 from graphopt.ops.targets import GRAPHOPT_DOMAIN, Target
 from graphopt.passes._common import ONNX_DOMAINS, has_subgraphs, record
 from graphopt.passes.precision_plan import (
@@ -258,6 +258,7 @@ class _Converter:
     def _positions(self, node: ir.Node, domain: str, f32_in: tuple[int, ...], f32_out: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
         lowered_domain, lowered_op = self.target.lowered(domain, node.op_type)
         fixed = fp32_outputs(lowered_domain, lowered_op)
+        f32_in = tuple(i for i in f32_in if i not in fp32_inputs(lowered_domain, lowered_op))
         # graphopt's fused ops read and write one float type (their lowering may move inputs,
         # so the lowered op's schema positions do not apply to them).
         schema = _schema(lowered_op, self.opset) if lowered_domain in ONNX_DOMAINS and domain != GRAPHOPT_DOMAIN else None
