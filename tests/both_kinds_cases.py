@@ -161,6 +161,15 @@ CASES: list[Case] = [
     Case("FoldGemmBatchNorm", seq(lambda: nn.Linear(6, 4), lambda: nn.BatchNorm1d(4)), rand(3, 6), 1),
     Case("FoldMatMulBatchNorm", seq(lambda: nn.Linear(6, 4, bias=False), lambda: nn.BatchNorm1d(4)), rand(3, 6), 1),
     Case("FoldConvBatchNormComputedWeights", ConvBnOfWeights, rands((1, 3, 6, 6), (4, 3, 3, 3)), 1),
+    # conv_activation.pdll (on FX: cuDNN's fused conv + ReLU on CUDA, the ATen ops they were elsewhere)
+    Case("FuseConvActivation", seq(lambda: nn.Conv2d(3, 4, 3, padding=1), nn.ReLU), rand(1, 3, 6, 6), 1, onnx_target="ort-cpu"),
+    Case("FuseConvActivation", seq(lambda: nn.Conv2d(3, 4, 3, padding=1), lambda: nn.LeakyReLU(0.2)), rand(1, 3, 6, 6), 1,
+         onnx_target="ort-cpu", name="leaky"),
+    Case("FuseConvActivation", seq(lambda: nn.Conv2d(3, 4, 3, stride=2), nn.ReLU6), rand(1, 3, 7, 7), 1, onnx_target="ort-cpu", name="clip"),
+    Case("FuseConvAddRelu", fn(lambda m, x, z: F.relu(F.conv2d(x, m.w, m.b, padding=1) + z), w=const(4, 3, 3, 3), b=const(4)),
+         rands((1, 3, 6, 6), (1, 4, 6, 6)), 1, onnx_target="ort-cpu"),
+    Case("FuseConvAdd", fn(lambda m, x, z: F.conv2d(x, m.w, m.b, padding=1) + z, w=const(4, 3, 3, 3), b=const(4)),
+         rands((1, 3, 6, 6), (1, 4, 6, 6)), 1, onnx_target="ort-cpu"),
     # matmul_bias.pdll
     Case("MatMulAddToGemm", fn(lambda m, x: x @ m.w + m.b, w=const(6, 4), b=const(4)), rand(3, 6), 1),
     # normalization.pdll

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from graphopt.ops.fx_builder import FLOATS, FxBuilder, arg
-from graphopt.ops.torch_canonical import emit_swish
+from graphopt.ops.torch_canonical import emit_canonical, emit_swish
 from graphopt.ops.torch_custom_ops import custom_op_problem, graphopt_op
 from graphopt.pattern.native import RewriteDeclined
 
@@ -236,25 +236,65 @@ def _gemm_activation(b: FxBuilder, args: list[Any], attrs: dict[str, Any], wante
     return [b.call(aten._addmm_activation.default, c, a, m, use_gelu=activation == "GeluTanh")]
 
 
-@_lowers("FusedConv", ("graphopt::conv_relu",))
-def _fused_conv(b: FxBuilder, args: list[Any], attrs: dict[str, Any], wanted: set[int]) -> list[Any]:
-    """graphopt.FusedConv(x, w, b, z) {activation = "Relu"}, 2-D -> graphopt::conv_relu (cuDNN's fused
-    conv-bias-(add-)ReLU on CUDA). Other activations have no fused torch kernel and stay unfused."""
-    if attrs.get("activation") not in ("Relu", b"Relu"):
-        raise RewriteDeclined(f"graphopt::conv_relu fuses ReLU only, not {attrs.get('activation')}")
-    x, w = b.tensor(args[0]), b.tensor(args[1])
-    if b.meta(x).device.type != "cuda":  # elsewhere there is no fused kernel to gain: the conv stays as it is
-        raise RewriteDeclined("graphopt::conv_relu runs cuDNN's fused kernel, on CUDA tensors only")
+_FLOAT_MAX = float(torch.finfo(torch.float32).max)  # an unbounded side of FusedConv's Clip
+
+
+def _text(value: Any) -> Any:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _conv_relu_problem(b: FxBuilder, x: Any, w: Any, attrs: dict[str, Any]) -> str | None:
+    """Why graphopt::conv_relu (cuDNN's fused kernel) does not take this FusedConv (None: it does)."""
+    if _text(attrs.get("activation")) != "Relu":
+        return f"graphopt::conv_relu fuses ReLU only, not {attrs.get('activation')}"
+    if b.meta(x).device.type != "cuda":  # elsewhere there is no fused kernel to gain
+        return "graphopt::conv_relu runs cuDNN's fused kernel, on CUDA tensors only"
     if b.rank(w) != 4:
-        raise RewriteDeclined("graphopt::conv_relu takes 2-D convolutions")
-    if attrs.get("auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET"):
-        raise RewriteDeclined("graphopt::conv_relu takes explicit pads only")
+        return "graphopt::conv_relu takes 2-D convolutions"
+    if _text(attrs.get("auto_pad", "NOTSET")) != "NOTSET":
+        return "graphopt::conv_relu takes explicit pads only"
     pads = [int(p) for p in attrs.get("pads", [0] * 4)]
     if pads[:2] != pads[2:]:
-        raise RewriteDeclined(f"graphopt::conv_relu pads both sides equally, not {pads}")
+        return f"graphopt::conv_relu pads both sides equally, not {pads}"
+    return None
+
+
+def _activation(b: FxBuilder, y: Any, kind: Any, params: list[float]) -> Any:
+    """FusedConv's `activation` with its `activation_params` (onnxruntime's meaning) as ATen ops."""
+    if kind in (None, ""):
+        return y
+    if kind in ("Relu", "Tanh", "Sigmoid"):
+        return b.call({"Relu": aten.relu, "Tanh": aten.tanh, "Sigmoid": aten.sigmoid}[kind].default, y)
+    if kind == "LeakyRelu":
+        return b.call(aten.leaky_relu.default, y, params[0] if params else 0.01)
+    if kind == "HardSigmoid":  # clamp(alpha * y + beta, 0, 1)
+        alpha, beta = (params + [0.2, 0.5][len(params):])[:2]
+        return b.call(aten.clamp.default, b.call(aten.add.Tensor, b.call(aten.mul.Tensor, y, alpha), beta), 0.0, 1.0)
+    if kind == "Clip":
+        lo, hi = (params + [-_FLOAT_MAX, _FLOAT_MAX][len(params):])[:2]
+        return b.call(aten.clamp.default, y, None if lo <= -_FLOAT_MAX else lo, None if hi >= _FLOAT_MAX else hi)
+    raise RewriteDeclined(f"graphopt.FusedConv on torch applies Relu, Tanh, Sigmoid, LeakyRelu, HardSigmoid or Clip, not {kind}")
+
+
+@_lowers("FusedConv", ("graphopt::conv_relu",))
+def _fused_conv(b: FxBuilder, args: list[Any], attrs: dict[str, Any], wanted: set[int]) -> list[Any]:
+    """graphopt.FusedConv(x, w, b, z) {activation, activation_params} -> activation(conv(x, w, b) + z).
+
+    2-D with ReLU on CUDA: graphopt::conv_relu, cuDNN's fused conv-bias-(add-)ReLU. Anywhere
+    else (other devices, activations, 1-D/3-D, asymmetric pads) no fused torch kernel exists:
+    the convolution, the add and the activation as the ATen ops they were."""
+    x, w = b.tensor(args[0]), b.tensor(args[1])
     bias = b.tensor(arg(args, 2), like=x) if arg(args, 2) is not None else None
     z = b.tensor(arg(args, 3), like=x) if arg(args, 3) is not None else None
-    strides = [int(v) for v in attrs.get("strides", [1, 1])]
-    dilations = [int(v) for v in attrs.get("dilations", [1, 1])]
-    return [b.call(graphopt_op("conv_relu"), x, w, bias, z, strides, pads[:2], dilations, int(attrs.get("group", 1)))]
+    if _conv_relu_problem(b, x, w, attrs) is None:
+        pads = [int(p) for p in attrs.get("pads", [0] * 4)]
+        strides = [int(v) for v in attrs.get("strides", [1, 1])]
+        dilations = [int(v) for v in attrs.get("dilations", [1, 1])]
+        return [b.call(graphopt_op("conv_relu"), x, w, bias, z, strides, pads[:2], dilations, int(attrs.get("group", 1)))]
+    conv_attrs = {k: v for k, v in attrs.items() if not k.startswith("activation")}
+    y = emit_canonical(b, "Conv", [x, w, bias], conv_attrs, 1)
+    if z is not None:
+        y = b.call(aten.add.Tensor, y, z)
+    params = [float(p) for p in attrs.get("activation_params") or []]
+    return [_activation(b, y, _text(attrs.get("activation")), params)]
 
