@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 import onnxruntime as ort
 import torch
 
@@ -32,6 +33,7 @@ import graphopt
 from graphopt.api import builtin_rules
 from graphopt.match.driver import RuleSet
 from graphopt.ops import torch_lowering
+from graphopt.passes.layout import emulate_nhwc_ops
 from graphopt.pattern.ir import Rule
 from graphopt.report.model import Report
 from graphopt.torch_backend import TorchOptions, optimize_fx, trace_to_aten
@@ -50,9 +52,11 @@ class Case:
     count: int
     #: Rules that run along (those that make the op this rule's root matches, say).
     along: tuple[str, ...] = ()
-    #: The ONNX side's target (graphopt ops with an onnxruntime lowering only: ort-cpu).
+    #: The ONNX side's target (graphopt ops with an onnxruntime lowering only: ort-cpu; ort-cuda's
+    #: NHWC-only ops, com.microsoft.GroupNorm, run on the CPU written back as standard ops).
     onnx_target: str = "onnx"
-    #: Opset of the ONNX export (above 20, exported at 20 and converted with onnx.version_converter).
+    #: Opset of the ONNX export (the torchscript exporter: above 20, exported at 20 and converted with
+    #: onnx.version_converter; the dynamo exporter exports at the opset itself).
     opset: int = 18
     #: "torchscript" (fast; its exporter folds Conv+BatchNorm and composes Transposes itself), or
     #: "dynamo" (torch.onnx.export(dynamo=True) without onnxscript's optimizer).
@@ -122,7 +126,7 @@ def export_onnx(case: Case, module: torch.nn.Module, inputs: tuple[torch.Tensor,
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if case.exporter == "dynamo":
-            model = torch.onnx.export(module, inputs, dynamo=True, optimize=False, opset_version=min(case.opset, 20), verbose=False).model_proto
+            return torch.onnx.export(module, inputs, dynamo=True, optimize=False, opset_version=case.opset, verbose=False).model_proto
         else:
             buffer = io.BytesIO()
             torch.onnx.export(module, inputs, buffer, dynamo=False, opset_version=min(case.opset, 20))
@@ -135,6 +139,10 @@ def export_onnx(case: Case, module: torch.nn.Module, inputs: tuple[torch.Tensor,
 def run_onnx(case: Case, module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], expected: list[torch.Tensor]) -> tuple[int, str | None, list[str]]:
     model = export_onnx(case, module, inputs)
     optimized, report = graphopt.optimize(model, target=case.onnx_target, enable=[case.rule, *case.along])
+    if case.onnx_target == "ort-cuda":  # no CUDA here: its NHWC-only ops written back as standard ops for the CPU
+        written_back = ir.serde.deserialize_model(optimized)
+        emulate_nhwc_ops(written_back)
+        optimized = ir.serde.serialize_model(written_back)
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # graphopt's rewrite, not onnxruntime's
     session = ort.InferenceSession(optimized.SerializeToString(), options, providers=["CPUExecutionProvider"])

@@ -170,6 +170,11 @@ CASES: list[Case] = [
          rands((1, 3, 6, 6), (1, 4, 6, 6)), 1, onnx_target="ort-cpu"),
     Case("FuseConvAdd", fn(lambda m, x, z: F.conv2d(x, m.w, m.b, padding=1) + z, w=const(4, 3, 3, 3), b=const(4)),
          rands((1, 3, 6, 6), (1, 4, 6, 6)), 1, onnx_target="ort-cpu"),
+    # group_norm.pdll: nn.GroupNorm is GroupNormalization at opset 21 (dynamo exporter) and aten.native_group_norm on FX;
+    # com.microsoft.GroupNorm (ort-cuda) runs on the CPU written back as standard ops
+    Case("GroupNormalizationToGroupNorm", lambda: nn.GroupNorm(2, 8), rand(2, 8, 4, 4), 1, exporter="dynamo", opset=21, onnx_target="ort-cuda"),
+    Case("FuseGroupNormSiLU", seq(lambda: nn.GroupNorm(4, 8), nn.SiLU), rand(2, 8, 4, 4), 1, exporter="dynamo", opset=21, onnx_target="ort-cuda",
+         along=("GroupNormalizationToGroupNorm", "FuseSiLU")),
     # matmul_bias.pdll
     Case("MatMulAddToGemm", fn(lambda m, x: x @ m.w + m.b, w=const(6, 4), b=const(4)), rand(3, 6), 1),
     # normalization.pdll

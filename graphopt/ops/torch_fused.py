@@ -298,3 +298,30 @@ def _fused_conv(b: FxBuilder, args: list[Any], attrs: dict[str, Any], wanted: se
     params = [float(p) for p in attrs.get("activation_params") or []]
     return [_activation(b, y, _text(attrs.get("activation")), params)]
 
+
+
+@_lowers("GroupNorm", dtypes=FLOATS | {"f64"})
+def _group_norm(b: FxBuilder, args: list[Any], attrs: dict[str, Any], wanted: set[int]) -> list[Any]:
+    """graphopt.GroupNorm(x [N, C, ...], gamma [C], beta [C]) {groups, epsilon, activation} ->
+    aten.native_group_norm (+ aten.silu for activation = 1): no torch kernel beats the one
+    ATen has (inductor fuses it with its neighbours itself), so the fusion keeps its meaning."""
+    if int(attrs.get("channels_last", 0)):
+        raise RewriteDeclined("graphopt.GroupNorm on torch takes channels-first [N, C, ...] tensors")
+    x = b.tensor(args[0])
+    dtype = b.meta(x).dtype
+    gamma, beta = (b.tensor(p, like=x) for p in args[1:3])
+    # com.microsoft.GroupNorm reads gamma and beta as float32: aten's kernel takes them in x's dtype
+    gamma, beta = (p if b.meta(p).dtype == dtype else b.call(prims.convert_element_type.default, p, dtype) for p in (gamma, beta))
+    spatial = [b.size(x, i) for i in range(2, b.rank(x))]
+    if b.rank(x) < 3 or not all(isinstance(d, int) for d in spatial):
+        raise RewriteDeclined("graphopt.GroupNorm on torch takes [N, C, spatial...] with static spatial dims")
+    hw = 1
+    for d in spatial:
+        hw *= d
+    both = b.call(aten.native_group_norm.default, x, gamma, beta, b.size(x, 0), b.size(x, 1), hw,
+                  int(attrs["groups"]), float(attrs.get("epsilon", 1e-5)))
+    out = b.item(both, 0)
+    activation = int(attrs.get("activation", 0))
+    if activation not in (0, 1):
+        raise RewriteDeclined(f"graphopt.GroupNorm's activation {activation} is none (0) or SiLU (1)")
+    return [b.call(aten.silu.default, out) if activation else out]
