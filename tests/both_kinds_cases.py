@@ -170,6 +170,8 @@ CASES: list[Case] = [
          rands((1, 3, 6, 6), (1, 4, 6, 6)), 1, onnx_target="ort-cpu"),
     Case("FuseConvAdd", fn(lambda m, x, z: F.conv2d(x, m.w, m.b, padding=1) + z, w=const(4, 3, 3, 3), b=const(4)),
          rands((1, 3, 6, 6), (1, 4, 6, 6)), 1, onnx_target="ort-cpu"),
+    # gemm_activation.pdll (ONNX: nn.Linear is Gemm with transB = 1; ort-cpu runs com.microsoft.FusedGemm)
+    Case("FuseGemmActivation", fn(lambda m, x: F.relu(F.linear(x, m.w, m.b)), w=const(16, 8), b=const(16)), rand(3, 8), 1, onnx_target="ort-cpu"),
     # group_norm.pdll: nn.GroupNorm is GroupNormalization at opset 21 (dynamo exporter) and aten.native_group_norm on FX;
     # com.microsoft.GroupNorm (ort-cuda) runs on the CPU written back as standard ops
     Case("GroupNormalizationToGroupNorm", lambda: nn.GroupNorm(2, 8), rand(2, 8, 4, 4), 1, exporter="dynamo", opset=21, onnx_target="ort-cuda"),
@@ -202,7 +204,6 @@ CASES: list[Case] = [
     Case("FuseSwiGLU", fn(lambda m, x: F.silu(x @ m.w1) * (x @ m.w3), w1=const(8, 16), w3=const(8, 16)), rand(2, 3, 8), 1, kinds=("fx",)),
     Case("FuseGeGLU", fn(lambda m, x: (lambda h, g: h * F.gelu(g))(*x.chunk(2, -1))), rand(2, 3, 16), 1, kinds=("fx",)),
     Case("FuseGeGLU", fn(lambda m, x: (lambda h, g: h * F.gelu(g))(*(x + m.b).chunk(2, -1)), b=const(16)), rand(2, 3, 16), 1, kinds=("fx",)),
-    Case("FuseGemmActivation", fn(lambda m, x: F.relu(F.linear(x, m.w, m.b)), w=const(16, 8), b=const(16)), rand(3, 8), 1, kinds=("fx",)),
     Case("FuseScaledDotProductAttention", fn(lambda m, q, k, v: F.scaled_dot_product_attention(q, k, v)),
          rands((2, 2, 5, 4), (2, 2, 5, 4), (2, 2, 5, 4)), 1, kinds=("fx",)),
     # rotary.pdll

@@ -186,6 +186,9 @@ _ORT_LOWERINGS: dict[str, Any] = {
     # com.microsoft.Attention (input, weights, bias, mask_index, past, attention_bias).
     "Attention": Lowering(MS_DOMAIN, "Attention", inputs=(0, 1, 2, None, None, 3)),
     "FusedConv": (MS_DOMAIN, "FusedConv"),
+    # a, b [, transB], bias, {activation}: the CPU provider's FusedGemm (float32; no CUDA kernel,
+    # so ort-cuda, whose table lacks it, declines).
+    "GemmActivation": (MS_DOMAIN, "FusedGemm"),
     "SkipLayerNorm": (MS_DOMAIN, "SkipLayerNormalization"),
     "Gelu": (MS_DOMAIN, "Gelu"),
     "FastGelu": (MS_DOMAIN, "FastGelu"),
@@ -224,7 +227,7 @@ Contract = Callable[[Mapping[str, Any], Sequence[Any]], "str | None"]
 
 
 def _activation_in(*allowed: str | None) -> Contract:
-    """FusedConv's `activation` must be one the provider's kernel maps (None: attribute absent)."""
+    """FusedConv's / FusedGemm's `activation` must be one the provider's kernel maps (None: attribute absent)."""
 
     def check(attrs: Mapping[str, Any], shapes: Sequence[Any]) -> str | None:
         activation = attrs.get("activation")
@@ -271,6 +274,8 @@ def _cuda_bias_split_gelu(attrs: Mapping[str, Any], shapes: Sequence[Any]) -> st
 _ORT_CPU_CONTRACTS: dict[tuple[str, str], Contract] = {
     # contrib_ops/cpu/fused_activation.cc (onnxruntime 1.31: Silu is refused by the NCHWc kernel).
     (MS_DOMAIN, "FusedConv"): _activation_in(None, "Relu", "Tanh", "Sigmoid", "LeakyRelu", "Clip", "HardSigmoid"),
+    # contrib_ops/cpu/fused_gemm.cc reads the same activation table: no GELU ("unknown kernel type").
+    (MS_DOMAIN, "FusedGemm"): _activation_in("Relu"),
 }
 
 _ORT_CUDA_CONTRACTS: dict[tuple[str, str], Contract] = {

@@ -223,13 +223,15 @@ def _rotary(b: FxBuilder, args: list[Any], attrs: dict[str, Any], wanted: set[in
 
 @_lowers("GemmActivation", dtypes=FLOATS | {"f64"}, no_gradient="aten._addmm_activation has no derivative formula")
 def _gemm_activation(b: FxBuilder, args: list[Any], attrs: dict[str, Any], wanted: set[int]) -> list[Any]:
-    """graphopt.GemmActivation(a, b, bias) {activation = Relu | GeluTanh} -> aten._addmm_activation
+    """graphopt.GemmActivation(a, b, bias) {activation = Relu | GeluTanh, transB} -> aten._addmm_activation
     (cuBLASLt's bias + activation epilogue on CUDA; addmm then ReLU in place on the CPU)."""
     activation = attrs.get("activation")
     activation = activation.decode() if isinstance(activation, bytes) else activation
     if activation not in ("Relu", "GeluTanh"):
         raise RewriteDeclined(f"aten._addmm_activation applies Relu or GeluTanh, not {activation}")
     a, m, c = (b.tensor(x) for x in args[:3])
+    if int(attrs.get("transB", 0)):  # b given as [N, K], as onnxruntime's FusedGemm takes it
+        m = b.call(aten.permute.default, m, [1, 0])
     if activation == "GeluTanh" and b.meta(a).device.type != "cuda":
         # The CPU kernel of aten._addmm_activation applies the erf GELU (CUDA's, the tanh one).
         raise RewriteDeclined("aten._addmm_activation applies the tanh GELU on CUDA tensors only")
