@@ -126,6 +126,35 @@ def _rotary_batched(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return x * cos + _rotate_half(x) * sin
 
 
+def _self_attention(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Two-head self-attention whose q, k and v are x @ w + b projections of one input (BERT's form)."""
+    batch, seq, hidden = x.shape
+
+    def heads(t: torch.Tensor) -> torch.Tensor:
+        return t.reshape(batch, seq, 2, hidden // 2).transpose(1, 2)
+
+    o = _attention(m, heads(x @ m.wq + m.bq), heads(x @ m.wk + m.bk), heads(x @ m.wv + m.bv))
+    return o.transpose(1, 2).reshape(batch, seq, hidden)
+
+
+def _gpt2_attention(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """GPT-2's form: one Conv1D (addmm on the flattened tokens) makes q, k and v, split in three."""
+    batch, seq, hidden = x.shape
+    qkv = torch.addmm(m.b, x.reshape(-1, hidden), m.w).reshape(batch, seq, 3 * hidden)
+
+    def heads(t: torch.Tensor) -> torch.Tensor:
+        return t.reshape(batch, seq, 2, hidden // 2).transpose(1, 2)
+
+    q, k, v = qkv.split(hidden, dim=2)
+    o = _attention(m, heads(q), heads(k), heads(v))
+    return o.transpose(1, 2).reshape(batch, seq, hidden)
+
+
+_PROJECTIONS = {name: const(8, 8) if name.startswith("w") else const(8) for name in ("wq", "bq", "wk", "bk", "wv", "bv")}
+#: the canonical rules that cancel FuseAttention's layout adapters against the projections' reshapes
+_ATTENTION_ALONG = ("FuseAttention", "ComposeTransposes", "DropIdentityTranspose", "DropNoOpReshape", "CollapseReshapes")
+
+
 class ConvBnOfWeights(nn.Module):
     """A Conv whose weights come in as an input, then BatchNorm."""
 
@@ -200,6 +229,10 @@ CASES: list[Case] = [
     # masked_fill(mask, fill) is the FX view's Where(mask, fill, scores)
     Case("FuseAttention", fn(_masked_attention), lambda: (*rands((2, 2, 5, 4), (2, 2, 5, 4), (2, 2, 5, 4))(), torch.rand(2, 1, 5, 5) > 0.7), 1, atol=1e-4,
          onnx_target="ort-cpu", name="masked_fill"),
+    Case("PackAttentionProjections", fn(_self_attention, **_PROJECTIONS), rand(2, 5, 8), 1, along=_ATTENTION_ALONG, onnx_target="ort-cpu",
+         atol=1e-4),
+    Case("PackedProjectionAttention", fn(_gpt2_attention, w=const(8, 24), b=const(24)), rand(2, 5, 8), 1, along=_ATTENTION_ALONG,
+         onnx_target="ort-cpu", atol=1e-4),
     # FX only (the rule's file says why not ONNX): proven on FX
     Case("FuseSwiGLU", fn(lambda m, x: F.silu(x @ m.w1) * (x @ m.w3), w1=const(8, 16), w3=const(8, 16)), rand(2, 3, 8), 1, kinds=("fx",)),
     Case("FuseGeGLU", fn(lambda m, x: (lambda h, g: h * F.gelu(g))(*x.chunk(2, -1))), rand(2, 3, 16), 1, kinds=("fx",)),

@@ -92,6 +92,23 @@ def _mha(b: FxBuilder, args: list[Any], attrs: dict[str, Any], wanted: set[int])
     return [b.call(aten.reshape.default, merged, [b.size(q, 0), b.size(q, 1), b.size(v, 2)])]
 
 
+@_lowers("Attention", ("graphopt::attention",))
+def _packed_attention(b: FxBuilder, args: list[Any], attrs: dict[str, Any], wanted: set[int]) -> list[Any]:
+    """graphopt.Attention(x [batch, seq, hidden], w [hidden, 3 * hidden], bias [3 * hidden], attention_bias):
+    one addmm of the packed weights on the flattened tokens, its thirds (views) as q, k and v,
+    then as graphopt.MultiHeadAttention."""
+    x, w, bias = (b.tensor(a) for a in args[:3])
+    if b.rank(x) != 3 or b.rank(w) != 2 or b.rank(bias) != 1:
+        raise RewriteDeclined("graphopt.Attention takes x [batch, seq, hidden], w [hidden, 3 * hidden], bias [3 * hidden]")
+    hidden, width = b.size(x, 2), b.size(w, 1)
+    if not isinstance(hidden, int) or width != 3 * hidden:
+        raise RewriteDeclined(f"packed weights of width {width} are not three projections of hidden size {hidden}")
+    tokens = b.call(aten.reshape.default, x, [-1, hidden])
+    qkv = b.call(aten.reshape.default, b.call(aten.addmm.default, bias, tokens, w), [b.size(x, 0), b.size(x, 1), width])
+    q, k, v = (b.call(aten.slice.Tensor, qkv, 2, i * hidden, (i + 1) * hidden) for i in range(3))
+    return _mha(b, [q, k, v, arg(args, 3)], attrs, wanted)
+
+
 def _norm_stats(b: FxBuilder, total: Any, rms: bool) -> tuple[Any, Any]:
     """Mean and 1/std over the last axis with the kept dim ([batch, seq, 1]), as the ONNX ops return them (f32 math)."""
     x = b.call(prims.convert_element_type.default, total, torch.float32)
