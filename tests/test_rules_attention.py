@@ -415,10 +415,10 @@ def test_fx_cross_attention_projections_are_not_packed() -> None:
 
 def test_packed_attention_compiles_to_one_addmm_and_the_attention_op() -> None:
     import torch
+    from both_kinds_cases import _PROJECTIONS, _self_attention, fn
 
     import graphopt
     import graphopt.kernels  # noqa: F401
-    from both_kinds_cases import _PROJECTIONS, _self_attention, fn
     from graphopt.torch_backend import last_graph
 
     torch.manual_seed(0)
