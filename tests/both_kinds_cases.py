@@ -100,6 +100,14 @@ def _masked_attention(m: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.T
     return torch.matmul(torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1), v)
 
 
+def _group_norm(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Group norm written out: [N, G, -1] view, mean and variance over its last axis, view back, affine."""
+    g = x.reshape(x.shape[0], 2, -1)
+    d = g - g.mean(-1, keepdim=True)
+    var = d.pow(2.0).mean(-1, keepdim=True)
+    return (d / torch.sqrt(var + 1e-5)).reshape(x.shape) * m.g + m.b
+
+
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -203,6 +211,7 @@ CASES: list[Case] = [
     Case("FuseGemmActivation", fn(lambda m, x: F.relu(F.linear(x, m.w, m.b)), w=const(16, 8), b=const(16)), rand(3, 8), 1, onnx_target="ort-cpu"),
     # group_norm.pdll: nn.GroupNorm is GroupNormalization at opset 21 (dynamo exporter) and aten.native_group_norm on FX;
     # com.microsoft.GroupNorm (ort-cuda) runs on the CPU written back as standard ops
+    Case("FuseGroupNorm", fn(_group_norm, g=const(8, 1, 1), b=const(8, 1, 1)), rand(2, 8, 4, 4), 1, onnx_target="ort-cuda"),
     Case("GroupNormalizationToGroupNorm", lambda: nn.GroupNorm(2, 8), rand(2, 8, 4, 4), 1, exporter="dynamo", opset=21, onnx_target="ort-cuda"),
     Case("FuseGroupNormSiLU", seq(lambda: nn.GroupNorm(4, 8), nn.SiLU), rand(2, 8, 4, 4), 1, exporter="dynamo", opset=21, onnx_target="ort-cuda",
          along=("GroupNormalizationToGroupNorm", "FuseSiLU")),

@@ -328,3 +328,18 @@ def test_group_norm_silu_compiles_to_native_group_norm_and_silu() -> None:
     assert applied.get("GroupNormalizationToGroupNorm") == applied.get("FuseGroupNormSiLU") == 1
     targets = [n.target for n in last_graph().graph.nodes if n.op == "call_function"]
     assert torch.ops.aten.native_group_norm.default in targets and torch.ops.aten.silu.default in targets
+
+
+def test_fx_written_out_norm_over_the_wrong_axis_is_no_group_norm() -> None:
+    import torch
+    from both_kinds_cases import _group_norm, const, fn
+
+    def over_groups(m, x):  # the statistics taken across the groups (axis 1), not within each
+        g = x.reshape(x.shape[0], 2, -1)
+        d = g - g.mean(1, keepdim=True)
+        var = d.pow(2.0).mean(1, keepdim=True)
+        return (d / torch.sqrt(var + 1e-5)).reshape(x.shape) * m.g + m.b
+
+    params = {"g": const(8, 1, 1), "b": const(8, 1, 1)}
+    assert _fx_rewrites("FuseGroupNorm", fn(_group_norm, **params)) == 1
+    assert _fx_rewrites("FuseGroupNorm", fn(over_groups, **params)) == 0
