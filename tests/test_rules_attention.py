@@ -431,3 +431,18 @@ def test_packed_attention_compiles_to_one_addmm_and_the_attention_op() -> None:
     targets = [n.target for n in last_graph().graph.nodes if n.op == "call_function"]
     assert targets.count(torch.ops.aten.addmm.default) == 1 and torch.ops.aten.mm.default not in targets
     assert targets.count(torch.ops.graphopt.attention.default) == 1
+
+
+def test_fx_packed_projection_whose_thirds_are_not_q_k_v_is_not_attention() -> None:
+    import torch
+    from both_kinds_cases import _attention, const, fn
+
+    def keys_as_values(m, x):  # the second third serves as keys and values: no packed q/k/v
+        qkv = torch.addmm(m.b, x.reshape(-1, 8), m.w).reshape(2, 5, 24)
+        q, k, _ = qkv.split(8, dim=2)
+        heads = lambda t: t.reshape(2, 5, 2, 4).transpose(1, 2)  # noqa: E731
+        return _attention(m, heads(q), heads(k), heads(k)).transpose(1, 2).reshape(2, 5, 8)
+
+    module = fn(keys_as_values, w=const(8, 24), b=const(24))
+    assert _fx_case("FuseAttention", module, 1).fx_rewrites == 1
+    assert _fx_case("PackedProjectionAttention", module, 0).fx_rewrites == 0
