@@ -186,9 +186,6 @@ _ORT_LOWERINGS: dict[str, Any] = {
     # com.microsoft.Attention (input, weights, bias, mask_index, past, attention_bias).
     "Attention": Lowering(MS_DOMAIN, "Attention", inputs=(0, 1, 2, None, None, 3)),
     "FusedConv": (MS_DOMAIN, "FusedConv"),
-    # a, b [, transB], bias, {activation}: the CPU provider's FusedGemm (float32; no CUDA kernel,
-    # so ort-cuda, whose table lacks it, declines).
-    "GemmActivation": (MS_DOMAIN, "FusedGemm"),
     "SkipLayerNorm": (MS_DOMAIN, "SkipLayerNormalization"),
     "Gelu": (MS_DOMAIN, "Gelu"),
     "FastGelu": (MS_DOMAIN, "FastGelu"),
@@ -199,6 +196,13 @@ _ORT_LOWERINGS: dict[str, Any] = {
     "RotaryEmbedding": (MS_DOMAIN, "RotaryEmbedding"),
     "RMSNorm": ("", "SimplifiedLayerNormalization"),
     "SkipRMSNorm": (MS_DOMAIN, "SkipSimplifiedLayerNormalization"),
+}
+
+
+# Lowerings only the CPU provider has a kernel for.
+_ORT_CPU_LOWERINGS: dict[str, Any] = {
+    # a, b, bias {activation, transB}: contrib_ops/cpu/fused_gemm.cc (float32; ReLU, see _ORT_CPU_CONTRACTS).
+    "GemmActivation": (MS_DOMAIN, "FusedGemm"),
 }
 
 
@@ -374,7 +378,8 @@ def _name(key: tuple[str, str]) -> str:
 
 TARGETS: dict[str, Target] = {
     "onnx": Target("onnx", "standard ONNX ops only; runs in any runtime", lowerings=_ONNX_LOWERINGS, runtime_check=_ORT_CPU),
-    "ort-cpu": Target("ort-cpu", "onnxruntime, CPU execution provider", _ORT_CPU, _ORT_LOWERINGS, complete=True, contracts=_ORT_CPU_CONTRACTS),
+    "ort-cpu": Target("ort-cpu", "onnxruntime, CPU execution provider", _ORT_CPU, {**_ORT_LOWERINGS, **_ORT_CPU_LOWERINGS}, complete=True,
+                      contracts=_ORT_CPU_CONTRACTS),
     "ort-cuda": Target("ort-cuda", "onnxruntime, CUDA execution provider", _ORT_CUDA, {**_ORT_LOWERINGS, **_ORT_CUDA_LOWERINGS}, contracts=_ORT_CUDA_CONTRACTS),
 }
 
