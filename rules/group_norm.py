@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from graphopt.pattern.native import RewriteDeclined, native_rewrite
+from graphopt.pattern.native import RewriteDeclined, native_constraint, native_rewrite
 
 
 def _per_channel(ctx, p, rank: int, channels: int, what: str) -> np.ndarray:
@@ -23,7 +23,7 @@ def _per_channel(ctx, p, rank: int, channels: int, what: str) -> np.ndarray:
 
 
 @native_rewrite("GroupNormParams")
-def group_norm_params(ctx, x, shape1, allowzero, shape2, shape_end, one, zero, gamma, beta, dtype):
+def group_norm_params(ctx, x, shape1, allowzero, shape2, shape_end, gamma, beta, dtype):
     shape = ctx.shape(x)
     if shape is None or len(shape) < 3:
         raise RewriteDeclined("the input's rank is unknown or below 3")
@@ -46,10 +46,6 @@ def group_norm_params(ctx, x, shape1, allowzero, shape2, shape_end, one, zero, g
             raise RewriteDeclined("the second Reshape does not restore the input's shape")
     elif shape_end is not None:
         raise RewriteDeclined("the second Reshape takes a slice of the input's shape")
-    for p, value, what in ((one, 1.0, "InstanceNormalization scale"), (zero, 0.0, "InstanceNormalization bias")):
-        array = ctx.array(p)
-        if array is None or array.shape != (groups,) or np.any(array != value):
-            raise RewriteDeclined(f"the {what} is not {value:g} for each of the {groups} groups")
     x_dtype = ctx.dtype(x)
     if ctx.dtype(gamma) != x_dtype or ctx.dtype(beta) != x_dtype:
         raise RewriteDeclined("gamma or beta has another dtype than the input")
@@ -73,3 +69,42 @@ def float_params(ctx, x, scale, bias, groups):
     if groups is None or channels % int(groups):
         raise RewriteDeclined(f"{groups} groups do not divide {channels} channels")
     return {"gamma": s.astype(np.float32), "beta": b.astype(np.float32)}
+
+
+def _axes(ctx, axes_attr, axes_input) -> list[int] | None:
+    if axes_attr is not None:
+        return [int(a) for a in np.asarray(axes_attr).reshape(-1)]
+    array = ctx.array(axes_input) if axes_input is not None else None
+    return None if array is None else [int(a) for a in array.reshape(-1)]
+
+
+@native_constraint("NormalizesEachGroup")
+def normalizes_each_group(ctx, form, one, zero, mean_axes, mean_axes_input, var_axes, var_axes_input, square, exponent):
+    """The [N, G, -1] view is normalized per group: InstanceNormalization with scale 1 and
+    bias 0 for each of the G groups, or the mean and variance taken over its last axis
+    (the square as Mul(d, d) or Pow(d, 2))."""
+    if form == "instance":  # (one value per group: InstanceNormalization's schema; GroupNormParams checks the groups)
+        for p, value, what in ((one, 1.0, "InstanceNormalization scale"), (zero, 0.0, "InstanceNormalization bias")):
+            array = ctx.array(p)
+            if array is None or array.ndim != 1 or np.any(array != value):
+                return f"the {what} is not {value:g} for each group"
+        return True
+    for what, axes in (("mean", _axes(ctx, mean_axes, mean_axes_input)), ("variance", _axes(ctx, var_axes, var_axes_input))):
+        if axes not in ([-1], [2]):
+            return f"the {what} is taken over axes {axes}, not the last axis of [N, G, -1]"
+    if square == "pow":
+        array = ctx.array(exponent)
+        if array is None or array.size != 1 or float(array.reshape(-1)[0]) != 2.0:
+            return "the square is a Pow whose exponent is not 2"
+    return True
+
+
+@native_rewrite("GroupEpsilon")
+def group_epsilon(ctx, form, instance_eps, written_eps):
+    """InstanceNormalization's epsilon attribute, or the constant added to the variance."""
+    if form == "instance":
+        return {"value": 1e-5 if instance_eps is None else float(instance_eps)}
+    array = ctx.array(written_eps)
+    if array is None or array.size != 1:
+        raise RewriteDeclined("the epsilon added to the variance is not a one-element constant")
+    return {"value": float(array.reshape(-1)[0])}

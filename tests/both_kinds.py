@@ -15,6 +15,7 @@ is proven on both kinds, on one, or why it cannot be (the ``// ONNX only:`` /
 from __future__ import annotations
 
 import io
+import math
 import re
 import sys
 import warnings
@@ -25,6 +26,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 import onnxruntime as ort
 import torch
 
@@ -32,6 +34,7 @@ import graphopt
 from graphopt.api import builtin_rules
 from graphopt.match.driver import RuleSet
 from graphopt.ops import torch_lowering
+from graphopt.passes.nhwc_emulation import emulate_nhwc_ops
 from graphopt.pattern.ir import Rule
 from graphopt.report.model import Report
 from graphopt.torch_backend import TorchOptions, optimize_fx, trace_to_aten
@@ -50,9 +53,11 @@ class Case:
     count: int
     #: Rules that run along (those that make the op this rule's root matches, say).
     along: tuple[str, ...] = ()
-    #: The ONNX side's target (graphopt ops with an onnxruntime lowering only: ort-cpu).
+    #: The ONNX side's target (graphopt ops with an onnxruntime lowering only: ort-cpu; ort-cuda's
+    #: NHWC-only ops, com.microsoft.GroupNorm, run on the CPU written back as standard ops).
     onnx_target: str = "onnx"
-    #: Opset of the ONNX export (above 20, exported at 20 and converted with onnx.version_converter).
+    #: Opset of the ONNX export (the torchscript exporter: above 20, exported at 20 and converted with
+    #: onnx.version_converter; the dynamo exporter exports at the opset itself).
     opset: int = 18
     #: "torchscript" (fast; its exporter folds Conv+BatchNorm and composes Transposes itself), or
     #: "dynamo" (torch.onnx.export(dynamo=True) without onnxscript's optimizer).
@@ -122,7 +127,7 @@ def export_onnx(case: Case, module: torch.nn.Module, inputs: tuple[torch.Tensor,
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if case.exporter == "dynamo":
-            model = torch.onnx.export(module, inputs, dynamo=True, optimize=False, opset_version=min(case.opset, 20), verbose=False).model_proto
+            return torch.onnx.export(module, inputs, dynamo=True, optimize=False, opset_version=case.opset, verbose=False).model_proto
         else:
             buffer = io.BytesIO()
             torch.onnx.export(module, inputs, buffer, dynamo=False, opset_version=min(case.opset, 20))
@@ -132,9 +137,42 @@ def export_onnx(case: Case, module: torch.nn.Module, inputs: tuple[torch.Tensor,
     return model
 
 
+def write_back_bias_split_gelu(model: onnx.ModelProto) -> onnx.ModelProto:
+    """com.microsoft.BiasSplitGelu(x, bias) (CUDA only) as the standard ops it computes
+    (bias_split_gelu_impl.cu): s = x + bias; s[..., :h] * erf-GELU(s[..., h:])."""
+    graph = model.graph
+    nodes: list[onnx.NodeProto] = []
+    for i, node in enumerate(graph.node):
+        if (node.domain, node.op_type) != ("com.microsoft", "BiasSplitGelu"):
+            nodes.append(node)
+            continue
+        bias = next(onnx.numpy_helper.to_array(init) for init in graph.initializer if init.name == node.input[1])
+        half, p = bias.shape[-1] // 2, f"bsg{i}_"
+        consts = {"lo": [0], "mid": [half], "hi": [2 * half], "axis": [-1]}
+        graph.initializer.extend(onnx.numpy_helper.from_array(np.array(v, np.int64), p + k) for k, v in consts.items())
+        graph.initializer.extend(onnx.numpy_helper.from_array(np.array(v, bias.dtype), p + k) for k, v in
+                                 {"sqrt2": math.sqrt(2.0), "half": 0.5, "one": 1.0}.items())
+        make = onnx.helper.make_node
+        nodes += [
+            make("Add", [node.input[0], node.input[1]], [p + "s"]),
+            make("Slice", [p + "s", p + "lo", p + "mid", p + "axis"], [p + "a"]),
+            make("Slice", [p + "s", p + "mid", p + "hi", p + "axis"], [p + "g"]),
+            make("Div", [p + "g", p + "sqrt2"], [p + "gs"]), make("Erf", [p + "gs"], [p + "e"]),
+            make("Add", [p + "e", p + "one"], [p + "e1"]), make("Mul", [p + "g", p + "half"], [p + "gh"]),
+            make("Mul", [p + "gh", p + "e1"], [p + "gelu"]), make("Mul", [p + "a", p + "gelu"], list(node.output)),
+        ]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return model
+
+
 def run_onnx(case: Case, module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], expected: list[torch.Tensor]) -> tuple[int, str | None, list[str]]:
     model = export_onnx(case, module, inputs)
     optimized, report = graphopt.optimize(model, target=case.onnx_target, enable=[case.rule, *case.along])
+    if case.onnx_target == "ort-cuda":  # no CUDA here: its CUDA-only ops written back as standard ops for the CPU
+        written_back = ir.serde.deserialize_model(optimized)
+        emulate_nhwc_ops(written_back)
+        optimized = write_back_bias_split_gelu(ir.serde.serialize_model(written_back))
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # graphopt's rewrite, not onnxruntime's
     session = ort.InferenceSession(optimized.SerializeToString(), options, providers=["CPUExecutionProvider"])

@@ -107,6 +107,19 @@ def _masked_attention(m: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.T
     return torch.matmul(torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1), v)
 
 
+def _group_norm(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Group norm written out: [N, G, -1] view, mean and variance over its last axis, view back, affine."""
+    g = x.reshape(x.shape[0], 2, -1)
+    d = g - g.mean(-1, keepdim=True)
+    var = d.pow(2.0).mean(-1, keepdim=True)
+    return (d / torch.sqrt(var + 1e-5)).reshape(x.shape) * m.g + m.b
+
+
+def _geglu(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return x[..., :half] * F.gelu(x[..., half:])
+
+
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -131,6 +144,35 @@ def _rotary_bsnh(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
 def _rotary_batched(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
     cos, sin = m.cos.expand(2, 1, -1, -1) * m.scale, m.sin.expand(2, 1, -1, -1) * m.scale  # [batch, 1, seq, head]: one row per batch
     return x * cos + _rotate_half(x) * sin
+
+
+def _self_attention(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Two-head self-attention whose q, k and v are x @ w + b projections of one input (BERT's form)."""
+    batch, seq, hidden = x.shape
+
+    def heads(t: torch.Tensor) -> torch.Tensor:
+        return t.reshape(batch, seq, 2, hidden // 2).transpose(1, 2)
+
+    o = _attention(m, heads(x @ m.wq + m.bq), heads(x @ m.wk + m.bk), heads(x @ m.wv + m.bv))
+    return o.transpose(1, 2).reshape(batch, seq, hidden)
+
+
+def _gpt2_attention(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """GPT-2's form: one Conv1D (addmm on the flattened tokens) makes q, k and v, split in three."""
+    batch, seq, hidden = x.shape
+    qkv = torch.addmm(m.b, x.reshape(-1, hidden), m.w).reshape(batch, seq, 3 * hidden)
+
+    def heads(t: torch.Tensor) -> torch.Tensor:
+        return t.reshape(batch, seq, 2, hidden // 2).transpose(1, 2)
+
+    q, k, v = qkv.split(hidden, dim=2)
+    o = _attention(m, heads(q), heads(k), heads(v))
+    return o.transpose(1, 2).reshape(batch, seq, hidden)
+
+
+_PROJECTIONS = {name: const(8, 8) if name.startswith("w") else const(8) for name in ("wq", "bq", "wk", "bk", "wv", "bv")}
+#: the canonical rules that cancel FuseAttention's layout adapters against the projections' reshapes
+_ATTENTION_ALONG = ("FuseAttention", "ComposeTransposes", "DropIdentityTranspose", "DropNoOpReshape", "CollapseReshapes")
 
 
 class ConvBnOfWeights(nn.Module):
@@ -205,6 +247,27 @@ CASES: list[Case] = [
          rand(1, 3, 5, 5), 1, name="transpose"),
     Case("FoldChannelsLastAddIntoConvBias", fn(lambda m, x: F.conv2d(x, m.w).permute(0, 2, 3, 1) + m.b, w=const(4, 3, 3, 3), b=const(4)),
          rand(1, 3, 6, 6), 1),
+    # conv_activation.pdll (on FX: cuDNN's fused conv + ReLU on CUDA, the ATen ops they were elsewhere)
+    Case("FuseConvActivation", seq(lambda: nn.Conv2d(3, 4, 3, padding=1), nn.ReLU), rand(1, 3, 6, 6), 1, onnx_target="ort-cpu"),
+    Case("FuseConvActivation", seq(lambda: nn.Conv2d(3, 4, 3, padding=1), lambda: nn.LeakyReLU(0.2)), rand(1, 3, 6, 6), 1,
+         onnx_target="ort-cpu", name="leaky"),
+    Case("FuseConvActivation", seq(lambda: nn.Conv2d(3, 4, 3, stride=2), nn.ReLU6), rand(1, 3, 7, 7), 1, onnx_target="ort-cpu", name="clip"),
+    Case("FuseConvAddRelu", fn(lambda m, x, z: F.relu(F.conv2d(x, m.w, m.b, padding=1) + z), w=const(4, 3, 3, 3), b=const(4)),
+         rands((1, 3, 6, 6), (1, 4, 6, 6)), 1, onnx_target="ort-cpu"),
+    Case("FuseConvAdd", fn(lambda m, x, z: F.conv2d(x, m.w, m.b, padding=1) + z, w=const(4, 3, 3, 3), b=const(4)),
+         rands((1, 3, 6, 6), (1, 4, 6, 6)), 1, onnx_target="ort-cpu"),
+    # gemm_activation.pdll (ONNX: nn.Linear is Gemm with transB = 1; ort-cpu runs com.microsoft.FusedGemm)
+    Case("FuseGemmActivation", fn(lambda m, x: F.relu(F.linear(x, m.w, m.b)), w=const(16, 8), b=const(16)), rand(3, 8), 1, onnx_target="ort-cpu"),
+    # gates.pdll: GeGLU is com.microsoft.BiasSplitGelu on ort-cuda (hidden 2560, 5120 or 10240; written back as standard ops here);
+    # the torchscript exporter writes F.gelu out (FuseGeluErf makes it one op) and the halves as Slices
+    Case("FuseGeGLU", fn(lambda m, x: _geglu(x + m.b), b=const(2560)), rand(1, 2, 2560), 1, opset=20, along=("FuseGeluErf",), onnx_target="ort-cuda"),
+    Case("FuseGeGLU", fn(lambda m, x: _geglu(x)), rand(1, 2, 2560), 1, opset=20, along=("FuseGeluErf",), onnx_target="ort-cuda", name="no-bias"),
+    # group_norm.pdll: nn.GroupNorm is GroupNormalization at opset 21 (dynamo exporter) and aten.native_group_norm on FX;
+    # com.microsoft.GroupNorm (ort-cuda) runs on the CPU written back as standard ops
+    Case("FuseGroupNorm", fn(_group_norm, g=const(8, 1, 1), b=const(8, 1, 1)), rand(2, 8, 4, 4), 1, onnx_target="ort-cuda"),
+    Case("GroupNormalizationToGroupNorm", lambda: nn.GroupNorm(2, 8), rand(2, 8, 4, 4), 1, exporter="dynamo", opset=21, onnx_target="ort-cuda"),
+    Case("FuseGroupNormSiLU", seq(lambda: nn.GroupNorm(4, 8), nn.SiLU), rand(2, 8, 4, 4), 1, exporter="dynamo", opset=21, onnx_target="ort-cuda",
+         along=("GroupNormalizationToGroupNorm", "FuseSiLU")),
     # matmul_bias.pdll
     Case("MatMulAddToGemm", fn(lambda m, x: x @ m.w + m.b, w=const(6, 4), b=const(4)), rand(3, 6), 1),
     # normalization.pdll
@@ -228,11 +291,12 @@ CASES: list[Case] = [
     # masked_fill(mask, fill) is the FX view's Where(mask, fill, scores)
     Case("FuseAttention", fn(_masked_attention), lambda: (*rands((2, 2, 5, 4), (2, 2, 5, 4), (2, 2, 5, 4))(), torch.rand(2, 1, 5, 5) > 0.7), 1, atol=1e-4,
          onnx_target="ort-cpu", name="masked_fill"),
+    Case("PackAttentionProjections", fn(_self_attention, **_PROJECTIONS), rand(2, 5, 8), 1, along=_ATTENTION_ALONG, onnx_target="ort-cpu",
+         atol=1e-4),
+    Case("PackedProjectionAttention", fn(_gpt2_attention, w=const(8, 24), b=const(24)), rand(2, 5, 8), 1, along=_ATTENTION_ALONG,
+         onnx_target="ort-cpu", atol=1e-4),
     # FX only (the rule's file says why not ONNX): proven on FX
     Case("FuseSwiGLU", fn(lambda m, x: F.silu(x @ m.w1) * (x @ m.w3), w1=const(8, 16), w3=const(8, 16)), rand(2, 3, 8), 1, kinds=("fx",)),
-    Case("FuseGeGLU", fn(lambda m, x: (lambda h, g: h * F.gelu(g))(*x.chunk(2, -1))), rand(2, 3, 16), 1, kinds=("fx",)),
-    Case("FuseGeGLU", fn(lambda m, x: (lambda h, g: h * F.gelu(g))(*(x + m.b).chunk(2, -1)), b=const(16)), rand(2, 3, 16), 1, kinds=("fx",)),
-    Case("FuseGemmActivation", fn(lambda m, x: F.relu(F.linear(x, m.w, m.b)), w=const(16, 8), b=const(16)), rand(3, 8), 1, kinds=("fx",)),
     Case("FuseScaledDotProductAttention", fn(lambda m, q, k, v: F.scaled_dot_product_attention(q, k, v)),
          rands((2, 2, 5, 4), (2, 2, 5, 4), (2, 2, 5, 4)), 1, kinds=("fx",)),
     # rotary.pdll

@@ -382,3 +382,67 @@ def test_keys_shared_across_the_batch_are_not_fused() -> None:
     optimized, report = _fused(model)
     assert rewrites(report, "FuseAttention") == 0
     assert any("batch sizes" in m.reason for m in report.rules["FuseAttention"].near_misses)
+
+
+# ----------------------------------------------------------------------------- on FX graphs (the torch backend)
+# graphopt.Attention runs on torch as one addmm of the packed weights, its thirds as q, k and v,
+# and graphopt::attention. The positive cases, on both kinds: tests/both_kinds_cases.py.
+
+
+def _fx_case(rule: str, module, count: int):
+    import torch
+    from both_kinds import Case, run_case
+    from both_kinds_cases import _ATTENTION_ALONG
+
+    outcome = run_case(Case(rule, module, lambda: (torch.randn(2, 5, 8),), count, along=_ATTENTION_ALONG, kinds=("fx",), atol=1e-4))
+    assert outcome.fx_problem is None, outcome.fx_problem
+    return outcome
+
+
+def test_fx_cross_attention_projections_are_not_packed() -> None:
+    import torch
+    from both_kinds_cases import _PROJECTIONS, _attention, fn
+
+    def cross(m, x):  # k and v project a function of x, not x itself
+        mem = torch.tanh(x)
+        heads = lambda t: t.reshape(2, 5, 2, 4).transpose(1, 2)  # noqa: E731
+        o = _attention(m, heads(x @ m.wq + m.bq), heads(mem @ m.wk + m.bk), heads(mem @ m.wv + m.bv))
+        return o.transpose(1, 2).reshape(2, 5, 8)
+
+    assert _fx_case("FuseAttention", fn(cross, **_PROJECTIONS), 1).fx_rewrites == 1
+    assert _fx_case("PackAttentionProjections", fn(cross, **_PROJECTIONS), 0).fx_rewrites == 0
+
+
+def test_packed_attention_compiles_to_one_addmm_and_the_attention_op() -> None:
+    import torch
+    from both_kinds_cases import _PROJECTIONS, _self_attention, fn
+
+    import graphopt
+    import graphopt.kernels  # noqa: F401
+    from graphopt.torch_backend import last_graph
+
+    torch.manual_seed(0)
+    model = fn(_self_attention, **_PROJECTIONS)().eval()
+    x = torch.randn(2, 5, 8)
+    with torch.no_grad():
+        got = torch.compile(model, backend="graphopt", options={"inductor": False})(x)
+        torch.testing.assert_close(got, model(x), atol=1e-4, rtol=1e-4)
+    assert graphopt.last_report().rules["PackAttentionProjections"].applications == 1
+    targets = [n.target for n in last_graph().graph.nodes if n.op == "call_function"]
+    assert targets.count(torch.ops.aten.addmm.default) == 1 and torch.ops.aten.mm.default not in targets
+    assert targets.count(torch.ops.graphopt.attention.default) == 1
+
+
+def test_fx_packed_projection_whose_thirds_are_not_q_k_v_is_not_attention() -> None:
+    import torch
+    from both_kinds_cases import _attention, const, fn
+
+    def keys_as_values(m, x):  # the second third serves as keys and values: no packed q/k/v
+        qkv = torch.addmm(m.b, x.reshape(-1, 8), m.w).reshape(2, 5, 24)
+        q, k, _ = qkv.split(8, dim=2)
+        heads = lambda t: t.reshape(2, 5, 2, 4).transpose(1, 2)  # noqa: E731
+        return _attention(m, heads(q), heads(k), heads(k)).transpose(1, 2).reshape(2, 5, 8)
+
+    module = fn(keys_as_values, w=const(8, 24), b=const(24))
+    assert _fx_case("FuseAttention", module, 1).fx_rewrites == 1
+    assert _fx_case("PackedProjectionAttention", module, 0).fx_rewrites == 0

@@ -272,3 +272,35 @@ def test_exported_cnn_conv_fusions(builder: str, exporter: str, target: str, exp
 
         result = verify(onnx.load(path), optimized)
         assert result.passed, result.message
+
+
+# ------------------------------------------------------------------ on FX graphs (the torch backend)
+# The positive cases are in tests/both_kinds_cases.py (the same module on ONNX and FX).
+
+
+def _fx_outcome(rule: str, module, inputs):
+    import torch.nn.functional as F  # noqa: F401  (used by the modules below)
+    from both_kinds import Case, run_case
+
+    outcome = run_case(Case(rule, module, inputs, 0, kinds=("fx",)))
+    assert outcome.fx_problem is None, outcome.fx_problem
+    return outcome
+
+
+def test_fx_conv_add_of_a_broadcast_tensor_is_not_a_residual() -> None:
+    import torch.nn.functional as F
+    from both_kinds_cases import const, fn
+    from both_kinds_cases import rand as inputs
+
+    module = fn(lambda m, x: F.conv2d(x, m.w, padding=1) + m.z, w=const(4, 3, 3, 3), z=const(4, 1, 1))
+    outcome = _fx_outcome("FuseConvAdd", module, inputs(1, 3, 6, 6))
+    assert outcome.fx_rewrites == 0 and outcome.fx_misses, "FuseConvAdd took a [4, 1, 1] addend as Z"
+
+
+def test_fx_conv_read_twice_keeps_its_activation_apart() -> None:
+    import torch.nn.functional as F
+    from both_kinds_cases import const, fn
+    from both_kinds_cases import rand as inputs
+
+    module = fn(lambda m, x: (lambda c: (F.relu(c), c * 2.0))(F.conv2d(x, m.w, m.b, padding=1)), w=const(4, 3, 3, 3), b=const(4))
+    assert _fx_outcome("FuseConvActivation", module, inputs(1, 3, 6, 6)).fx_rewrites == 0

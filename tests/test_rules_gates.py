@@ -293,3 +293,30 @@ def test_tiny_llama_swiglu_is_recognized_and_silu_fused(exporter: str) -> None:
     assert "no lowering for graphopt.SwiGLU" in report.rules["FuseSwiGLU"].near_misses[0].reason
     ops = Counter(_ops(optimized))
     assert ops[(MS, "QuickGelu")] == 2 and ops[("", "Sigmoid")] == 0
+
+
+# ----------------------------------------------------------------------------- on FX graphs (the torch backend)
+# graphopt.GeGLU runs on torch as graphopt::geglu, any width. Both kinds from one module: tests/both_kinds_cases.py.
+
+
+def _fx_geglu_rewrites(forward) -> int:
+    import torch
+    from both_kinds import Case, run_case
+    from both_kinds_cases import fn
+
+    outcome = run_case(Case("FuseGeGLU", fn(lambda m, x: forward(x)), lambda: (torch.randn(2, 3, 16),), 0, kinds=("fx",)))
+    assert outcome.fx_problem is None, outcome.fx_problem
+    return outcome.fx_rewrites
+
+
+def test_fx_chunked_geglu_of_any_width_is_fused() -> None:
+    import torch.nn.functional as F
+
+    assert _fx_geglu_rewrites(lambda x: (lambda h, g: h * F.gelu(g))(*x.chunk(2, -1))) == 1
+
+
+def test_fx_gelu_of_the_first_half_is_not_geglu() -> None:
+    import torch.nn.functional as F
+
+    # BiasSplitGelu's GELU takes the second half: the mirrored form must stay as it is
+    assert _fx_geglu_rewrites(lambda x: (lambda h, g: F.gelu(h) * g)(*x.chunk(2, -1))) == 0

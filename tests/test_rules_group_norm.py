@@ -17,7 +17,7 @@ from rule_testing import TensorProto, assert_same_outputs, helper, init, make_mo
 
 from graphopt.passes.nhwc_emulation import emulate_nhwc_ops
 
-GN_RULES = ["FuseGroupNorm", "GroupNormalizationToGroupNorm", "FuseGroupNormSiLU", "FuseGroupNormQuickGelu"]
+GN_RULES = ["FuseGroupNorm", "GroupNormalizationToGroupNorm", "FuseGroupNormSiLU"]
 
 
 def decomposed_group_norm(
@@ -96,7 +96,7 @@ def test_decomposed_group_norm_becomes_com_microsoft_group_norm_in_nhwc(back: st
     model = decomposed_group_norm(silu=silu, back=back)
     optimized, report = optimize_with(model, None, target="ort-cuda")
     assert rewrites(report, "FuseGroupNorm") == 1
-    assert rewrites(report, "FuseGroupNormQuickGelu") == int(silu)  # SiLU first became QuickGelu (FuseSiLU)
+    assert rewrites(report, "FuseGroupNormSiLU") == int(silu)  # SiLU first became QuickGelu (FuseSiLU), then joined the GroupNorm
     [gn] = group_norms(optimized)
     a = attrs(gn)
     assert (a["groups"], a["activation"], a["channels_last"]) == (4, int(silu), 1)
@@ -110,10 +110,12 @@ def test_decomposed_group_norm_becomes_com_microsoft_group_norm_in_nhwc(back: st
     assert_same_outputs(model, emulated(optimized))
 
 
-def test_group_norm_silu_rule_takes_mul_sigmoid_directly() -> None:
+def test_group_norm_silu_rule_takes_mul_sigmoid_once_fuse_silu_made_it_quick_gelu() -> None:
     model = decomposed_group_norm(silu=True)
     optimized, report = optimize_with(model, ["FuseGroupNorm", "FuseGroupNormSiLU"], target="ort-cuda")
-    assert rewrites(report, "FuseGroupNormSiLU") == 1
+    assert rewrites(report, "FuseGroupNormSiLU") == 0  # x * Sigmoid(x) is FuseSiLU's to canonicalize
+    optimized, report = optimize_with(model, ["FuseGroupNorm", "FuseSiLU", "FuseGroupNormSiLU"], target="ort-cuda")
+    assert rewrites(report, "FuseSiLU") == rewrites(report, "FuseGroupNormSiLU") == 1
     [gn] = group_norms(optimized)
     assert attrs(gn)["activation"] == 1
     assert_same_outputs(model, emulated(optimized))
@@ -268,3 +270,92 @@ def test_torch_group_norm_at_opset_21_stays_standard_for_plain_onnx(torch_export
     optimized, report = optimize_with(model, None, target="onnx")
     assert Counter(n.op_type for n in optimized.graph.node)["GroupNormalization"] == 2
     assert_same_outputs(model, optimized)
+
+
+# ------------------------------------------------------------------ on FX graphs (the torch backend)
+# nn.GroupNorm traces to aten.native_group_norm, which the FX view presents as GroupNormalization;
+# graphopt.GroupNorm runs as aten.native_group_norm (+ aten.silu). The positive cases, on both
+# kinds, are in tests/both_kinds_cases.py.
+
+
+def _fx_rewrites(rule: str, module, shape=(2, 8, 4, 4), along=()) -> int:
+    import torch
+    from both_kinds import Case, run_case
+
+    outcome = run_case(Case(rule, module, lambda: (torch.randn(*shape),), 0, along=tuple(along), kinds=("fx",)))
+    assert outcome.fx_problem is None, outcome.fx_problem
+    return outcome.fx_rewrites
+
+
+def test_fx_group_norm_without_affine_parameters_is_left_alone() -> None:
+    import torch.nn as nn
+
+    assert _fx_rewrites("GroupNormalizationToGroupNorm", lambda: nn.GroupNorm(2, 8, affine=False)) == 0
+
+
+def test_fx_group_norm_read_before_its_silu_keeps_the_silu_apart() -> None:
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    class ReadTwice(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gn = nn.GroupNorm(2, 8)
+
+        def forward(self, x):
+            y = self.gn(x)
+            return F.silu(y), y + 1.0
+
+    assert _fx_rewrites("GroupNormalizationToGroupNorm", ReadTwice) == 1
+    assert _fx_rewrites("FuseGroupNormSiLU", ReadTwice, along=["GroupNormalizationToGroupNorm"]) == 0
+
+
+def test_fx_group_norm_then_quick_gelu_1702_is_no_silu() -> None:
+    import torch
+    import torch.nn as nn
+
+    class QuickGelu(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gn = nn.GroupNorm(2, 8)
+
+        def forward(self, x):
+            y = self.gn(x)
+            return y * torch.sigmoid(1.702 * y)
+
+    assert _fx_rewrites("FuseQuickGelu", QuickGelu) == 1
+    assert _fx_rewrites("FuseGroupNormSiLU", QuickGelu, along=["GroupNormalizationToGroupNorm", "FuseQuickGelu"]) == 0
+
+
+def test_group_norm_silu_compiles_to_native_group_norm_and_silu() -> None:
+    import torch
+    import torch.nn as nn
+
+    import graphopt
+    from graphopt.torch_backend import last_graph
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.GroupNorm(4, 8), nn.SiLU()).eval()
+    x = torch.randn(2, 3, 6, 6)
+    with torch.no_grad():
+        got = torch.compile(model, backend="graphopt", options={"inductor": False})(x)
+        torch.testing.assert_close(got, model(x))
+    applied = {name: s.applications for name, s in graphopt.last_report().rules.items() if s.applications}
+    assert applied.get("GroupNormalizationToGroupNorm") == applied.get("FuseGroupNormSiLU") == 1
+    targets = [n.target for n in last_graph().graph.nodes if n.op == "call_function"]
+    assert torch.ops.aten.native_group_norm.default in targets and torch.ops.aten.silu.default in targets
+
+
+def test_fx_written_out_norm_over_the_wrong_axis_is_no_group_norm() -> None:
+    import torch
+    from both_kinds_cases import _group_norm, const, fn
+
+    def over_groups(m, x):  # the statistics taken across the groups (axis 1), not within each
+        g = x.reshape(x.shape[0], 2, -1)
+        d = g - g.mean(1, keepdim=True)
+        var = d.pow(2.0).mean(1, keepdim=True)
+        return (d / torch.sqrt(var + 1e-5)).reshape(x.shape) * m.g + m.b
+
+    params = {"g": const(8, 1, 1), "b": const(8, 1, 1)}
+    assert _fx_rewrites("FuseGroupNorm", fn(_group_norm, **params)) == 1
+    assert _fx_rewrites("FuseGroupNorm", fn(over_groups, **params)) == 0

@@ -156,8 +156,10 @@ def test_resnet_like_cnn_folds_batch_norm_and_runs_channels_last() -> None:
         got = torch.compile(model, backend="graphopt", options={"inductor": False, "layout": "nhwc"})(x)
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
     report = graphopt.last_report()
-    assert _applied(report) == {"FoldConvBatchNorm": 9}  # every Conv had a BatchNorm
-    assert "BatchNormalization" not in report.after.ops and report.after.ops["Conv"] == 9
+    # every Conv had a BatchNorm; the ReLUs and residual adds join the convolutions as graphopt.FusedConv,
+    # which on CPU tensors (no cuDNN fused kernel) lowers back to the convolution, add and ReLU
+    assert _applied(report) == {"FoldConvBatchNorm": 9, "FuseConvActivation": 7, "FuseConvAdd": 2}
+    assert "BatchNormalization" not in report.after.ops and report.after.ops["Conv"] + report.after.ops["graphopt.FusedConv"] == 9
     assert report.passes["layout"].changes == 9
     graph = last_graph()
     weights = [graph.get_buffer(str(n.args[1].target)) for n in graph.graph.nodes if n.target is torch.ops.aten.convolution.default]

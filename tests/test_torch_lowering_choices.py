@@ -112,23 +112,7 @@ def test_gemm_activation_stays_out_where_gradients_flow() -> None:
     assert "no derivative" in graphopt.ops.torch_lowering.unavailable_graphopt_ops(training=True)["GemmActivation"]
 
 
-def test_gemm_activation_rules_do_not_fire_on_onnx() -> None:
-    """No ONNX target has a Gemm with a GELU epilogue: the rules match and are refused."""
-    import onnx
-    from onnx import TensorProto, helper
-
-    w = helper.make_tensor("w", TensorProto.FLOAT, [16, 32], [0.01] * 512)
-    b = helper.make_tensor("b", TensorProto.FLOAT, [32], [0.1] * 32)
-    nodes = [helper.make_node("Gemm", ["x", "w", "b"], ["g"]), helper.make_node("Relu", ["g"], ["y"])]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [6, 16])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [6, 32])], [w, b])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    onnx.checker.check_model(model)
-    for target in ("onnx", "ort-cpu", "ort-cuda"):
-        optimized, report = graphopt.optimize(model, target=target, enable=["FuseGemmActivation"])
-        stats = report.rules["FuseGemmActivation"]
-        assert stats.matches == 1 and stats.applications == 0, target
-        assert [n.op_type for n in optimized.graph.node] == ["Gemm", "Relu"]
+# ONNX models: tests/test_rules_gemm_activation.py (com.microsoft.FusedGemm on ort-cpu).
 
 
 # --------------------------------------------------------------------------- packed q/k/v
@@ -262,17 +246,61 @@ def test_fused_conv_lowers_to_conv_relu_on_cuda_tensors() -> None:
     assert out.is_contiguous(memory_format=torch.channels_last)  # channels-last in, channels-last out
 
 
-@pytest.mark.parametrize("attrs, reason", [
-    ({"activation": "Relu"}, "on CUDA tensors only"),
-    ({"activation": "LeakyRelu"}, "ReLU only"),
+def _fused_conv_targets(inputs: list[torch.Tensor], attrs: dict[str, Any], mode: Any) -> list[Any]:
+    """The ops graphopt.FusedConv lowers to, for these (fake) inputs."""
+    import torch.fx as fx
+
+    graph = fx.Graph()
+    args = []
+    for i, value in enumerate(inputs):
+        node = graph.placeholder(f"a{i}")
+        node.meta["val"] = value
+        args.append(node)
+    builder = FxBuilder(graph, mode)
+    GRAPHOPT["FusedConv"].fn(builder, args, attrs, {0})
+    return [n.target for n in builder.created]
+
+
+@pytest.mark.parametrize("device, attrs, expected", [
+    ("cpu", {"activation": "Relu", "pads": [1, 1, 1, 1]}, [aten.convolution.default, aten.relu.default]),
+    ("cuda", {"activation": "LeakyRelu", "activation_params": [0.2]}, [aten.convolution.default, aten.leaky_relu.default]),
+    ("cuda", {"activation": "Relu", "pads": [0, 0, 1, 1]}, []),  # asymmetric: neither cuDNN's kernel nor aten.convolution takes it
 ])
-def test_fused_conv_declines_off_cuda_and_for_other_activations(attrs: dict[str, Any], reason: str) -> None:
+def test_fused_conv_without_the_cudnn_kernel_lowers_to_the_aten_ops(device: str, attrs: dict[str, Any], expected: list[Any]) -> None:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with FakeTensorMode() as mode:
-        inputs = [torch.empty(2, 8, 16, 16), torch.empty(16, 8, 3, 3), torch.empty(16)]
-    with pytest.raises(RewriteDeclined, match=reason):
-        GRAPHOPT["FusedConv"].fn(FxBuilder(None, mode, evaluate=True), inputs, attrs, {0})
+        inputs = [torch.empty(2, 8, 16, 16, device=device), torch.empty(16, 8, 3, 3, device=device), torch.empty(16, device=device)]
+    if not expected:
+        with pytest.raises(RewriteDeclined, match="pads both sides equally"):
+            _fused_conv_targets(inputs, attrs, mode)
+        return
+    assert _fused_conv_targets(inputs, attrs, mode) == expected
+
+
+@pytest.mark.parametrize("activation, params, reference", [
+    ("Tanh", [], torch.tanh),
+    ("HardSigmoid", [0.25, 0.4], lambda y: torch.clamp(0.25 * y + 0.4, 0, 1)),
+    ("Clip", [-float(torch.finfo(torch.float32).max), 6.0], lambda y: torch.clamp(y, max=6.0)),
+    (None, [], lambda y: y),
+])
+def test_fused_conv_on_the_cpu_computes_conv_add_activation(activation: Any, params: list[float], reference: Any) -> None:
+    torch.manual_seed(0)
+    x, w, b, z = torch.randn(2, 3, 7, 7), torch.randn(4, 3, 3, 3), torch.randn(4), torch.randn(2, 4, 4, 4)
+    attrs = {"activation": activation, "activation_params": params, "strides": [2, 2], "pads": [1, 1, 1, 1]}
+    (out,) = GRAPHOPT["FusedConv"].fn(FxBuilder(None, None, evaluate=True), [x, w, b, z], attrs, {0})
+    torch.testing.assert_close(out, reference(F.conv2d(x, w, b, stride=2, padding=1) + z))
+
+
+def test_conv_relu_compiles_on_the_cpu_as_the_aten_ops() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU()).eval()
+    x = torch.randn(2, 3, 8, 8)
+    torch.testing.assert_close(_compile(model, x), model(x))
+    assert _applied().get("FuseConvActivation") == 1
+    targets = _targets()
+    assert aten.convolution.default in targets and aten.relu.default in targets
+    assert torch.ops.graphopt.conv_relu.default not in targets
 
 
 @pytest.mark.parametrize("with_residual", [False, True])

@@ -434,6 +434,16 @@ def _rms_norm(c: InlineConsts, node: fx.Node, a: dict[str, Any]) -> Presentation
     return Presentation("RMSNormalization", [a["input"], a["weight"]], attrs)
 
 
+@_presents(aten.native_group_norm.default)
+def _group_norm(c: InlineConsts, node: fx.Node, a: dict[str, Any]) -> Presentation | None:
+    # ONNX GroupNormalization (opset 21: per-channel scale and bias) has one output: the
+    # group statistics torch also returns must be unread.
+    if a["weight"] is None or a["bias"] is None or any(u.target is operator.getitem and u.args[1] != 0 and u.users for u in node.users):
+        return None
+    attrs = {"num_groups": int(a["group"]), "epsilon": float(a["eps"]), "stash_type": 1}
+    return Presentation("GroupNormalization", [a["input"], a["weight"], a["bias"]], attrs)
+
+
 @_presents(aten._native_batch_norm_legit_no_training.default, aten.native_batch_norm.default)
 def _batch_norm(c: InlineConsts, node: fx.Node, a: dict[str, Any]) -> Presentation | None:
     if a.get("training", False):

@@ -123,8 +123,11 @@ def _halved(ctx: InferContext) -> list[list[Any] | None]:
 
 
 def _gemm(ctx: InferContext) -> list[list[Any] | None]:
+    """[M, N] of A [M, K] and B [K, N] (B [N, K] with transB)."""
     a, b = ctx.shape(0), ctx.shape(1)
-    return [None if a is None or b is None or len(a) != 2 or len(b) != 2 else [a[0], b[1]]]
+    if a is None or b is None or len(a) != 2 or len(b) != 2:
+        return [None]
+    return [[a[0], b[0] if ctx.attr("transB") in (1, True) else b[1]]]
 
 
 def _conv(ctx: InferContext) -> list[list[Any] | None]:
@@ -289,9 +292,11 @@ FUSED_OPS: tuple[OpSpec, ...] = (
     OpSpec("graphopt", "SwiGLU", "silu(gate) * up (torch only)", inputs=(Input("gate"), Input("up")), outputs=_Y, infer=_like_first),
     OpSpec(
         "graphopt", "GemmActivation",
-        "activation(A @ B + C) in the GEMM's epilogue (torch only: cuBLASLt)",
+        "activation(A @ B + C) in the GEMM's epilogue (torch: cuBLASLt's; ort-cpu: FusedGemm, Relu only)",
         inputs=(Input("A"), Input("B"), Input("C")), outputs=_Y,
-        attributes=(Attribute("activation", "STRING", MISSING, choices=("Relu", "GeluTanh")),),
+        attributes=(Attribute("activation", "STRING", MISSING, choices=("Relu", "GeluTanh")), Attribute("transB", "INT", 0)),
         infer=_gemm,
+        # contrib_ops/cpu/fused_gemm.cc (float32): it reads FusedConv's activation table, no GELU.
+        lowerings={"ort-cpu": Lowering(MS_DOMAIN, "FusedGemm", contract=_activation_in("Relu"))},
     ),
 )  # fmt: skip

@@ -3,7 +3,7 @@
 * graphopt's own fused ops (domain ``graphopt``) are declared in graphopt/ops/fused_ops.py:
   inputs, outputs, attributes with types and defaults, shape inference, and how each
   target lowers them (with the kernel's contract). Their torch lowerings register here
-  from graphopt/ops/torch_lowering.py (`register_torch_lowering`).
+  from graphopt/ops/torch_fused.py (`register_torch_lowering`).
 * standard ops graphopt reasons about are in graphopt/ops/standard_ops.py: their facts
   (`FACTS`). Their inputs and attributes are onnx's schemas, read here from `onnx.defs`.
 
@@ -161,7 +161,7 @@ def contracts_for(target: str) -> dict[tuple[str, str], Contract]:
 
 
 def register_torch_lowering(name: str, lowering: Any) -> None:
-    """Called by graphopt.ops.torch_lowering for each graphopt op it lowers onto torch."""
+    """Called by graphopt.ops.torch_fused for each graphopt op it lowers onto torch."""
     if (GRAPHOPT_DOMAIN, name) not in _DECLARED:
         raise ValueError(f"a torch lowering for graphopt.{name}, which graphopt/ops/fused_ops.py does not declare")
     _TORCH[name] = lowering
