@@ -26,19 +26,13 @@ def shape_is_static(ctx, x, start, end):
     return True if not symbolic else f"dims {symbolic} are not static"
 
 
-@native_constraint("AllDimsStatic")
-def all_dims_static(ctx, x):
-    return shape_is_static(ctx, x, None, None)
-
-
 @native_rewrite("ShapeConstant")
-def shape_constant(ctx, x, start, end):
-    return {"value": np.asarray(_dims(ctx, x, start, end), dtype=np.int64)}
-
-
-@native_rewrite("SizeConstant")
-def size_constant(ctx, x):
-    return {"value": np.asarray(int(np.prod(ctx.shape(x), dtype=np.int64)), dtype=np.int64)}
+def shape_constant(ctx, kind, x, start, end):
+    """Shape's dims (start..end; Size has neither: all of them), or Size's element count."""
+    dims = _dims(ctx, x, start, end)
+    if kind == "Size":
+        return {"value": np.asarray(int(np.prod(dims, dtype=np.int64)), dtype=np.int64)}
+    return {"value": np.asarray(dims, dtype=np.int64)}
 
 
 @native_constraint("GatheredDimsAreStatic")

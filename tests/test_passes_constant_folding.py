@@ -23,7 +23,7 @@ F, F16, I64, I32, B = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.INT64,
 I64_MAX = np.iinfo(np.int64).max
 
 
-SHAPE_RULES = ["FoldStaticShape", "FoldStaticSize", "FoldGatherOfStaticDims", "FoldSliceOfStaticDims"]
+SHAPE_RULES = ["FoldStaticShape", "FoldGatherOfStaticDims", "FoldSliceOfStaticDims"]
 
 
 def fold_with_shape_rules(model: ir.Model) -> int:

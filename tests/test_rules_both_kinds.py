@@ -15,7 +15,7 @@ from both_kinds_cases import CASES, NEGATIVE_CASES
 from graphopt.api import builtin_rules
 
 #: Rules proven on both kinds by CASES (a floor: raise it as rules join, never lower it).
-PROVEN_ON_BOTH_AT_LEAST = 39  # 28 before hard_activations, linear_affine, bias_fold, cleanup, FusedConv, GroupNorm, Attention, GemmActivation and GeGLU rules were proven on both (issue 13); less where cloned families became one rule each, every variant still proven on both kinds
+PROVEN_ON_BOTH_AT_LEAST = 49  # of 61 (80 %, issue 13's goal); 28 of 69 before hard_activations, linear_affine, bias_fold, cleanup, FusedConv, GroupNorm, Attention, GemmActivation and GeGLU rules were proven on both, and cloned families became one rule each
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
@@ -57,6 +57,7 @@ def test_share_of_rules_proven_on_both_kinds_does_not_drop() -> None:
     names = {r.name for r in builtin_rules()}
     on_both = {c.rule for c in CASES if len(c.kinds) == 2} & names
     assert len(on_both) >= PROVEN_ON_BOTH_AT_LEAST, f"{len(on_both)} of {len(names)} rules have a both-kinds case"
+    assert len(on_both) >= 0.8 * len(names), f"{len(on_both)} of {len(names)} rules proven on both kinds: under 80 %"
 
 
 def test_coverage_table_reports_a_failing_case() -> None:

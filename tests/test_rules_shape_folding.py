@@ -6,7 +6,7 @@ import numpy as np
 from rule_testing import TensorProto, assert_same_outputs, helper, init, make_model, op_types, optimize_with, rewrites
 
 F = TensorProto.FLOAT
-SHAPE_RULES = ["FoldStaticShape", "FoldStaticSize", "FoldGatherOfStaticDims"]
+SHAPE_RULES = ["FoldStaticShape", "FoldGatherOfStaticDims"]
 
 
 def test_shape_of_static_value_folds_and_reshape_target_becomes_constant() -> None:
@@ -56,6 +56,18 @@ def test_size_of_static_value_folds() -> None:
         [helper.make_tensor_value_info("y", F, None)],
     )
     optimized, report = optimize_with(model, SHAPE_RULES)
-    assert rewrites(report, "FoldStaticSize") == 1
+    assert rewrites(report, "FoldStaticShape") == 1
     assert_same_outputs(model, optimized)
     assert "Size" not in op_types(optimized)
+
+
+def test_size_of_a_value_with_a_symbolic_dim_does_not_fold() -> None:
+    model = make_model(
+        [helper.make_node("Size", ["x"], ["n"]), helper.make_node("Cast", ["n"], ["y"], to=F)],
+        [helper.make_tensor_value_info("x", F, ["batch", 3])],
+        [helper.make_tensor_value_info("y", F, None)],
+    )
+    optimized, report = optimize_with(model, SHAPE_RULES)
+    assert rewrites(report, "FoldStaticShape") == 0
+    assert "Size" in op_types(optimized)
+    assert "not static" in report.rules["FoldStaticShape"].near_misses[0].reason
