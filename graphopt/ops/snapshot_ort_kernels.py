@@ -52,6 +52,9 @@ def snapshot(provider: str) -> dict[str, object]:
     newest: dict[str, int] = {}  # (domain::op) -> first opset of its newest kernel range
     table: dict[str, set[str]] = {}
     ranges: dict[str, set[tuple[int, int]]] = {}
+    # (domain::op) -> "lo-hi" -> element types of that opset range's kernels (an old range
+    # may take fewer types than the newest: the CUDA provider's Clip-11 is float only)
+    range_types: dict[str, dict[str, set[str]]] = {}
     for kernel in C.get_all_opkernel_def():
         if kernel.provider != provider:
             continue
@@ -62,6 +65,8 @@ def snapshot(provider: str) -> dict[str, object]:
         types: list[str] = kernel.type_constraints.get(constraint) or kernel.type_constraints.get("T") or next(iter(kernel.type_constraints.values()), [])
         if (kernel.domain, kernel.op_name) in schema_allows and constraint in kernel.type_constraints:
             types = [t for t in types if t in schema_allows[(kernel.domain, kernel.op_name)][1]]
+        span = f"{int(kernel.version_range[0])}-{int(kernel.version_range[1])}"
+        range_types.setdefault(key, {}).setdefault(span, set()).update(_DTYPES.get(t, t) for t in types)
         since = kernel.version_range[0]
         if since > newest.get(key, -1):  # keep only the newest opset range
             newest[key], table[key] = since, set()
@@ -72,6 +77,7 @@ def snapshot(provider: str) -> dict[str, object]:
         "provider": provider,
         "kernels": {k: sorted(v) for k, v in sorted(table.items())},
         "ranges": {k: sorted(map(list, v)) for k, v in sorted(ranges.items())},
+        "range_types": {k: {s: sorted(ts) for s, ts in sorted(v.items())} for k, v in sorted(range_types.items())},
     }
 
 
