@@ -40,6 +40,13 @@ def _weights(ctx, w) -> np.ndarray:
 
 
 @native_rewrite("FoldConvBN")
+def fold_conv_bn_of(ctx, kind, w, b, g, beta, mean, var, eps, group):
+    """Conv's weights are [C_out, ...]; ConvTranspose's [C_in, C_out / group, ...]."""
+    if kind == "ConvTranspose":
+        return fold_conv_transpose_bn(ctx, w, b, g, beta, mean, var, eps, group)
+    return fold_conv_bn(ctx, w, b, g, beta, mean, var, eps)
+
+
 def fold_conv_bn(ctx, w, b, g, beta, mean, var, eps):
     weights = _weights(ctx, w)
     out_channels = weights.shape[0]  # Conv weights are [C_out, C_in / group, k...] whatever the group
@@ -50,7 +57,6 @@ def fold_conv_bn(ctx, w, b, g, beta, mean, var, eps):
     return {"w": new_w, "b": new_b.astype(weights.dtype)}
 
 
-@native_rewrite("FoldConvTransposeBN")
 def fold_conv_transpose_bn(ctx, w, b, g, beta, mean, var, eps, group):
     weights = _weights(ctx, w)
     group = int(group or 1)

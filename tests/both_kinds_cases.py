@@ -212,7 +212,7 @@ CASES: list[Case] = [
     Case("DropNoOpCast", fn(lambda m, x: x.double().float() + 1.0), rand(2, 8), 1, along=("CollapseCastChain",)),
     # conv_bn.pdll
     Case("FoldConvBatchNorm", seq(lambda: nn.Conv2d(3, 4, 3, padding=1), lambda: nn.BatchNorm2d(4)), rand(1, 3, 6, 6), 1, exporter="dynamo"),
-    Case("FoldConvTransposeBatchNorm", seq(lambda: nn.ConvTranspose2d(3, 4, 3, stride=2), lambda: nn.BatchNorm2d(4)), rand(1, 3, 5, 5), 1),
+    Case("FoldConvBatchNorm", seq(lambda: nn.ConvTranspose2d(3, 4, 3, stride=2), lambda: nn.BatchNorm2d(4)), rand(1, 3, 5, 5), 1, name="transpose"),
     Case("FoldGemmBatchNorm", seq(lambda: nn.Linear(6, 4), lambda: nn.BatchNorm1d(4)), rand(3, 6), 1),
     Case("FoldMatMulBatchNorm", seq(lambda: nn.Linear(6, 4, bias=False), lambda: nn.BatchNorm1d(4)), rand(3, 6), 1),
     Case("FoldConvBatchNormComputedWeights", ConvBnOfWeights, rands((1, 3, 6, 6), (4, 3, 3, 3)), 1),

@@ -71,9 +71,9 @@ def test_conv_transpose_bias_add_then_bn_folds_into_one_op(group: int) -> None:
         [helper.make_tensor_value_info("x", F, [1, cin, 5, 5])], [helper.make_tensor_value_info("y", F, None)],
         [init("w", rand(cin, cout // group, 2, 2)), init("c", rand(1, cout, 1, 1))] + bn_inits(cout),
     )
-    optimized, report = optimize_with(model, RULES + ["FoldConvTransposeBatchNorm"])
+    optimized, report = optimize_with(model, RULES + ["FoldConvBatchNorm"])
     assert rewrites(report, "FoldAddIntoConvBias") == 1
-    assert rewrites(report, "FoldConvTransposeBatchNorm") == 1
+    assert rewrites(report, "FoldConvBatchNorm") == 1
     assert op_types(optimized) == ["ConvTranspose"]
     assert_same_outputs(model, optimized)
 
