@@ -42,11 +42,14 @@ def _write(tmp_path: Path, name: str, text: str) -> Path:
 
 
 def activations_model(*ops: str) -> onnx.ModelProto:
-    nodes, outputs = [], []
+    """One Identity -> activation chain per op, each on its own input (CSE would merge
+    Identities of one input into one node with several users)."""
+    nodes, inputs, outputs = [], [], []
     for i, op_type in enumerate(ops):
-        nodes += [helper.make_node("Identity", ["x"], [f"i{i}"]), helper.make_node(op_type, [f"i{i}"], [f"y{i}"])]
+        nodes += [helper.make_node("Identity", [f"x{i}"], [f"i{i}"]), helper.make_node(op_type, [f"i{i}"], [f"y{i}"])]
+        inputs.append(helper.make_tensor_value_info(f"x{i}", TensorProto.FLOAT, [2, 3]))
         outputs.append(helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, None))
-    return make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])], outputs)
+    return make_model(nodes, inputs, outputs)
 
 
 # ------------------------------------------------------------------ the text form
