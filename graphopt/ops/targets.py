@@ -175,9 +175,10 @@ class Target:
 
     def slower_kernel(self, domain: str, op_type: str) -> str | None:
         """None unless a rewrite emitting this op would run slower on the target than the ops it replaces."""
-        if (domain, op_type) not in self.slower_than_composed:
+        key = self.lowered(domain, op_type)  # a graphopt op is judged by the kernel it lowers to
+        if key not in self.slower_than_composed:
             return None
-        return f"target {self.name} runs {_name((domain, op_type))} slower than the ops it would replace (measured; graphopt/ops/standard_ops.py)"
+        return f"target {self.name} runs {_name(key)} slower than the ops it would replace (measured; graphopt/ops/standard_ops.py)"
 
     @property
     def confirmed(self) -> bool:
