@@ -8,7 +8,10 @@ from graphopt.pattern.native import RewriteDeclined, native_rewrite
 
 
 @native_rewrite("MergePadIntoConv")
-def merge_pad_into_conv(ctx, form, pads, value, axes, pads_attr, value_attr, conv_pads, x):
+def merge_pad_into_conv(ctx, form, pads, value, axes, pads_attr, value_attr, conv_pads, auto_pad, x):
+    mode = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    if mode not in ("NOTSET", "VALID"):  # SAME_*: the Conv pads by its own rule, from the input's size
+        raise RewriteDeclined(f"the Conv pads by auto_pad = {mode}")
     rank = ctx.rank(x)
     if rank is None:
         raise RewriteDeclined("the Pad input's rank is unknown")

@@ -150,3 +150,35 @@ def test_log_of_exp_plus_two_is_not_softplus() -> None:
                      scalars(two=2.0), 17)
     optimized, report = optimize_with(model, ["FuseSoftplus"])
     assert rewrites(report, "FuseSoftplus") == 0 and len(optimized.graph.node) == 3
+
+
+def softplus_written_out():
+    return model_of([helper.make_node("Exp", ["x"], ["e"]), helper.make_node("Add", ["e", "one"], ["a"]), helper.make_node("Log", ["a"], ["y"])],
+                    scalars(one=1.0), 18)
+
+
+def test_softplus_stays_written_out_on_ort_cpu() -> None:
+    """onnxruntime's CPU Softplus is slower than Exp + Add + Log (standard_ops.py): ort-cpu keeps the input's form."""
+    model = softplus_written_out()
+    optimized, report = optimize_with(model, ["FuseSoftplus"], target="ort-cpu")
+    assert rewrites(report, "FuseSoftplus") == 0
+    assert op_types(optimized) == ["Exp", "Add", "Log"]
+    assert "slower than the ops it would replace" in report.rules["FuseSoftplus"].near_misses[0].reason
+
+
+@pytest.mark.parametrize("target", ["onnx", "ort-cuda"])
+def test_softplus_folds_on_other_targets(target: str) -> None:
+    model = softplus_written_out()
+    optimized, report = optimize_with(model, ["FuseSoftplus"], target=target)
+    assert rewrites(report, "FuseSoftplus") == 1
+    assert op_types(optimized) == ["Softplus"]
+    assert_same_outputs(model, optimized, feeds=wide_inputs(model))
+
+
+def test_models_own_softplus_is_kept_on_ort_cpu() -> None:
+    """Only a new Softplus is refused: the model's own stays as it came (and Mish has no CPU kernel)."""
+    model = model_of([helper.make_node("Softplus", ["x"], ["sp"]), helper.make_node("Tanh", ["sp"], ["t"]), helper.make_node("Mul", ["t", "x"], ["y"])],
+                     [], 18)
+    optimized, report = optimize_with(model, None, target="ort-cpu")
+    assert op_types(optimized) == ["Softplus", "Tanh", "Mul"]
+    assert_same_outputs(model, optimized, feeds=wide_inputs(model))

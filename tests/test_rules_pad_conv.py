@@ -60,3 +60,29 @@ def test_pad_that_conv_cannot_express_stays(pads, mode, value, reason) -> None:
     assert rewrites(report, "FoldPadIntoConv") == 0
     assert op_types(optimized) == ["Pad", "Conv"]
     assert reason in report.rules["FoldPadIntoConv"].near_misses[0].reason
+
+
+def test_pad_before_valid_conv_folds() -> None:
+    """TF-style "same" padding as exported: an explicit Pad, then a Conv with auto_pad = VALID."""
+    model = pad_conv_model([0, 0, 0, 0, 0, 0, 1, 1])
+    conv = model.graph.node[1]
+    del conv.attribute[:]
+    conv.attribute.append(helper.make_attribute("auto_pad", "VALID"))
+    conv.attribute.append(helper.make_attribute("strides", [2, 2]))
+    optimized, report = optimize_with(model, ["FoldPadIntoConv"])
+    assert rewrites(report, "FoldPadIntoConv") == 1
+    assert op_types(optimized) == ["Conv"]
+    attrs = {a.name: helper.get_attribute_value(a) for a in optimized.graph.node[0].attribute}
+    assert attrs["auto_pad"] == b"NOTSET" and list(attrs["pads"]) == [0, 0, 1, 1]
+    assert_same_outputs(model, optimized)
+
+
+def test_pad_before_same_conv_stays() -> None:
+    model = pad_conv_model([0, 0, 1, 1, 0, 0, 1, 1])
+    conv = model.graph.node[1]
+    del conv.attribute[:]
+    conv.attribute.append(helper.make_attribute("auto_pad", "SAME_UPPER"))
+    optimized, report = optimize_with(model, ["FoldPadIntoConv"])
+    assert rewrites(report, "FoldPadIntoConv") == 0
+    assert op_types(optimized) == ["Pad", "Conv"]
+    assert "SAME_UPPER" in report.rules["FoldPadIntoConv"].near_misses[0].reason

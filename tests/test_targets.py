@@ -114,3 +114,16 @@ def test_a_gpu_build_registry_is_read_in_a_child_process(monkeypatch: pytest.Mon
 
     monkeypatch.setattr(kernels.subprocess, "run", crashed)
     assert kernels._read_registry("CPUExecutionProvider") is None
+
+
+def test_ort_cpu_refuses_ops_marked_slower_than_composed() -> None:
+    """The registry's slower_on_ort_cpu ops (Softplus) are refused for ort-cpu only; a graphopt op is
+    judged by the kernel it lowers to."""
+    import dataclasses
+
+    cpu = get_target("ort-cpu")
+    assert "slower than the ops it would replace" in (cpu.slower_kernel("", "Softplus") or "")
+    assert cpu.slower_kernel("", "Exp") is None
+    assert get_target("ort-cuda").slower_kernel("", "Softplus") is None
+    marked = dataclasses.replace(cpu, slower_than_composed=frozenset({("com.microsoft", "SkipLayerNormalization")}))
+    assert "com.microsoft.SkipLayerNormalization" in (marked.slower_kernel("graphopt", "SkipLayerNorm") or "")

@@ -299,6 +299,7 @@ def _first_dtype(view: GraphView, node: Any) -> str | None:
 
 def _target_problem(view: GraphView, target: Target, new_nodes: list[Any], precision: Any = None, matched: Iterable[Any] = ()) -> str | None:
     replaced: list[tuple[str, str, str | None]] | None = None
+    matched = tuple(matched)
     for node in new_nodes:
         domain, op_type = view.op_key(node)
         dtype = _first_dtype(view, node)
@@ -311,6 +312,8 @@ def _target_problem(view: GraphView, target: Target, new_nodes: list[Any], preci
         if reason is None:  # the kernel's own limits (activations, shapes), where the target lists them
             shapes = [view.shape(v) if v is not None else None for v in view.inputs(node)]
             reason = target.contract_problem(domain, op_type, view.attrs(node), shapes)
+        if reason is None and not any(view.op_key(m) == (domain, op_type) for m in matched):
+            reason = target.slower_kernel(domain, op_type)  # new to the graph here, and slower than what it replaces
         if reason is not None:
             return reason
     return None

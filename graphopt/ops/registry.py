@@ -59,6 +59,7 @@ __all__ = [
     "declared_ops",
     "has_fact",
     "names_with",
+    "ops_with",
     "fp32_outputs",
     "fp32_inputs",
     "attribute_default",
@@ -109,6 +110,11 @@ def declared_ops() -> list[OpSpec]:
 
 def has_fact(domain: str, op_type: str, fact: str) -> bool:
     return (_norm(domain), op_type) in _with(fact)
+
+
+def ops_with(fact: str) -> frozenset[tuple[str, str]]:
+    """The (domain, op) keys of the ops that have `fact` (one of FACTS)."""
+    return _with(fact)
 
 
 def names_with(fact: str, domain: str = "") -> frozenset[str]:

@@ -169,6 +169,16 @@ class Target:
     #: For `onnx`: the runtime whose kernels confirm the standard ops graphopt's own ops
     #: are lowered to (the installed onnxruntime's CPU provider, what --verify runs on).
     runtime_check: KernelTable | None = None
+    #: Ops the target has kernels for that run slower than the standard ops a rule would
+    #: replace with them (measured; the registry's `slower_on_ort_cpu` fact): not emitted.
+    slower_than_composed: frozenset[tuple[str, str]] = frozenset()
+
+    def slower_kernel(self, domain: str, op_type: str) -> str | None:
+        """None unless a rewrite emitting this op would run slower on the target than the ops it replaces."""
+        key = self.lowered(domain, op_type)  # a graphopt op is judged by the kernel it lowers to
+        if key not in self.slower_than_composed:
+            return None
+        return f"target {self.name} runs {_name(key)} slower than the ops it would replace (measured; graphopt/ops/standard_ops.py)"
 
     @property
     def confirmed(self) -> bool:
@@ -243,7 +253,8 @@ def _name(key: tuple[str, str]) -> str:
 TARGETS: dict[str, Target] = {
     "onnx": Target("onnx", "standard ONNX ops only; runs in any runtime", lowerings=registry.lowerings_for("onnx"), runtime_check=_ORT_CPU),
     "ort-cpu": Target(
-        "ort-cpu", "onnxruntime, CPU execution provider", _ORT_CPU, registry.lowerings_for("ort-cpu"), complete=True, contracts=registry.contracts_for("ort-cpu")
+        "ort-cpu", "onnxruntime, CPU execution provider", _ORT_CPU, registry.lowerings_for("ort-cpu"), complete=True, contracts=registry.contracts_for("ort-cpu"),
+        slower_than_composed=registry.ops_with("slower_on_ort_cpu"),
     ),
     "ort-cuda": Target(
         "ort-cuda", "onnxruntime, CUDA execution provider", _ORT_CUDA, registry.lowerings_for("ort-cuda"), contracts=registry.contracts_for("ort-cuda")
