@@ -24,11 +24,9 @@ from __future__ import annotations
 import itertools
 import operator
 from collections.abc import Iterator, Mapping, Sequence
-from functools import lru_cache
 from typing import Any
 
 import numpy as np
-import onnx
 import torch
 import torch.fx as fx
 
@@ -45,6 +43,7 @@ from graphopt.ir.fx_values import (
     torch_dtype_name,
 )
 from graphopt.ops import torch_lowering
+from graphopt.ops.registry import attribute_default, standard_attribute_default
 from graphopt.pattern.ir import MISSING
 from graphopt.pattern.native import RewriteDeclined
 
@@ -77,19 +76,6 @@ class _Phantom:
 
 
 # --------------------------------------------------------------------------- the view
-
-
-@lru_cache(maxsize=4096)
-def _schema_default(domain: str, op_type: str, name: str) -> Any:
-    try:
-        schema = onnx.defs.get_schema(op_type, FX_OPSET, domain)
-    except Exception:  # graphopt ops and unknown ops: no schema, no defaults
-        return MISSING
-    attr = schema.attributes.get(name)
-    if attr is None or not attr.default_value.name:
-        return MISSING
-    value = onnx.helper.get_attribute_value(attr.default_value)
-    return value.decode() if isinstance(value, bytes) else value
 
 
 class FxView:
@@ -253,7 +239,9 @@ class FxView:
         if name in attrs:
             return attrs[name]
         domain, op_type = self.op_key(node)
-        return _schema_default(domain, op_type, name) if domain in ("", "graphopt") else MISSING
+        if domain == "graphopt":
+            return attribute_default(domain, op_type, name)
+        return standard_attribute_default(op_type, name, FX_OPSET) if domain == "" else MISSING
 
     def attrs(self, node: fx.Node) -> Mapping[str, Any]:
         if is_neutral(node):

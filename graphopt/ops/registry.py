@@ -63,6 +63,7 @@ __all__ = [
     "fp32_outputs",
     "fp32_inputs",
     "attribute_default",
+    "standard_attribute_default",
     "with_defaults",
     "lowerings_for",
     "contracts_for",
@@ -142,10 +143,24 @@ def fp32_inputs(domain: str, op_type: str) -> frozenset[int]:
 
 
 def attribute_default(domain: str, op_type: str, name: str) -> Any:
-    """The declared default of a graphopt op's attribute, else MISSING (the graph views
-    read standard ops' defaults from onnx themselves)."""
+    """The declared default of a graphopt op's attribute, else MISSING (a standard op's:
+    `standard_attribute_default`)."""
     found = _DECLARED.get((domain, op_type)) if domain == GRAPHOPT_DOMAIN else None
     return MISSING if found is None else found.default(name)
+
+
+@lru_cache(maxsize=4096)
+def standard_attribute_default(op_type: str, name: str, opset: int) -> Any:
+    """The default of a standard ONNX op's attribute at `opset`, from onnx's schema; else MISSING."""
+    try:
+        schema = onnx.defs.get_schema(op_type, opset, "")
+    except onnx.defs.SchemaError:
+        return MISSING
+    attr = schema.attributes.get(name)
+    if attr is None or not attr.default_value.name:
+        return MISSING
+    value = onnx.helper.get_attribute_value(attr.default_value)
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def with_defaults(op_type: str, attrs: Mapping[str, Any]) -> dict[str, Any]:
