@@ -24,7 +24,7 @@ In fp16 the anchors are converted with onnxruntime's ``float16.convert_float_to_
 (``keep_io_types=True``), as their documentation does; graphopt with ``--precision fp16``.
 
 Measurement: after a warm-up, ``--rounds`` rounds each run every variant ``--runs`` times,
-the variants interleaved, so drift hits all of them alike; the figure is the median of
+the variants interleaved in a new order every round, so drift hits all of them alike; the figure is the median of
 all runs. Where graphopt is within the 3 % noise band of the original or of the best
 anchor, those variants are measured again (``--remeasure`` times at most) and the figure
 says whether it stayed within the band. Every output is compared with the fp32 original's
@@ -329,9 +329,10 @@ def bench_one(entry: ZooEntry, device: str, precisions: list[str], runs: int, ro
                 variants[name]["error"] = f"run: {type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"
                 del runners[name]
         samples: dict[str, list[float]] = {name: [] for name in runners}
+        order = np.random.default_rng(0)  # each round runs the variants in another order: no variant always follows the same one
         for _ in range(rounds):
-            for name, runner in runners.items():
-                samples[name] += runner.time_runs(runs)
+            for name in order.permutation(list(runners)):
+                samples[str(name)] += runners[str(name)].time_runs(runs)
 
         def summarize() -> None:
             for name, times in samples.items():
@@ -352,8 +353,8 @@ def bench_one(entry: ZooEntry, device: str, precisions: list[str], runs: int, ro
                 attempts += 1
                 names = {f"graphopt{sfx}", "original", r.get("best_anchor")} & set(runners)
                 for _ in range(rounds):
-                    for name in names:
-                        samples[name] += runners[name].time_runs(runs)
+                    for name in order.permutation(sorted(names)):
+                        samples[str(name)] += runners[str(name)].time_runs(runs)
                 summarize()
             r = _ratios(result, precision)
             r["remeasured"] = attempts
