@@ -9,15 +9,13 @@ mutations a rewrite needs while keeping untouched nodes exactly as they were.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from functools import lru_cache
 from typing import Any
 
 import numpy as np
-import onnx
 import onnx_ir as ir
 
 from graphopt.ir import provenance as provenance_keys
-from graphopt.pattern.ir import MISSING
+from graphopt.ops.registry import GRAPHOPT_DOMAIN, attribute_default, standard_attribute_default
 
 __all__ = ["OnnxView", "DTYPE_NAMES", "dtype_name"]
 
@@ -47,21 +45,6 @@ def dtype_name(dtype: ir.DataType | int | None) -> str | None:
     if dtype is None:
         return None
     return DTYPE_NAMES.get(ir.DataType(dtype), ir.DataType(dtype).name.lower())
-
-
-@lru_cache(maxsize=4096)
-def _schema_default(domain: str, op_type: str, opset: int, name: str) -> Any:
-    try:
-        schema = onnx.defs.get_schema(op_type, opset, domain)
-    except Exception:  # unknown op or domain: no schema, no defaults
-        return MISSING
-    attr = schema.attributes.get(name)
-    if attr is None or not attr.default_value.name:
-        return MISSING
-    value = onnx.helper.get_attribute_value(attr.default_value)
-    if isinstance(value, bytes):
-        value = value.decode()
-    return value
 
 
 def _attr_python_value(attr: ir.Attr) -> Any:
@@ -218,7 +201,9 @@ class OnnxView:
             return _attr_python_value(attr)
         domain, op_type = self.op_key(node)
         opset = node.version or self.opset(domain) or (self.opset("") if domain == "" else 1) or 1
-        return _schema_default(domain, op_type, opset, name)
+        if domain == GRAPHOPT_DOMAIN:
+            return attribute_default(domain, op_type, name)
+        return standard_attribute_default(op_type, name, opset, domain)
 
     def attrs(self, node: ir.Node) -> Mapping[str, Any]:
         return {k: _attr_python_value(a) for k, a in node.attributes.items() if not a.is_ref()}

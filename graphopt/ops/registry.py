@@ -150,10 +150,11 @@ def attribute_default(domain: str, op_type: str, name: str) -> Any:
 
 
 @lru_cache(maxsize=4096)
-def standard_attribute_default(op_type: str, name: str, opset: int) -> Any:
-    """The default of a standard ONNX op's attribute at `opset`, from onnx's schema; else MISSING."""
+def standard_attribute_default(op_type: str, name: str, opset: int, domain: str = "") -> Any:
+    """The default of an ONNX op's attribute at `opset`, from onnx's schema (the standard
+    domain, or another one onnx defines); else MISSING."""
     try:
-        schema = onnx.defs.get_schema(op_type, opset, "")
+        schema = onnx.defs.get_schema(op_type, opset, _norm(domain))
     except onnx.defs.SchemaError:
         return MISSING
     attr = schema.attributes.get(name)
