@@ -9,22 +9,12 @@ from graphopt.pattern.native import RewriteDeclined, native_constraint, native_r
 _INT64_MAX = np.iinfo(np.int64).max
 
 
-def _ints(ctx, value) -> list[int] | None:
-    array = None if value is None else ctx.array(value)
-    return None if array is None else [int(v) for v in np.asarray(array).reshape(-1)]
-
-
 def _slice_range(ctx, starts, ends, axes, steps, rank: int, dim: int) -> tuple[int, int, int, int] | str:
     """One constant Slice as (axis, start, stop, step), clamped to a dim of size `dim` (the sliced axis)."""
-    s, e = _ints(ctx, starts), _ints(ctx, ends)
-    a = [0] if axes is None else _ints(ctx, axes)
-    p = [1] if steps is None else _ints(ctx, steps)
-    if s is None or e is None or a is None or p is None:
-        return "a Slice bound is not constant"
-    if not len(s) == len(e) == len(a) == len(p) == 1:
-        return "a Slice cuts more than one axis"
-    axis = a[0] + rank if a[0] < 0 else a[0]
-    start, stop, step = s[0], e[0], p[0]
+    got = ctx.one_axis_slice(starts, ends, axes, steps, rank)
+    if isinstance(got, str):
+        return got
+    axis, start, stop, step = got
     start = max(0, min(dim, start + dim if start < 0 else start))
     stop = max(0, min(dim, stop + dim if stop < 0 else stop))
     return axis, start, stop, step
@@ -57,7 +47,7 @@ def geglu_halves(ctx, x, form, form2, axis, nout, sizes, hs, he, ha, hp, gs, ge,
         if axis not in (-1, rank - 1):
             return f"the Split cuts axis {axis}, not the last one (rank {rank})"
         if sizes is not None:
-            got = _ints(ctx, sizes)
+            got = ctx.ints(sizes)
             if got != [half, half]:
                 return f"the Split sizes are {got}, not two halves [{half}, {half}]"
             return True

@@ -11,11 +11,6 @@ from graphopt.pattern.native import RewriteDeclined, native_constraint, native_r
 _INT64_MAX = np.iinfo(np.int64).max
 
 
-def _ints(ctx, value) -> list[int] | None:
-    array = None if value is None else ctx.array(value)
-    return None if array is None else [int(v) for v in np.asarray(array).reshape(-1)]
-
-
 def _head(ctx, x) -> tuple[int, int] | str:
     """(rank, head_dim) of x: a static, even last dim."""
     shape = ctx.shape(x)
@@ -30,15 +25,11 @@ def _head(ctx, x) -> tuple[int, int] | str:
 
 def _slice_indices(ctx, starts, ends, axes, steps, rank: int, dim: int) -> tuple[int, list[int]] | str:
     """(axis, indices taken) of a Slice with constant bounds on one axis of size dim."""
-    s, e = _ints(ctx, starts), _ints(ctx, ends)
-    a = [0] if axes is None else _ints(ctx, axes)
-    p = [1] if steps is None else _ints(ctx, steps)
-    if s is None or e is None or a is None or p is None:
-        return "a Slice bound is not constant"
-    if not len(s) == len(e) == len(a) == len(p) == 1:
-        return "a Slice cuts more than one axis"
-    axis = a[0] + rank if a[0] < 0 else a[0]
-    return axis, list(range(dim))[slice(s[0], e[0], p[0])]
+    got = ctx.one_axis_slice(starts, ends, axes, steps, rank)
+    if isinstance(got, str):
+        return got
+    axis, start, stop, step = got
+    return axis, list(range(dim))[slice(start, stop, step)]
 
 
 def _is_last(axis, rank: int) -> bool:
@@ -79,7 +70,7 @@ def rotary_slices(ctx, form, x, x1, s1, e1, a1, p1, s2, e2, a2, p2, cax, u1, u2,
         return True
     # interleaved: Unsqueeze both on a new last axis, Concat there, Reshape back to x's shape
     for name, axes in (("first", u1), ("second", u2)):
-        got = _ints(ctx, axes)
+        got = ctx.ints(axes)
         if got is None or len(got) != 1 or got[0] not in (-1, rank):
             return f"the {name} Unsqueeze adds axes {got}, not a new last axis"
     if not _is_last(cax, rank + 1):
@@ -96,7 +87,7 @@ def _span(indices: list[int]) -> str:
 
 def _flattens_back(ctx, x, x1, rshape, rank: int, dim: int):
     """The Reshape after the stacking Concat gives x's shape back (merges only the last two axes)."""
-    target = _ints(ctx, rshape)
+    target = ctx.ints(rshape)
     xshape = ctx.shape(x)
     if target is not None:
         if len(target) != rank or target[-1] != dim:
@@ -133,7 +124,7 @@ def _axis_list(ctx, node, index: int, attr: str) -> list[int] | None:
     view = ctx.view
     inputs = view.inputs(node)
     if len(inputs) > index and inputs[index] is not None:
-        return _ints(ctx, inputs[index])
+        return ctx.ints(inputs[index])
     value = view.attr(node, attr)
     try:
         return [int(v) for v in np.asarray(value).reshape(-1)]
@@ -219,7 +210,7 @@ def _repeats_pairs(ctx, node) -> bool:
         if rank is None or not _is_last(view.attr(rep, "axis"), rank):
             return False
     elif op in ("Expand", "Tile"):
-        u, times = inputs[0], _ints(ctx, inputs[1])
+        u, times = inputs[0], ctx.ints(inputs[1])
         rank = ctx.rank(u)
         if times is None or rank is None or times[-1] != 2 or any(t != 1 for t in times[:-1]):
             return False

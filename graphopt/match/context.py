@@ -2,7 +2,8 @@
 FX graphs alike), plus constant creation during a rewrite.
 
 The questions helpers used to answer by hand in every rules/*.py file live here
-once: a one-element constant as a float (`scalar`), symbolic dims (`dims`, memoized
+once: a one-element constant as a float (`scalar`), a constant's elements as ints
+(`ints`), a constant Slice on one axis (`one_axis_slice`), symbolic dims (`dims`, memoized
 per graph), the static last dim (`last_dim`).
 """
 
@@ -33,6 +34,23 @@ class MatchContext:
         """A one-element constant as a float (None: not a constant, or not one element)."""
         array = self.array(value)
         return None if array is None or array.size != 1 else float(array.reshape(-1)[0])
+
+    def ints(self, value: Any) -> list[int] | None:
+        """A constant's elements as Python ints (None: absent or not a constant)."""
+        array = self.array(value)
+        return None if array is None else [int(v) for v in np.asarray(array).reshape(-1)]
+
+    def one_axis_slice(self, starts: Any, ends: Any, axes: Any, steps: Any, rank: int) -> tuple[int, int, int, int] | str:
+        """A Slice's constant bounds on one axis as (axis, start, stop, step), the axis made
+        non-negative and the bounds as written (axes default to 0, steps to 1); else why not."""
+        s, e = self.ints(starts), self.ints(ends)
+        a = [0] if axes is None else self.ints(axes)
+        p = [1] if steps is None else self.ints(steps)
+        if s is None or e is None or a is None or p is None:
+            return "a Slice bound is not constant"
+        if not len(s) == len(e) == len(a) == len(p) == 1:
+            return "a Slice cuts more than one axis"
+        return (a[0] + rank if a[0] < 0 else a[0]), s[0], e[0], p[0]
 
     def constant(self, array: np.ndarray, name_hint: str = "const") -> Any:
         return self.view.new_constant(self.scope, np.asarray(array), name_hint)
