@@ -8,6 +8,7 @@ yet (benchmarks/decisions_bench.py --decisions precision measures them)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -220,3 +221,21 @@ def test_tune_times_the_whole_model_both_ways(monkeypatch: pytest.MonkeyPatch, t
     again = ConvTimer(fp16=fp16_ms, fp32=1.0)
     _, report = fp16(model, tune=True, tune_timer=again, tune_cache=str(tmp_path / "c.json"), cost_table=CostTable([]))
     assert again.calls == 0 and the_decision(report).chosen == chosen
+
+
+def test_the_command_line_forces_it_and_the_summary_lists_the_nodes(tmp_path: Path) -> None:
+    from conftest import run_cli
+
+    src = tmp_path / "cnn.onnx"
+    onnx.save(cnn(), src)
+    done = run_cli("optimize", src, "-o", tmp_path / "out.onnx", "--target", "ort-cuda", "--precision", "fp16",
+                   "--precision-convs", "fp32", "--layout", "nchw", "--report", tmp_path / "r.json")
+    assert done.returncode == 0, done.stderr
+    assert "kept in fp32 for speed (decision 'precision'): " in done.stdout and "conv0" in done.stdout
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert "conv1" in report["precision_conversion"]["kept_for_speed"]
+    assert [(d["kind"], d["chosen"], d["basis"]) for d in report["decisions"] if d["kind"] == "precision"] == [("precision", "fp32", "forced")]
+    # Bad input: one error line, exit 2.
+    for bad in (["--precision-convs", "fp32"], ["--precision", "fp16", "--precision-convs", "half"]):
+        done = run_cli("optimize", src, "-o", tmp_path / "bad.onnx", "--target", "ort-cuda", *bad)
+        assert done.returncode == 2 and done.stderr.count("error:") == 1 and "--precision-convs" in done.stderr

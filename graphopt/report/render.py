@@ -212,9 +212,9 @@ def print_summary(report: Report, console: Console, *, json_report: str | os.Pat
         if conversion.calibration:
             console.print(f"  range check: {escape(conversion.calibration)}", highlight=False)
         if conversion.kept_for_speed:
-            shown = ", ".join(conversion.kept_for_speed[:6]) + (f" and {len(conversion.kept_for_speed) - 6} more" if len(conversion.kept_for_speed) > 6 else "")
+            kept_names = ", ".join(conversion.kept_for_speed[:6]) + (f" and {len(conversion.kept_for_speed) - 6} more" if len(conversion.kept_for_speed) > 6 else "")
             console.print(
-                f"  kept in fp32 for speed (decision 'precision'): {len(conversion.kept_for_speed)} nodes: {escape(shown)}", highlight=False
+                f"  kept in fp32 for speed (decision 'precision'): {len(conversion.kept_for_speed)} nodes: {escape(kept_names)}", highlight=False
             )
 
     if report.decisions:
