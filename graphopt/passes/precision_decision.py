@@ -136,8 +136,19 @@ def _layout_is_nhwc(model: ir.Model, target: Target, plan: PrecisionPlan, layout
     return convert_layout(copy, target, layout, decider=DecisionPoint(target.name, table=table)).mode == "nhwc"
 
 
-def _has_entries(decider: DecisionPoint) -> bool:
-    return any(e.ep == decider.ep and e.decision == KIND for e in decider.table.entries)
+#: The layout each candidate would get is estimated on copies of the model: not for models
+#: with more weights than this (their candidates are read in NCHW).
+LAYOUT_ESTIMATE_MAX_BYTES = 1 << 30
+
+
+def _worth_estimating(model: ir.Model, decider: DecisionPoint, worlds: list[list[Any]] | None) -> bool:
+    """Does the table cover every convolution's class (else nothing is predicted, whatever the
+    layout), and is the model small enough to copy twice?"""
+    assert decider.ep is not None
+    if not worlds or any(decider.table.lookup(decider.ep, KIND, cls) is None for world in worlds for cls in world):
+        return False
+    weights = sum(v.const_value.nbytes for v in model.graph.initializers.values() if v.const_value is not None)
+    return weights <= LAYOUT_ESTIMATE_MAX_BYTES
 
 
 def decide_conv_precision(
@@ -161,8 +172,9 @@ def decide_conv_precision(
         return plan, None
     low = plan.precision
     kept = dataclasses.replace(plan, fp32_convs=True)
+    worlds = _worlds(seeds)
     nhwc: dict[str, bool] = {}
-    if forced == "auto" and decider.ep is not None and not decider.can_tune and _has_entries(decider):
+    if forced == "auto" and decider.ep is not None and not decider.can_tune and _worth_estimating(model, decider, worlds):
         for name, variant in ((low, plan), (FP32, kept)):
             try:
                 nhwc[name] = _layout_is_nhwc(model, target, variant, layout, decider.table) if target.name == "ort-cuda" else False
@@ -177,7 +189,7 @@ def decide_conv_precision(
         build, signature = _builder(model, plan, kept, finish, layout)
     chosen = {"auto": None, "low": low, "fp32": FP32}[forced]
     site = f"model ({len(seeds)} convolutions)"
-    record = decider.choose(KIND, site, [low, FP32], low, _worlds(seeds), forced=chosen, build=build, signature=signature, readings=readings)
+    record = decider.choose(KIND, site, [low, FP32], low, worlds, forced=chosen, build=build, signature=signature, readings=readings)
     if nhwc and record.basis == "table":
         record.reason += "; read in the layout each would get: " + ", ".join(f"{c} {'NHWC' if v else 'NCHW'}" for c, v in nhwc.items())
     if record.chosen != FP32:
