@@ -174,12 +174,14 @@ def decide_conv_precision(
     kept = dataclasses.replace(plan, fp32_convs=True)
     worlds = _worlds(seeds)
     nhwc: dict[str, bool] = {}
+    failed: list[str] = []
     if forced == "auto" and decider.ep is not None and not decider.can_tune and _worth_estimating(model, decider, worlds):
         for name, variant in ((low, plan), (FP32, kept)):
             try:
                 nhwc[name] = _layout_is_nhwc(model, target, variant, layout, decider.table) if target.name == "ort-cuda" else False
-            except Exception:  # noqa: BLE001 - an estimate that fails reads the NCHW figures
+            except Exception as error:  # noqa: BLE001 - an estimate that fails reads the NCHW figures, and says so
                 nhwc[name] = False
+                failed.append(f"{name}: {str(error).splitlines()[0][:120] if str(error) else type(error).__name__}")
 
     def readings(cls: Any, candidate: str) -> list[tuple[str, str]]:
         return [(KIND, f"{candidate}-nhwc" if nhwc.get(candidate) else candidate)]
@@ -192,6 +194,10 @@ def decide_conv_precision(
     record = decider.choose(KIND, site, [low, FP32], low, worlds, forced=chosen, build=build, signature=signature, readings=readings)
     if nhwc and record.basis == "table":
         record.reason += "; read in the layout each would get: " + ", ".join(f"{c} {'NHWC' if v else 'NCHW'}" for c, v in nhwc.items())
+        if failed:
+            record.reason += f" (the layout could not be estimated for {'; '.join(failed)}: read in NCHW)"
+    if record.basis == "no_entry":
+        record.reason += f" ({low} as asked)"
     if record.chosen != FP32:
         return plan, record
     how = {"measured": "measured", "table": "predicted"}.get(record.basis)
