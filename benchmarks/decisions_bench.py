@@ -24,8 +24,8 @@ left out of the table). Sessions run with ORT_ENABLE_ALL; on CUDA inputs and out
 on the device (io-binding). Medians of `--runs` runs after `--warmup`.
 
     python benchmarks/decisions_bench.py --out $OUT                 # GPU: CUDA provider, ~3-4 min on an H100/H200
-    python benchmarks/decisions_bench.py --decisions precision --dtypes f32 --kinds dense1,dense3,dense7,depthwise3,grouped3 \
-        --runs 30 --warmup 5 --budget-s 140 --out $OUT              # GPU: the precision entries, < 3 min
+    python benchmarks/decisions_bench.py --decisions precision --dtypes f32 --kinds dense1,dense3,dense7,depthwise3,depthwise5,grouped3 \
+        --budget-s 140 --out $OUT              # GPU: the precision entries, < 3 min
     python benchmarks/decisions_bench.py --provider cpu --channels 16 --batches 1 --kinds dense3 --runs 5 --out /tmp/db   # CPU check
 
 Writes `--out/decisions_bench-<provider>.json` (environment, every timing) and

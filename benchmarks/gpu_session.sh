@@ -44,8 +44,8 @@ decisions)
   ;;
 precision)
   # f32 blocks only: fp32 vs fp16 (NCHW and NHWC, Casts included); batch 1 first, the budget may cut some batch-32 classes.
-  timeout 175 python3 benchmarks/decisions_bench.py --decisions precision --dtypes f32 --kinds dense1,dense3,dense7,depthwise3,grouped3 \
-    --runs 30 --warmup 5 --budget-s 140 --out "$OUT" > "$OUT/precision.log" 2>&1
+  timeout 175 python3 benchmarks/decisions_bench.py --decisions precision --dtypes f32 --kinds dense1,dense3,dense7,depthwise3,depthwise5,grouped3 \
+    --budget-s 140 --out "$OUT" > "$OUT/precision.log" 2>&1
   tail -45 "$OUT/precision.log"
   if [ -f "$OUT/cost_table.json" ]; then
     cp "$OUT/cost_table.json" /tmp/measured_precision_table.json
