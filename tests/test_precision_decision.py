@@ -110,6 +110,10 @@ def test_table_says_fp16_slower_at_batch_1_convolutions_stay_float32() -> None:
     # The input's normalization stays with the convolutions it feeds (no Cast pair on the way in).
     assert {"center", "normalize", "conv0", "conv1", "residual", "head"} <= set(conversion.kept_for_speed)
     assert conversion.kept["speed_decision"] == len(conversion.kept_for_speed) and conversion.nodes_converted == 0
+    from graphopt.report.html import render_html
+
+    page = render_html(report, drawings=False)
+    assert "kept in fp32 for speed (decision precision): " in page and "fp16 predicted slower here" in page
     np.testing.assert_allclose(run_cpu(out, x), run_cpu(model, x), rtol=1e-5, atol=1e-5)
 
 
