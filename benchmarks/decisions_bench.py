@@ -9,13 +9,23 @@ candidate form of each decision, and each form is timed in onnxruntime on the pr
   `nhwc-add` (NhwcConv, bias as an Add) and `nhwc-kernel` (NhwcConv with its bias), the
   Transposes at the block's two ends included;
 * `fused_conv` (float32; CUDA and CPU): `FusedConv` and `Conv+activation` (the
-  conv-activation rules left out).
+  conv-activation rules left out);
+* `precision` (float32 blocks, `--decisions precision`): the block as graphopt writes it
+  with `--precision fp16` (its convolutions forced to fp16: `precision_convs="low"`), the
+  Casts at the block's float32 input and output included, in NCHW (`fp16`) and NHWC
+  (`fp16-nhwc`: the faster of the NhwcConv bias forms), against the float32 block in NCHW
+  as Conv + activation (`fp32`, what an fp16 run keeps when the convolutions stay float32)
+  and NHWC (`fp32-nhwc`). graphopt/passes/precision_decision.py reads each candidate in
+  the layout the layout decision will give it. On the CPU provider only the NCHW forms
+  run (a check of the script, not figures for the table: ort-cpu has no fp16 Conv).
 
 Every form's output is compared with the NCHW form's (a form that differs is reported and
 left out of the table). Sessions run with ORT_ENABLE_ALL; on CUDA inputs and outputs stay
 on the device (io-binding). Medians of `--runs` runs after `--warmup`.
 
     python benchmarks/decisions_bench.py --out $OUT                 # GPU: CUDA provider, ~3-4 min on an H100/H200
+    python benchmarks/decisions_bench.py --decisions precision --dtypes f32 --kinds dense1,dense3,dense7,depthwise3,depthwise5,grouped3 \
+        --budget-s 140 --out $OUT              # GPU: the precision entries, < 3 min
     python benchmarks/decisions_bench.py --provider cpu --channels 16 --batches 1 --kinds dense3 --runs 5 --out /tmp/db   # CPU check
 
 Writes `--out/decisions_bench-<provider>.json` (environment, every timing) and
@@ -51,7 +61,15 @@ from graphopt.decisions.shapes import batch_buckets, channel_bucket  # noqa: E40
 from graphopt.decisions.table import TABLE_FORMAT, CostTable, Entry  # noqa: E402
 
 #: kind label -> (convolution kind, kernel size)
-KINDS = {"dense1": ("dense", 1), "dense3": ("dense", 3), "depthwise3": ("depthwise", 3), "depthwise5": ("depthwise", 5)}
+KINDS = {
+    "dense1": ("dense", 1), "dense3": ("dense", 3), "dense7": ("dense", 7), "depthwise3": ("depthwise", 3),
+    "depthwise5": ("depthwise", 5), "grouped3": ("grouped", 3),
+}
+#: The kinds measured unless --kinds says otherwise (those of the shipped entries).
+DEFAULT_KINDS = "dense1,dense3,depthwise3,depthwise5"
+#: Channels per group of a "grouped" convolution (RegNet's group widths are 8 to 64+).
+GROUP_WIDTH = 8
+DECISIONS = ("layout", "fused_conv", "precision")
 #: Spatial size per channel count (ResNet-like: fewer channels, larger maps).
 SPATIAL = {16: 112, 64: 56, 256: 28, 512: 14}
 PROVIDERS = {"cuda": "CUDAExecutionProvider", "cpu": "CPUExecutionProvider"}
@@ -62,7 +80,7 @@ def conv_block(kind: str, kernel: int, channels: int, batch: int, size: int, dep
     rng = np.random.default_rng(seed)
     np_dtype = np.float16 if dtype == "f16" else np.float32
     elem = TensorProto.FLOAT16 if dtype == "f16" else TensorProto.FLOAT
-    group = channels if kind == "depthwise" else 1
+    group = conv_groups(kind, channels)
     nodes, inits = [], []
     src = "x"
     for i in range(depth):
@@ -82,7 +100,11 @@ def conv_block(kind: str, kernel: int, channels: int, batch: int, size: int, dep
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
-def candidates(model: onnx.ModelProto, provider: str, dtype: str) -> dict[str, dict[str, onnx.ModelProto]]:
+def conv_groups(kind: str, channels: int) -> int:
+    return {"depthwise": channels, "grouped": max(2, channels // GROUP_WIDTH)}.get(kind, 1)
+
+
+def candidates(model: onnx.ModelProto, provider: str, dtype: str, decisions: tuple[str, ...] = ("layout", "fused_conv")) -> dict[str, dict[str, onnx.ModelProto]]:
     """decision -> candidate -> the model graphopt writes in that form."""
     import graphopt
     from graphopt.api import builtin_rules
@@ -99,21 +121,49 @@ def candidates(model: onnx.ModelProto, provider: str, dtype: str) -> dict[str, d
         for ep in PROVIDERS.values()
     ])
     optimize = functools.partial(graphopt.optimize, cost_table=fused_wins)
-    if provider == "cuda":
-        target = "ort-cuda"
-        layout = {
-            "nchw": LayoutOptions(mode="nchw"),
-            "nhwc-add": LayoutOptions(mode="nhwc", conv_bias="add"),
-            "nhwc-kernel": LayoutOptions(mode="nhwc", conv_bias="kernel"),
-        }
+    layout = {
+        "nchw": LayoutOptions(mode="nchw"),
+        "nhwc-add": LayoutOptions(mode="nhwc", conv_bias="add"),
+        "nhwc-kernel": LayoutOptions(mode="nhwc", conv_bias="kernel"),
+    }
+    target = "ort-cuda" if provider == "cuda" else "ort-cpu"
+    if provider == "cuda" and ("layout" in decisions or ("precision" in decisions and dtype == "f32")):
         forms["layout"] = {name: optimize(model, target=target, layout=opts)[0] for name, opts in layout.items()}
-    else:
-        target = "ort-cpu"
-    if dtype == "f32":
+
+    @functools.cache
+    def split(target: str) -> onnx.ModelProto:
+        return graphopt.optimize(model, target=target, layout="nchw", disable=conv_activation, cost_table=CostTable([]))[0]
+
+    if dtype == "f32" and "fused_conv" in decisions:
         fused = forms.get("layout", {}).get("nchw") or optimize(model, target=target, layout="nchw")[0]
-        split = graphopt.optimize(model, target=target, layout="nchw", disable=conv_activation, cost_table=CostTable([]))[0]
-        forms["fused_conv"] = {"FusedConv": fused, "Conv+activation": split}
+        forms["fused_conv"] = {"FusedConv": fused, "Conv+activation": split(target)}
+    if dtype == "f32" and "precision" in decisions:
+        # Every fp16 form as asked (convolutions forced to fp16, no range check: random weights
+        # stay in range); the float32 forms are those an fp16 run keeps when the decision says fp32.
+        low = functools.partial(graphopt.optimize, model, target="ort-cuda", precision="fp16", precision_convs="low",
+                                range_check=False, cost_table=CostTable([]))
+        precision = {"fp32": split("ort-cuda"), "fp16": low(layout="nchw")[0]}
+        if provider == "cuda":
+            for bias in ("add", "kernel"):
+                precision[f"fp32-nhwc-{bias}"] = forms["layout"][f"nhwc-{bias}"]
+                precision[f"fp16-nhwc-{bias}"] = low(layout=layout[f"nhwc-{bias}"])[0]
+        forms["precision"] = precision
+    if "layout" not in decisions:
+        forms.pop("layout", None)
     return forms
+
+
+def entry_times(decision: str, times: dict[str, float]) -> dict[str, float] | None:
+    """The figures an entry keeps: a precision entry's NHWC candidate is the faster bias form
+    (the layout decision picks the form itself); None when nothing is compared."""
+    if decision == "precision":
+        kept = {c: times[c] for c in ("fp32", "fp16") if c in times}
+        for precision in ("fp32", "fp16"):
+            nhwc = [times[c] for c in (f"{precision}-nhwc-add", f"{precision}-nhwc-kernel") if c in times]
+            if nhwc:
+                kept[f"{precision}-nhwc"] = min(nhwc)
+        return kept if "fp32" in kept and len(kept) >= 2 else None
+    return dict(times) if len(times) >= 2 else None
 
 
 class Session:
@@ -181,8 +231,8 @@ def measure(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[s
     rows: list[dict[str, Any]] = []
     entries: list[dict[str, Any]] = []
     dtypes = [d for d in args.dtypes.split(",") if d]
-    if args.provider == "cpu":
-        dtypes = [d for d in dtypes if d == "f32"]  # the CPU decisions are float32 only
+    if args.provider == "cpu" or "layout" not in args.decision_list:
+        dtypes = [d for d in dtypes if d == "f32"]  # the CPU decisions, fused_conv and precision are about float32 models
     configs = [(d, b, k, c) for d in dtypes for b in args.batch_list for k in args.kind_list for c in args.channel_list]
     for n, (dtype, batch, kind_label, channels) in enumerate(configs, 1):
         if time.perf_counter() - started > args.budget_s:
@@ -194,7 +244,7 @@ def measure(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[s
         x = np.random.default_rng(1).standard_normal((batch, channels, size, size)).astype(np.float16 if dtype == "f16" else np.float32)
         label = f"{dtype} {kind} k{kernel} c{channels} b{batch} {size}x{size}"
         try:
-            forms = candidates(model, args.provider, dtype)
+            forms = candidates(model, args.provider, dtype, tuple(args.decision_list))
         except Exception as error:  # noqa: BLE001 - a configuration graphopt cannot build is reported, not fatal
             rows.append({"config": label, "error": f"optimize: {str(error).splitlines()[0][:200]}"})
             continue
@@ -218,19 +268,22 @@ def measure(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[s
                 diff = float(np.max(np.abs(out.astype(np.float64) - reference.astype(np.float64)), initial=0.0))
                 scale = float(np.max(np.abs(reference.astype(np.float64)), initial=1.0)) or 1.0
                 row.update(median_ms=round(ms, 5), max_rel_diff=diff / scale)
-                if diff / scale > (3e-2 if dtype == "f16" else 5e-3):
+                if diff / scale > (3e-2 if dtype == "f16" or decision == "precision" else 5e-3):
                     row["error"] = f"output differs from {next(iter(models))}: max rel diff {diff / scale:.3g}"
                 else:
                     times[candidate] = round(ms, 5)
                 rows.append(row)
             print(f"[{n}/{len(configs)}] {decision:10s} {label:34s} " + "  ".join(f"{c} {t:.4f}" for c, t in times.items()), flush=True)
-            if len(times) >= 2:
+            kept = entry_times(decision, times)
+            if kept is not None:
+                groups = f", {conv_groups(kind, channels)} groups" if kind == "grouped" else ""
+                casts = "; fp16 forms with Casts from and to float32 at the block's ends" if decision == "precision" else ""
                 entries.append({
                     "ep": ep, "decision": decision, "op": "Conv", "dtype": dtype,
                     "match": {"kind": [kind], "kernel": [f"k{kernel}"], "channels": [channel_bucket(channels)], "batch": list(batch_buckets(batch))},
-                    "times_ms": times, "per": args.depth, "device": device,
-                    "source": (f"benchmarks/decisions_bench.py: {args.depth} x (Conv {kind} {kernel}x{kernel}, {channels} channels, + bias + Relu), "
-                               f"{size}x{size}, batch {batch}, {dtype}; median of {args.runs} runs, ORT_ENABLE_ALL"
+                    "times_ms": kept, "per": args.depth, "device": device,
+                    "source": (f"benchmarks/decisions_bench.py: {args.depth} x (Conv {kind} {kernel}x{kernel}{groups}, {channels} channels, + bias + Relu), "
+                               f"{size}x{size}, batch {batch}, {dtype}{casts}; median of {args.runs} runs, ORT_ENABLE_ALL"
                                + (", io-binding" if args.provider == "cuda" else "")),
                 })
     return rows, entries
@@ -259,7 +312,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--provider", choices=sorted(PROVIDERS), default="cuda")
     parser.add_argument("--out", type=Path, default=Path("decisions_bench_out"))
-    parser.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated: {', '.join(KINDS)}")
+    parser.add_argument("--kinds", default=DEFAULT_KINDS, help=f"comma-separated: {', '.join(KINDS)}")
+    parser.add_argument("--decisions", default="layout,fused_conv", help=f"comma-separated: {', '.join(DECISIONS)}")
     parser.add_argument("--channels", default="16,64,256,512")
     parser.add_argument("--batches", default="1,32")
     parser.add_argument("--dtypes", default="f16,f32")
@@ -278,6 +332,9 @@ def main() -> None:
     unknown = [k for k in args.kind_list if k not in KINDS]
     if unknown:
         parser.error(f"unknown kinds {unknown} (known: {', '.join(KINDS)})")
+    args.decision_list = [d for d in args.decisions.split(",") if d]
+    if not args.decision_list or any(d not in DECISIONS for d in args.decision_list):
+        parser.error(f"--decisions: comma-separated names among {', '.join(DECISIONS)}")
     args.channel_list = [int(c) for c in args.channels.split(",") if c]
     args.batch_list = [int(b) for b in args.batches.split(",") if b]
 

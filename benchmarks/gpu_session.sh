@@ -4,6 +4,7 @@
 #
 #   bash benchmarks/gpu_session.sh setup       # onnxruntime-gpu from /tmp/ort (its parts copied there first), lark from .whl/
 #   bash benchmarks/gpu_session.sh decisions   # measure the cost table (decisions_bench.py), merge it, then the zoo's first half
+#   bash benchmarks/gpu_session.sh precision   # the precision decision's entries (fp16 vs fp32 convolutions, casts included), merged (< 3 min)
 #   bash benchmarks/gpu_session.sh zoo 2/2     # the zoo's second half (or 1/1 for all)
 #   bash benchmarks/gpu_session.sh torch       # torch.compile: graphopt against inductor on the issue-15 models
 #   bash benchmarks/gpu_session.sh profile M,N # the ops onnxruntime runs and the kernels they launch, per variant (ort_profile.py)
@@ -16,9 +17,11 @@ export PYTHONUNBUFFERED=1
 export PYTHONPATH=$PWD:/tmp/ort:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 # The cost table measured by the decisions step (kept on the machine: each run gets a fresh checkout).
-if [ -f /tmp/measured_cost_table.json ]; then
-  python3 benchmarks/decisions_bench.py --merge /tmp/measured_cost_table.json --into graphopt/decisions/cost_table.json >/dev/null
-fi
+for measured in /tmp/measured_cost_table.json /tmp/measured_precision_table.json; do
+  if [ -f "$measured" ]; then
+    python3 benchmarks/decisions_bench.py --merge "$measured" --into graphopt/decisions/cost_table.json >/dev/null
+  fi
+done
 
 case "$step" in
 setup)
@@ -38,6 +41,16 @@ decisions)
   timeout 330 python3 benchmarks/zoo_bench.py --device cuda --jobs 12 --runs 10 --rounds 3 --warmup 5 --shard "${2:-1/2}" \
     --out "$OUT/zoo_bench-1.json" > "$OUT/zoo-1.log" 2>&1
   tail -40 "$OUT/zoo-1.log"
+  ;;
+precision)
+  # f32 blocks only: fp32 vs fp16 (NCHW and NHWC, Casts included); batch 1 first, the budget may cut some batch-32 classes.
+  timeout 175 python3 benchmarks/decisions_bench.py --decisions precision --dtypes f32 --kinds dense1,dense3,dense7,depthwise3,depthwise5,grouped3 \
+    --budget-s 140 --out "$OUT" > "$OUT/precision.log" 2>&1
+  tail -45 "$OUT/precision.log"
+  if [ -f "$OUT/cost_table.json" ]; then
+    cp "$OUT/cost_table.json" /tmp/measured_precision_table.json
+    python3 benchmarks/decisions_bench.py --merge "$OUT/cost_table.json" --into graphopt/decisions/cost_table.json
+  fi
   ;;
 zoo)
   shard=${2:-2/2}

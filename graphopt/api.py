@@ -89,6 +89,10 @@ class OptimizeOptions:
     calibration_data: str | os.PathLike[str] | None = None
     #: With `precision` "fp16": keep in float32 the nodes whose measured values do not fit (see docs/precision.md).
     range_check: bool = True
+    #: With `precision`: the model's 2-D convolutions in the low type or float32. "auto": a
+    #: decision (graphopt.passes.precision_decision; ort-cuda): converted as asked unless the
+    #: cost table predicts (or --tune measures) float32 faster; "low": converted; "fp32": kept.
+    precision_convs: str = "auto"
     #: Built-in rules that a rule of the same name in `patterns` replaces. A user rule
     #: named like a built-in one is an error unless its name is here.
     replace: Sequence[str] = ()
@@ -222,29 +226,36 @@ def _run_pipeline(model: ir.Model, rules: RuleSet, target: Any, report: Report, 
     pipeline = Pipeline(kind, rules, target, report, driver_options, max_sweeps=options.max_sweeps, say=say)
     pipeline.sweep()
     view.restore_node_names()  # a node a rewrite stood in for leaves its name to its replacement
+    decider = _decision_point(target.name, options)
     if plan is not None:
         say(f"precision: {plan.precision}")
         with tag_new_nodes(model, "precision"):
-            _convert_precision(model, target, report, plan, options)
+            _convert_precision(model, target, report, plan, options, decider)
     say("cleanup")
-    pipeline.run_passes([
+    _lower_and_decide(model, target, report, options, decider, pipeline.run_passes, say)
+    report.decisions = decider.records
+
+
+def _lower_and_decide(model: ir.Model, target: Any, report: Report, options: OptimizeOptions, decider: Any, run_passes: Any, say: Any) -> None:
+    """After precision: CSE, DCE, lowering, and the decisions that read the lowered graph (FusedConv, layout)."""
+    from graphopt import passes
+
+    run_passes([
         ("cse", lambda: passes.eliminate_common_subexpressions(model)),
         ("dce", lambda: passes.eliminate_dead_code(model)),
         ("lowering", lambda: lower_fused_ops(model, target)),
     ])
-    decider = _decision_point(target.name, options)
     if decider.ep is not None:
         from graphopt.passes.fused_conv import decide_fused_convs
 
         say("decisions: FusedConv")
-        pipeline.run_passes([("fused_conv_decisions", lambda: decide_fused_convs(model, decider))])
+        run_passes([("fused_conv_decisions", lambda: decide_fused_convs(model, decider))])
     if target.name == "ort-cuda":
         from graphopt.passes.layout import convert_layout
 
         say(f"layout: {options.layout}")
         with tag_new_nodes(model, "layout"):
             report.layout = convert_layout(model, target, options.layout, stats=report.pass_stats("layout"), decider=decider)
-    report.decisions = decider.records
 
 
 def _decision_point(target: str, options: OptimizeOptions) -> Any:
@@ -260,27 +271,30 @@ def _decision_point(target: str, options: OptimizeOptions) -> Any:
     )
 
 
-def _convert_precision(model: ir.Model, target: Any, report: Report, plan: Any, options: OptimizeOptions) -> None:
-    """Fusion rules ran in float32; now convert, then collapse the Casts that are left."""
-    from graphopt.passes.precision import convert_precision, remove_cast_pairs
+def _convert_precision(model: ir.Model, target: Any, report: Report, plan: Any, options: OptimizeOptions, decider: Any) -> None:
+    """Fusion rules ran in float32; now decide what stays float32 (range check, the
+    convolutions' precision decision), convert, then collapse the Casts that are left."""
+    from graphopt.decisions import DecisionPoint
+    from graphopt.passes.precision_decision import decide_conv_precision
     from graphopt.passes.precision_range import range_checked_plan
 
     if plan.precision == "fp16" and options.range_check:
         plan, kept, note = range_checked_plan(model, target, plan, options.calibration_data, say=options.progress)
     else:
         kept, note = [], ""
-    summary = convert_precision(model, target, plan, stats=report.pass_stats("precision"))
+
+    def finish(copy: ir.Model, candidate: Any) -> None:
+        # --tune: the candidate as graphopt writes it, its later decisions from the table.
+        scratch = Report(target=target.name)
+        _convert_and_clean(copy, target, scratch, candidate)
+        _lower_and_decide(copy, target, scratch, options, DecisionPoint(target.name, table=decider.table),
+                          lambda steps: [fn() for _, fn in steps], lambda message: None)
+
+    plan, _ = decide_conv_precision(model, target, plan, decider, layout=options.layout, forced=options.precision_convs, finish=finish)
+    summary = _convert_and_clean(model, target, report, plan)
     summary.kept_for_range, summary.calibration = kept, note
     if "range check skipped" in note or "did not run" in note or "still not finite" in note:
         report.warnings.append(f"{plan.precision}: {note}")
-    cast_rule_names = ("DropNoOpCast", "CollapseCastChain")
-    cast_rules = RuleSet([r for r in builtin_rules() if r.name in cast_rule_names])
-
-    def run_cast_rules(m: ir.Model) -> int:
-        # A scratch report: these rewrites belong to the pass, not to the rules verification bisects over.
-        return apply_rules(OnnxView(m), cast_rules, target, Report(target=target.name), DriverOptions(trace=False, provenance=False))
-
-    summary.casts_removed = remove_cast_pairs(model, summary._casts, run_cast_rules, stats=report.pass_stats("precision_cleanup"))
     report.precision_conversion = summary
     for entry in summary._unmatched_keep:
         report.warnings.append(f"--keep-fp32 {entry}: no op type, node or output of that name in the model")
@@ -289,6 +303,22 @@ def _convert_precision(model: ir.Model, target: Any, report: Report, plan: Any, 
             f"{plan.precision}: {summary.values_clamped} constant values clamped to the largest finite {plan.low}, "
             f"{summary.values_flushed} flushed to zero"
         )
+
+
+def _convert_and_clean(model: ir.Model, target: Any, report: Report, plan: Any) -> Any:
+    """Convert with `plan`, then remove the Cast pairs left; returns the PrecisionSummary."""
+    from graphopt.passes.precision import convert_precision, remove_cast_pairs
+
+    summary = convert_precision(model, target, plan, stats=report.pass_stats("precision"))
+    cast_rule_names = ("DropNoOpCast", "CollapseCastChain")
+    cast_rules = RuleSet([r for r in builtin_rules() if r.name in cast_rule_names])
+
+    def run_cast_rules(m: ir.Model) -> int:
+        # A scratch report: these rewrites belong to the pass, not to the rules verification bisects over.
+        return apply_rules(OnnxView(m), cast_rules, target, Report(target=target.name), DriverOptions(trace=False, provenance=False))
+
+    summary.casts_removed = remove_cast_pairs(model, summary._casts, run_cast_rules, stats=report.pass_stats("precision_cleanup"))
+    return summary
 
 
 def _fully_typed(model: ir.Model) -> bool:

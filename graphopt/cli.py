@@ -2,7 +2,7 @@
 
     graphopt optimize IN -o OUT [--target T] [--patterns DIR]... [--enable RULE]...
                      [--disable RULE]... [--precision fp16|bf16] [--keep-fp32 OP_OR_NODE]...
-                     [--layout auto|nchw|nhwc] [--tune] [--calibration-data FILE.npz]
+                     [--precision-convs auto|low|fp32] [--layout auto|nchw|nhwc] [--tune] [--calibration-data FILE.npz]
                      [--verify] [--input-shape NAME=D1,D2]... [--report FILE.json|FILE.html] [--quiet] [--force]
     graphopt report REPORT.json [-o REPORT.html]
     graphopt explain MODEL [--rule NAME]... [--node NAME]... [--target T] [--patterns DIR]...
@@ -180,6 +180,14 @@ def optimize(
             "--keep-fp32", metavar="OP_OR_NODE", help="With --precision: also keep this op type, node or output name in float32 (repeatable)."
         ),
     ] = None,
+    precision_convs: Annotated[
+        str,
+        typer.Option(
+            "--precision-convs",
+            metavar="auto|low|fp32",
+            help="With --precision: the 2-D convolutions in the low type (low) or float32 (fp32); auto: converted unless the cost table (or --tune) finds float32 faster on the target (ort-cuda).",
+        ),
+    ] = "auto",
     layout: Annotated[
         str,
         typer.Option(
@@ -191,7 +199,7 @@ def optimize(
         bool,
         typer.Option(
             "--tune",
-            help="Time the candidates of each decision (layout, conv bias form, FusedConv) on the target's execution provider when present, and keep the faster (cached).",
+            help="Time the candidates of each decision (layout, conv bias form, FusedConv, the convolutions' precision) on the target's execution provider when present, and keep the faster (cached).",
         ),
     ] = False,
     calibration_data: Annotated[
@@ -248,6 +256,10 @@ def optimize(
             precision_name = parse_precision(precision)  # so is an unknown precision
         if keep_fp32 and precision_name is None:
             raise GraphoptError("--keep-fp32 only applies with --precision fp16 or bf16")
+        if precision_convs not in ("auto", "low", "fp32"):
+            raise GraphoptError(f"unknown --precision-convs '{precision_convs}' (known: auto, low, fp32)")
+        if precision_convs != "auto" and precision_name is None:
+            raise GraphoptError("--precision-convs only applies with --precision fp16 or bf16")
         if layout not in ("auto", "nchw", "nhwc"):
             raise GraphoptError(f"unknown layout '{layout}' (known: auto, nchw, nhwc)")
         if layout != "auto" and target != "ort-cuda":
@@ -277,6 +289,7 @@ def optimize(
                 progress=say,
                 precision=precision_name,
                 keep_fp32=list(keep_fp32 or []),
+                precision_convs=precision_convs,
                 layout=layout,
                 strict=strict,
                 tune=tune,

@@ -34,7 +34,7 @@ def test_the_shipped_table_loads_and_says_where_every_figure_comes_from() -> Non
     assert shipped.entries
     for entry in shipped.entries:
         assert entry.source and entry.device and entry.times_ms
-        assert set(entry.times_ms) <= {"nchw", "nhwc-add", "nhwc-kernel", "FusedConv", "Conv+activation"}
+        assert set(entry.times_ms) <= {"nchw", "nhwc-add", "nhwc-kernel", "FusedConv", "Conv+activation", "fp32", "fp32-nhwc", "fp16", "fp16-nhwc"}
     assert json.loads(DEFAULT_TABLE_PATH.read_text())["format"] == "graphopt.cost_table/1"
     # The ResNet-50 figures stand for what ResNet-50 has: dense convolutions, not depthwise ones.
     depthwise = OpClass("Conv", "f16", (("kind", "depthwise"), ("kernel", "k3"), ("channels", "c97-384"), ("batch", "bN")))

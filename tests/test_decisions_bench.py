@@ -45,3 +45,48 @@ def test_tiny_cpu_run_writes_a_readable_table_and_merges(tmp_path: Path) -> None
         assert merged.returncode == 0, merged.stderr
         assert len(CostTable.load(shipped).entries) == before + 1
     assert json.loads(shipped.read_text())["notes"]  # the table's own notes survive
+
+
+def test_tiny_cpu_run_of_the_precision_entries(tmp_path: Path) -> None:
+    # On the CPU only the NCHW forms run: a check of the script (the figures are for the CUDA provider).
+    out = tmp_path / "out"
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+    run = subprocess.run(
+        [sys.executable, "benchmarks/decisions_bench.py", "--provider", "cpu", "--decisions", "precision", "--channels", "16",
+         "--batches", "1", "--kinds", "dense3,grouped3", "--runs", "3", "--warmup", "1", "--size", "8", "--depth", "2", "--out", str(out)],
+        capture_output=True, text=True, cwd=ROOT, env=env, timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    assert "0 errors" in run.stdout
+    table = CostTable.load(out / "cost_table.json")
+    assert [(e.decision, e.dtype, dict(e.match)["kind"]) for e in table.entries] == [("precision", "f32", ("dense",)), ("precision", "f32", ("grouped",))]
+    assert all(set(e.times_ms) == {"fp32", "fp16"} and "Casts" in e.source for e in table.entries)
+    rows = json.loads((out / "decisions_bench-cpu.json").read_text())["rows"]
+    ops = {(r["config"], r["candidate"]): r["ops"] for r in rows}
+    assert all("Cast" in o for (_, c), o in ops.items() if c == "fp16") and all("Cast" not in o for (_, c), o in ops.items() if c == "fp32")
+    assert all(0 < r["max_rel_diff"] < 3e-2 for r in rows if r["candidate"] == "fp16")
+
+
+def test_the_precision_forms_for_the_cuda_provider() -> None:
+    # Built here, timed on the GPU: each form is what its name says.
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import decisions_bench
+    from onnx import TensorProto
+
+    model = decisions_bench.conv_block("grouped", 3, 64, 1, 8, 6, "f32")
+    assert [a.i for n in model.graph.node for a in n.attribute if a.name == "group"] == [8] * 6
+    forms = decisions_bench.candidates(model, "cuda", "f32", ("precision",))["precision"]
+    assert set(forms) == {"fp32", "fp16", "fp32-nhwc-add", "fp32-nhwc-kernel", "fp16-nhwc-add", "fp16-nhwc-kernel"}
+
+    def conv_weight_types(form) -> set[str]:
+        inits = {t.name: t.data_type for t in form.graph.initializer}
+        return {TensorProto.DataType.Name(inits[n.input[1]]) for n in form.graph.node if n.op_type in ("Conv", "NhwcConv")}
+
+    for name, form in forms.items():
+        node_ops = {n.op_type for n in form.graph.node}
+        assert conv_weight_types(form) == {"FLOAT16" if name.startswith("fp16") else "FLOAT"}, name
+        assert ("Cast" in node_ops) == name.startswith("fp16"), name
+        assert ("NhwcConv" in node_ops) == ("nhwc" in name), name
+    assert decisions_bench.entry_times("precision", {"fp32": 1.0, "fp16": 2.0, "fp16-nhwc-add": 0.7, "fp16-nhwc-kernel": 0.5}) == {
+        "fp32": 1.0, "fp16": 2.0, "fp16-nhwc": 0.5}
+    assert decisions_bench.entry_times("precision", {"fp16": 2.0}) is None

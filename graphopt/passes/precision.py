@@ -58,6 +58,7 @@ import onnx_ir as ir
 from graphopt.ops.registry import fp32_inputs, fp32_outputs, has_fact
 from graphopt.ops.targets import GRAPHOPT_DOMAIN, Target
 from graphopt.passes._common import ONNX_DOMAINS, has_subgraphs, record
+from graphopt.passes.precision_decision import joins_region, region_seed
 from graphopt.passes.precision_plan import (
     _LOW,
     DEFAULT_KEEP_FP32,
@@ -199,6 +200,8 @@ class _Converter:
             if reason is not None and f32_out:  # nodes that only read floats are not "kept"
                 self._kept_reasons[reason] += 1
                 self._kept_ops[_op_name(node)] += 1
+                if reason == "speed_decision":
+                    self.summary.kept_for_speed.append(node.name or next((v.name for v in node.outputs if v.name), ""))
 
     def _shape_derived(self, node: ir.Node) -> bool:
         """Shape arithmetic: Shape/Size, and nodes computing only from their results and
@@ -242,6 +245,8 @@ class _Converter:
             return "unknown_type", None
         if self.plan.cannot_run_low(self.target, domain, node.op_type, self.opset) is not None:
             return ("attribute_type" if has_fact(domain, node.op_type, "attribute_typed") else "no_kernel"), None
+        if self.plan.fp32_convs and self._stays_with_convs(node):
+            return "speed_decision", None
         ins, outs = self._positions(node, domain, f32_in, f32_out)
         if not ins and not outs:
             return "no_kernel", None
@@ -254,6 +259,16 @@ class _Converter:
         if has_fact(domain, node.op_type, "follows_inputs") and readers and all(id(v) in self.fp32_values for v in readers):
             return "follows_fp32", None
         return None, _Decision(ins, outs)
+
+    def _stays_with_convs(self, node: ir.Node) -> bool:
+        """In the CNN region the precision decision keeps in float32 (graphopt.passes.precision_decision):
+        a 2-D convolution, or a node of the region's ops reading only float32 values."""
+        if region_seed(node):
+            return True
+        if not joins_region(node):
+            return False
+        readers = [v for v in node.inputs if v is not None and self.dtype(v) == _FLOAT and not self.is_const(v)]
+        return bool(readers) and all(id(v) in self.fp32_values or v.is_graph_input() for v in readers)
 
     def _positions(self, node: ir.Node, domain: str, f32_in: tuple[int, ...], f32_out: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
         lowered_domain, lowered_op = self.target.lowered(domain, node.op_type)

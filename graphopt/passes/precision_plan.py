@@ -87,6 +87,9 @@ class PrecisionPlan:
     keep: frozenset[str] = frozenset()
     #: Node or output names the range check keeps in float32 (`range_checked_plan`).
     range_keep: frozenset[str] = frozenset()
+    #: Keep the 2-D convolutions and the CNN region around them in float32: the precision
+    #: decision found the low type slower for them (graphopt.passes.precision_decision).
+    fp32_convs: bool = False
 
     @classmethod
     def make(cls, precision: str | None, keep: Iterable[str] = ()) -> PrecisionPlan | None:

@@ -293,6 +293,10 @@ class _Page:
                     size = keep.get("max_abs")
                     shown = f"max |value| {size:.3g}" if isinstance(size, (int, float)) else "value not measured"
                     lines.append(f"kept in fp32: {_str(keep, 'node')} ({_str(keep, 'op')}): {_str(keep, 'reason')}, {shown}")
+            speed = [str(name) for name in conversion.get("kept_for_speed") or []]
+            if speed:
+                more = f" and {len(speed) - 12} more" if len(speed) > 12 else ""
+                lines.append(f"kept in fp32 for speed (decision precision): {len(speed)} nodes: {', '.join(speed[:12])}{more}")
         for decision in self.doc.get("decisions") or []:
             if isinstance(decision, dict):
                 times = ", ".join(

@@ -210,6 +210,9 @@ class PrecisionSummary:
     _unmatched_keep: list[str] = field(default_factory=list, repr=False)
     #: Nodes kept in float32 by the range check, with the value that decided it.
     kept_for_range: list[RangeKeep] = field(default_factory=list)
+    #: Nodes kept in float32 because the precision decision found the low type slower for the
+    #: model's convolutions (graphopt.passes.precision_decision; the decision is in `decisions`).
+    kept_for_speed: list[str] = field(default_factory=list)
     #: Where the range check's calibration inputs came from ("synthesized", a file), or why it did not run.
     calibration: str = ""
 

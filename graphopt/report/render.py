@@ -211,6 +211,11 @@ def print_summary(report: Report, console: Console, *, json_report: str | os.Pat
             console.print(f"  kept in fp32: {escape(keep.node)} ({escape(keep.op)}): {keep.reason}, {size}", highlight=False)
         if conversion.calibration:
             console.print(f"  range check: {escape(conversion.calibration)}", highlight=False)
+        if conversion.kept_for_speed:
+            kept_names = ", ".join(conversion.kept_for_speed[:6]) + (f" and {len(conversion.kept_for_speed) - 6} more" if len(conversion.kept_for_speed) > 6 else "")
+            console.print(
+                f"  kept in fp32 for speed (decision 'precision'): {len(conversion.kept_for_speed)} nodes: {escape(kept_names)}", highlight=False
+            )
 
     if report.decisions:
         # One row per decision; many alike (a FusedConv decision per node) share one row with a count.
