@@ -293,6 +293,9 @@ class _Page:
                     size = keep.get("max_abs")
                     shown = f"max |value| {size:.3g}" if isinstance(size, (int, float)) else "value not measured"
                     lines.append(f"kept in fp32: {_str(keep, 'node')} ({_str(keep, 'op')}): {_str(keep, 'reason')}, {shown}")
+            for keep in conversion.get("kept_for_kernel") or []:
+                if isinstance(keep, dict):
+                    lines.append(f"kept in fp32: {_str(keep, 'node')} ({_str(keep, 'op')}): {_str(keep, 'detail') or _str(keep, 'reason')}")
         for decision in self.doc.get("decisions") or []:
             if isinstance(decision, dict):
                 times = ", ".join(
