@@ -243,3 +243,15 @@ def test_the_usual_ops_have_float16_cuda_kernels(opset: int) -> None:
     if opset >= 17:
         assert "f16" in (table.types_at(("", "LayerNormalization"), opset) or set())
     assert "f16" not in (table.types_at(("", "Clip"), 11) or set())  # the table can say no
+
+
+def test_a_table_without_types_per_range_decides_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An older snapshot (the shipped CPU one records no `range_types`) cannot say a type is missing."""
+    from graphopt.ops.targets import KernelTable
+
+    monkeypatch.setenv("GRAPHOPT_ORT_REGISTRY", "0")  # the shipped file, not the installed build
+    old = KernelTable("CPUExecutionProvider", fallback="ort_cpu_kernels.json")
+    assert ("", "Clip") in old and old.types_at(("", "Clip"), 11) is None
+    cuda = KernelTable("CUDAExecutionProvider", fallback="ort_cuda_kernels.json")
+    assert cuda.types_at(("", "Clip"), 11) == {"f32"} and cuda.types_at(("", "Clip"), 5) == frozenset()
+    assert cuda.types_at(("", "Clip"), None) is None
