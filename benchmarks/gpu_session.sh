@@ -9,6 +9,7 @@
 #   bash benchmarks/gpu_session.sh torch       # torch.compile: graphopt against inductor on the issue-15 models
 #   bash benchmarks/gpu_session.sh profile M,N # the ops onnxruntime runs and the kernels they launch, per variant (ort_profile.py)
 #   bash benchmarks/gpu_session.sh cpu 1/1     # the zoo on onnxruntime's CPU provider (the GPU machine's 16 cores, 4 threads a session)
+#   bash benchmarks/gpu_session.sh placement M,N # the nodes the CUDA provider hands to the CPU, original and graphopt fp32/fp16 (ort_placement.py)
 #
 # Every step prints the GPU's name and writes its full results under $OUT; the short tables come last.
 set -uo pipefail
@@ -57,6 +58,11 @@ zoo)
   timeout 450 python3 benchmarks/zoo_bench.py --device cuda --jobs 12 --runs 10 --rounds 3 --warmup 5 --shard "$shard" \
     --out "$OUT/zoo_bench-${shard%/*}.json" > "$OUT/zoo-${shard%/*}.log" 2>&1
   tail -60 "$OUT/zoo-${shard%/*}.log"
+  ;;
+placement)
+  timeout 500 python3 benchmarks/ort_placement.py --models "${2:-hb-fpn-upsample-op11,hb-yolo-mish-op18}" --precisions fp32,fp16 \
+    --out "$OUT/placement" > "$OUT/placement.log" 2>&1
+  tail -80 "$OUT/placement.log"
   ;;
 profile)
   timeout 500 python3 benchmarks/ort_profile.py --models "${2:?models}" --out "$OUT" > "$OUT/profile.log" 2>&1

@@ -313,7 +313,9 @@ def _target_problem(view: GraphView, target: Target, new_nodes: list[Any], preci
             shapes = [view.shape(v) if v is not None else None for v in view.inputs(node)]
             reason = target.contract_problem(domain, op_type, view.attrs(node), shapes)
         if reason is None and not any(view.op_key(m) == (domain, op_type) for m in matched):
-            reason = target.slower_kernel(domain, op_type)  # new to the graph here, and slower than what it replaces
+            # new to the graph here: not if slower than what it replaces, nor if the target's
+            # provider would hand it to another one (ort-cuda has no Mish kernel)
+            reason = target.slower_kernel(domain, op_type) or target.missing_kernel(domain, op_type, view.opset(""))
         if reason is not None:
             return reason
     return None

@@ -3,8 +3,9 @@ installed onnxruntime build itself (its registered kernel definitions).
 
     python -m graphopt.ops.snapshot_ort_kernels CPUExecutionProvider graphopt/ops/data/ort_cpu_kernels.json
 
-The CPU table is made with the CPU build; the CUDA table needs onnxruntime-gpu
-(run it on the GPU machine). For each (domain, op) it records the element types
+The CPU table is made with the CPU build; the CUDA table needs onnxruntime-gpu, whose
+registry benchmarks/snapshot_ort_cuda_kernels.sh reads on a machine without a GPU (with
+stand-ins for the CUDA driver and TensorRT, whose absence otherwise crashes the listing). For each (domain, op) it records the element types
 of the type constraint of the op's first input ("T" when unsure), for the newest
 opset range of that op, and (under "ranges") every opset range the op has a kernel
 for. graphopt.ops.targets reads the same table from the installed onnxruntime at run

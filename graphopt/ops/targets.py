@@ -18,6 +18,15 @@ registry confirms the standard ops `--target onnx` lowers graphopt ops to (onnxr
 kernels: the CUDA provider's registry cannot be read from a CPU-only build, so where
 the installed build does not register that provider the shipped table is used
 unconfirmed (`Target.confirmed` says which); it is checked on the GPU machine.
+For standard ops ort-cuda reads the CUDA provider's whole table (data/ort_cuda_kernels.json,
+read from onnxruntime-gpu's registry by benchmarks/snapshot_ort_cuda_kernels.sh, or the
+installed build's where it registers the provider) only where a kernel's absence would
+move work to the CPU: a float16/bfloat16 node whose op has a float32 CUDA kernel at the
+model's opset but none in that type (Clip-11 is float only: `why_not` says so and the
+precision conversion keeps it float32), and a standard op a rewrite would add that the
+CUDA provider has no kernel for at all at that opset (Mish: `missing_kernel`). Ops the
+provider lacks in every type (shape arithmetic onnxruntime runs on the CPU by design) are
+not judged by it.
 """
 
 from __future__ import annotations
@@ -48,6 +57,8 @@ class KernelTable(Mapping[tuple[str, str], frozenset[str]]):
         self.provider, self.fallback, self.fixed = provider, fallback, fixed
         self._kernels: dict[tuple[str, str], frozenset[str]] | None = None
         self._ranges: dict[tuple[str, str], tuple[tuple[int, int], ...]] = {}
+        #: (domain, op) -> ((first opset, last opset), element types) per kernel range, where the table records them.
+        self._range_types: dict[tuple[str, str], tuple[tuple[int, int, frozenset[str]], ...]] = {}
         #: "onnxruntime X.Y.Z" when read from the installed build, else where the table came from.
         self.source = ""
 
@@ -67,7 +78,19 @@ class KernelTable(Mapping[tuple[str, str], frozenset[str]]):
             else:
                 self._kernels = {_key(k): frozenset(v) for k, v in data["kernels"].items()}
                 self._ranges = {_key(k): tuple((int(a), int(b)) for a, b in v) for k, v in data.get("ranges", {}).items()}
+                self._range_types = {
+                    _key(k): tuple((*_span(span), frozenset(types)) for span, types in v.items()) for k, v in data.get("range_types", {}).items()
+                }
         return self._kernels
+
+    def types_at(self, key: tuple[str, str], opset: int | None) -> frozenset[str] | None:
+        """The element types of `key`'s kernel for `opset` (of the kernel range covering it;
+        empty where no range covers it); None where the table does not record types per
+        range (an older snapshot) or the opset is not known."""
+        self._load()
+        if not self._range_types or opset is None:
+            return None
+        return next((types for lo, hi, types in self._range_types.get(key, ()) if lo <= opset <= hi), frozenset())
 
     @property
     def confirmed(self) -> bool:
@@ -91,6 +114,11 @@ class KernelTable(Mapping[tuple[str, str], frozenset[str]]):
         return len(self._load())
 
 
+def _span(text: str) -> tuple[int, int]:
+    lo, _, hi = text.partition("-")
+    return int(lo), int(hi)
+
+
 def _key(text: str) -> tuple[str, str]:
     domain, _, op = text.partition("::")
     return (domain, op)
@@ -100,8 +128,13 @@ def _key(text: str) -> tuple[str, str]:
 # CPU provider has no kernel for makes the session fail to load.
 _ORT_CPU = KernelTable("CPUExecutionProvider", fallback="ort_cpu_kernels.json")
 
-# Contrib kernels of the CUDA provider (cuda_contrib_kernels.cc). Standard ops
-# need no table here: the CUDA provider hands any op it lacks to the CPU provider.
+# Every kernel of the CUDA provider, standard ops included (onnxruntime-gpu's registry; the
+# shipped snapshot where this build cannot list it). Read by `Target.why_not` and
+# `Target.missing_kernel` for standard ops only: the CUDA provider hands an op it lacks to
+# the CPU provider, which is what they keep graphopt from causing.
+_ORT_CUDA_ALL = KernelTable("CUDAExecutionProvider", fallback="ort_cuda_kernels.json")
+
+# Contrib kernels of the CUDA provider (cuda_contrib_kernels.cc) graphopt emits.
 _ORT_CUDA_KNOWN: dict[tuple[str, str], frozenset[str]] = {
     # contrib_ops/cuda/fused_conv.cc: float only; activation Relu only (see graphopt.FusedConv's contract).
     (MS_DOMAIN, "FusedConv"): _F({"f32"}),
@@ -138,21 +171,26 @@ _ORT_CUDA_KNOWN: dict[tuple[str, str], frozenset[str]] = {
 class _CudaKernels(KernelTable):
     """The CUDA contrib kernels graphopt emits: the entries of _ORT_CUDA_KNOWN, confirmed
     (and narrowed to their dtypes) by the installed build's registry where it registers the
-    CUDA provider (onnxruntime-gpu); as written above where it does not (a CPU-only build)."""
+    CUDA provider (onnxruntime-gpu); as written above where it does not (a CPU-only build:
+    the shipped snapshot is of one onnxruntime version and does not confirm them)."""
+
+    def __init__(self, whole: KernelTable, known: Mapping[tuple[str, str], frozenset[str]]) -> None:
+        super().__init__(whole.provider, fixed=known)
+        self.whole = whole
 
     def _load(self) -> dict[tuple[str, str], frozenset[str]]:
         if self._kernels is None:
             known = dict(self.fixed or {})
-            super()._load()
-            live = self._kernels
-            if self.confirmed and live is not None:
+            live = self.whole._load()
+            self.source, self._ranges = self.whole.source, self.whole._ranges
+            if self.whole.confirmed:
                 self._kernels = {k: v & live[k] for k, v in known.items() if k in live and v & live[k]}
             else:
                 self._kernels = known
         return self._kernels
 
 
-_ORT_CUDA = _CudaKernels("CUDAExecutionProvider", fixed=_ORT_CUDA_KNOWN)
+_ORT_CUDA = _CudaKernels(_ORT_CUDA_ALL, _ORT_CUDA_KNOWN)
 
 
 @dataclass(frozen=True)
@@ -172,6 +210,10 @@ class Target:
     #: Ops the target has kernels for that run slower than the standard ops a rule would
     #: replace with them (measured; the registry's `slower_on_ort_cpu` fact): not emitted.
     slower_than_composed: frozenset[tuple[str, str]] = frozenset()
+    #: For a target that runs standard ops it has no kernel for elsewhere (ort-cuda: on the CPU,
+    #: with copies): its provider's whole kernel table, standard ops included, per opset range
+    #: and type. Read for standard ops only (`why_not`'s 16-bit check, `missing_kernel`).
+    standard_kernels: KernelTable | None = None
 
     def slower_kernel(self, domain: str, op_type: str) -> str | None:
         """None unless a rewrite emitting this op would run slower on the target than the ops it replaces."""
@@ -179,6 +221,33 @@ class Target:
         if key not in self.slower_than_composed:
             return None
         return f"target {self.name} runs {_name(key)} slower than the ops it would replace (measured; graphopt/ops/standard_ops.py)"
+
+    def missing_kernel(self, domain: str, op_type: str, opset: int | None) -> str | None:
+        """None unless the op is a standard op the target's provider has no kernel for, in
+        any type, at `opset` (it would run on another provider: ort-cuda has no Mish). Asked
+        for ops a rewrite would add to the graph, not for the ones the model has."""
+        key = self.lowered(domain, op_type)
+        table = self.standard_kernels
+        if table is None or key[0] not in ("", "ai.onnx") or key in self.kernels or opset is None:
+            return None
+        if key in table and table.covers(key, opset):
+            return None
+        return f"{_PROVIDER_WORDS.get(table.provider, table.provider)} has no {_name(key)} kernel at opset {opset}: it would run on the CPU (kernel table: {table.source})"
+
+    def _no_16bit_kernel(self, key: tuple[str, str], dtype: str | None, opset: int | None) -> str | None:
+        """Why a float16/bfloat16 node of this standard op would leave the target's provider:
+        it has a float32 kernel at this opset and none in `dtype` (the CUDA provider's Clip-11
+        is float only). Ops it lacks in every type are not judged here."""
+        table = self.standard_kernels
+        if table is None or dtype not in _TYPE_WORDS:
+            return None
+        types = table.types_at(key, opset)
+        if not types or "f32" not in types or dtype in types:
+            return None
+        return (
+            f"{_PROVIDER_WORDS.get(table.provider, table.provider)} has no {_TYPE_WORDS[dtype]} kernel for {_name(key)} at opset {opset} "
+            f"(only {', '.join(sorted(types & _FLOATS))}; the node would run on the CPU)"
+        )
 
     @property
     def confirmed(self) -> bool:
@@ -221,6 +290,10 @@ class Target:
             if domain in ("", "ai.onnx") and isinstance(self.kernels, KernelTable) and not self.kernels.covers(key, opset):
                 return f"target {self.name} has no {_name(key)} kernel at opset {opset}"
             return None
+        if domain in ("", "ai.onnx"):
+            reason = self._no_16bit_kernel(key, dtype, opset)
+            if reason is not None:
+                return reason
         if lowered and self.runtime_check is not None and domain in ("", "ai.onnx") and _is_standard(op_type, opset or onnx.defs.onnx_opset_version()):
             # A standard op graphopt lowers its own op to: onnxruntime must run it (it has
             # no Swish-24 kernel in 1.32, and does not expand its function body either).
@@ -246,6 +319,11 @@ def _is_standard(op_type: str, opset: int) -> bool:
     return True
 
 
+_TYPE_WORDS = {"f16": "float16", "bf16": "bfloat16"}
+_FLOATS = frozenset({"f16", "bf16", "f32", "f64"})
+_PROVIDER_WORDS = {"CUDAExecutionProvider": "onnxruntime's CUDA provider", "CPUExecutionProvider": "onnxruntime's CPU provider"}
+
+
 def _name(key: tuple[str, str]) -> str:
     return f"{key[0]}.{key[1]}" if key[0] else key[1]
 
@@ -257,7 +335,8 @@ TARGETS: dict[str, Target] = {
         slower_than_composed=registry.ops_with("slower_on_ort_cpu"),
     ),
     "ort-cuda": Target(
-        "ort-cuda", "onnxruntime, CUDA execution provider", _ORT_CUDA, registry.lowerings_for("ort-cuda"), contracts=registry.contracts_for("ort-cuda")
+        "ort-cuda", "onnxruntime, CUDA execution provider", _ORT_CUDA, registry.lowerings_for("ort-cuda"), contracts=registry.contracts_for("ort-cuda"),
+        standard_kernels=_ORT_CUDA_ALL,
     ),
 }
 

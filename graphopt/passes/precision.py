@@ -67,7 +67,7 @@ from graphopt.passes.precision_plan import (
     _op_names,
     _schema,
 )
-from graphopt.report.model import PrecisionSummary
+from graphopt.report.model import PrecisionSummary, RangeKeep
 
 __all__ = ["convert_precision", "remove_cast_pairs"]
 
@@ -124,6 +124,7 @@ class _Converter:
     _kept_reasons: Counter[str] = field(default_factory=Counter)
     _kept_ops: Counter[str] = field(default_factory=Counter)
     _matched_keep: set[str] = field(default_factory=set)
+    _no_kernel: dict[int, str] = field(default_factory=dict)  # id(node) -> the target's reason it has no low-type kernel
 
     def __post_init__(self) -> None:
         self.graph = self.model.graph
@@ -202,6 +203,8 @@ class _Converter:
                 self._kept_ops[_op_name(node)] += 1
                 if reason == "speed_decision":
                     self.summary.kept_for_speed.append(node.name or next((v.name for v in node.outputs if v.name), ""))
+                if id(node) in self._no_kernel:
+                    self.summary.kept_for_kernel.append(RangeKeep(_node_key(node), _op_name(node), "no_kernel", None, self._no_kernel[id(node)]))
 
     def _shape_derived(self, node: ir.Node) -> bool:
         """Shape arithmetic: Shape/Size, and nodes computing only from their results and
@@ -243,8 +246,12 @@ class _Converter:
             return "block_list", None
         if any(v.dtype is None for v in node.outputs) or any(v is not None and self.dtype(v) is None for v in node.inputs):
             return "unknown_type", None
-        if self.plan.cannot_run_low(self.target, domain, node.op_type, self.opset) is not None:
-            return ("attribute_type" if has_fact(domain, node.op_type, "attribute_typed") else "no_kernel"), None
+        why = self.plan.cannot_run_low(self.target, domain, node.op_type, self.opset)
+        if why is not None:
+            if has_fact(domain, node.op_type, "attribute_typed"):
+                return "attribute_type", None
+            self._no_kernel[id(node)] = why  # listed in the report, node by node
+            return "no_kernel", None
         if self.plan.fp32_convs and self._stays_with_convs(node):
             return "speed_decision", None
         ins, outs = self._positions(node, domain, f32_in, f32_out)
@@ -536,6 +543,11 @@ def _live_uses(value: ir.Value) -> list[Any]:
     """Uses by nodes that are in a graph (a rewrite the driver planned and dropped leaves
     nodes that still read their inputs but belong to no graph)."""
     return [use for use in value.uses() if use.node.graph is not None]
+
+
+def _node_key(node: ir.Node) -> str:
+    """The name a plan keeps a node by: its own, else its first output's."""
+    return node.name or next((v.name for v in node.outputs if v.name), "")
 
 
 def _op_name(node: ir.Node) -> str:

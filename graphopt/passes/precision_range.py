@@ -19,7 +19,7 @@ import onnx_ir as ir
 from graphopt.errors import GraphoptError
 from graphopt.ops.targets import Target
 from graphopt.passes._common import ONNX_DOMAINS
-from graphopt.passes.precision import _Converter, _op_name, convert_precision
+from graphopt.passes.precision import _Converter, _node_key, _op_name, convert_precision
 from graphopt.passes.precision_plan import PrecisionPlan
 
 __all__ = ["FP16_SAFE_MAX", "FP16_SMALLEST_NORMAL", "range_checked_plan", "emulate_low_precision"]
@@ -37,11 +37,6 @@ FP16_SMALLEST_NORMAL = 2.0**-14
 RANGE_CHECK_MAX_BYTES = 4 << 30
 #: Rounds of "convert, run, keep the nodes that made a finite value non-finite".
 MAX_RANGE_ROUNDS = 6
-
-
-def _node_key(node: ir.Node) -> str:
-    """The name a plan keeps a node by: its own, else its first output's."""
-    return node.name or next((v.name for v in node.outputs if v.name), "")
 
 
 def _copy_with_origins(model: ir.Model) -> tuple[ir.Model, dict[int, ir.Node]]:

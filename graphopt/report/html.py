@@ -297,6 +297,9 @@ class _Page:
             if speed:
                 more = f" and {len(speed) - 12} more" if len(speed) > 12 else ""
                 lines.append(f"kept in fp32 for speed (decision precision): {len(speed)} nodes: {', '.join(speed[:12])}{more}")
+            for keep in conversion.get("kept_for_kernel") or []:
+                if isinstance(keep, dict):
+                    lines.append(f"kept in fp32: {_str(keep, 'node')} ({_str(keep, 'op')}): {_str(keep, 'detail') or _str(keep, 'reason')}")
         for decision in self.doc.get("decisions") or []:
             if isinstance(decision, dict):
                 times = ", ".join(

@@ -213,6 +213,9 @@ class PrecisionSummary:
     #: Nodes kept in float32 because the precision decision found the low type slower for the
     #: model's convolutions (graphopt.passes.precision_decision; the decision is in `decisions`).
     kept_for_speed: list[str] = field(default_factory=list)
+    #: Nodes kept in float32 because the target has no kernel for them in the low type, with
+    #: the target's words (reason "no_kernel", `detail`: the CUDA provider's Clip-11 is float only).
+    kept_for_kernel: list[RangeKeep] = field(default_factory=list)
     #: Where the range check's calibration inputs came from ("synthesized", a file), or why it did not run.
     calibration: str = ""
 
@@ -257,13 +260,15 @@ class DecisionRecord:
 
 @dataclass
 class RangeKeep:
-    """A node --precision kept in float32 because of the values it reads or writes
-    (measured in float32 on calibration inputs, or found non-finite in the low type)."""
+    """A node --precision kept in float32, and why: because of the values it reads or writes
+    (measured in float32 on calibration inputs, or found non-finite in the low type), or
+    because the target has no kernel for it in the low type (`detail` says which)."""
 
     node: str
     op: str
-    reason: str  # "overflow", "underflow", "non_finite"
+    reason: str  # "overflow", "underflow", "non_finite"; "no_kernel"
     max_abs: float | None = None  # the largest |value| it reads or writes, in float32
+    detail: str = ""  # for "no_kernel": the target's reason
 
 
 @dataclass

@@ -87,6 +87,8 @@ def _ms(seconds: float) -> str:
 
 #: Above this many decisions, the terminal shows one row per (kind, choice, basis).
 MAX_DECISION_ROWS = 8
+#: Nodes kept in fp32 for want of a low-type kernel, listed one per line (the JSON report has all).
+MAX_KERNEL_KEEP_ROWS = 20
 
 
 def _decision_ms(ms: float | None) -> str:
@@ -209,6 +211,11 @@ def print_summary(report: Report, console: Console, *, json_report: str | os.Pat
         for keep in conversion.kept_for_range:
             size = f"max |value| {keep.max_abs:.3g}" if keep.max_abs is not None else "value not measured"
             console.print(f"  kept in fp32: {escape(keep.node)} ({escape(keep.op)}): {keep.reason}, {size}", highlight=False)
+        for keep in conversion.kept_for_kernel[:MAX_KERNEL_KEEP_ROWS]:
+            console.print(f"  kept in fp32: {escape(keep.node)} ({escape(keep.op)}): {escape(keep.detail or keep.reason)}", highlight=False)
+        if len(conversion.kept_for_kernel) > MAX_KERNEL_KEEP_ROWS:
+            more = len(conversion.kept_for_kernel) - MAX_KERNEL_KEEP_ROWS
+            console.print(f"  {more} more kept in fp32 for want of a kernel: --report FILE.json lists them all", highlight=False)
         if conversion.calibration:
             console.print(f"  range check: {escape(conversion.calibration)}", highlight=False)
         if conversion.kept_for_speed:
