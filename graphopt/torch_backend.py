@@ -48,6 +48,7 @@ from graphopt.ir.fx_view import FxView, is_neutral
 from graphopt.match.driver import DriverOptions, RuleSet
 from graphopt.ops import torch_lowering
 from graphopt.passes import fx_passes
+from graphopt.passes.fx_reinplace import reinplace_input_writes, written_inputs
 from graphopt.pipeline import GraphKind, Pipeline
 from graphopt.report.model import Alternative, DecisionRecord, GraphSummary, Report
 from graphopt.torch_cudagraphs import CudaGraphReplay, cuda_graphs_refusal
@@ -350,6 +351,8 @@ def optimize_fx(gm: fx.GraphModule, fake_mode: Any, rules: RuleSet, target: Any,
         ("pad_gemms", lambda: fx_passes.pad_unaligned_gemms(gm, new_constant, fake_mode)),
         ("dce", lambda: fx_passes.remove_dead_code(gm)),
     ])
+    if not opts.inductor:  # inductor re-inplaces on its own; the graph run as it is must not copy a KV cache per step
+        pipeline.run_pass("reinplace_input_writes", lambda: reinplace_input_writes(gm))
     assert not any(is_neutral(n) for n in gm.graph.nodes), "every graphopt op is lowered"
     gm.graph.lint()
     gm.recompile()
@@ -369,7 +372,7 @@ def _compile_leftovers(gm: fx.GraphModule, inputs: Sequence[Any], opts: TorchOpt
         # graph with aot_autograd and rejects the triton_op nodes of graphopt's kernels.
         reason = cuda_graphs_refusal(inputs, training)
         if reason is None:
-            return CudaGraphReplay(gm)
+            return CudaGraphReplay(gm, written=written_inputs(gm))
         report.warnings.append(f"mode='reduce-overhead' without inductor uses CUDA graphs, and {reason}: the graph runs without them")
     return gm
 
