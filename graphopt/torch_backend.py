@@ -193,6 +193,8 @@ def graphopt_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, optio
     else:
         kept = [i for i in range(len(example_inputs)) if i not in set(frozen)]
         kept_inputs = [example_inputs[i] for i in kept]
+        if aten_gm is not gm:
+            _carry_input_sources(aten_gm, gm, kept)
         t0 = time.perf_counter()
         compiled = _compile_leftovers(aten_gm, kept_inputs, opts, report, dynamo_gm=gm, training=training)
         report.times_s["leftovers"] = time.perf_counter() - t0
@@ -219,6 +221,20 @@ def graphopt_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, optio
 
             write_json(report, path)
     return compiled
+
+
+def _carry_input_sources(aten_gm: fx.GraphModule, dynamo_gm: fx.GraphModule, kept: list[int]) -> None:
+    """Give the traced graph's inputs dynamo's facts about them (their source, a static address)."""
+    ours = list(aten_gm.graph.find_nodes(op="placeholder"))
+    theirs = list(dynamo_gm.graph.find_nodes(op="placeholder"))
+    if len(ours) != len(kept) or len(theirs) <= max(kept, default=-1):
+        return
+    for node, i in zip(ours, kept):
+        source = theirs[i]
+        if hasattr(source, "_dynamo_source"):
+            node._dynamo_source = source._dynamo_source  # type: ignore[attr-defined]
+        if "tensor_dict" in source.meta:
+            node.meta["tensor_dict"] = source.meta["tensor_dict"]
 
 
 #: Passes whose changes inductor would not make itself (the rest, folding and dead code, it does).
@@ -393,6 +409,17 @@ def _inductor(gm: fx.GraphModule, inputs: Sequence[Any], opts: TorchOptions, dyn
 
         compile_id = dynamo_gm.meta.get("dynamo_compile_id") if dynamo_gm is not None else None
         gm.meta["dynamo_compile_id"] = compile_id if compile_id is not None else CompileContext.current_compile_id()
+    # Inputs dynamo knows at a static address (a StaticCache's tensors: mark_static_address) must
+    # stay static for CUDA graphs, which skip a graph that writes into a non-static input (a
+    # decode step writing its KV cache). aot_autograd reads those marks only on the dynamo route
+    # (`_param_name_to_source`, a `_dynamo_source` per input), where every lifted constant is static too.
+    placeholders = list(gm.graph.find_nodes(op="placeholder"))
+    if (not hasattr(gm, "_param_name_to_source") and placeholders and all(hasattr(n, "_dynamo_source") for n in placeholders)
+            and any(n.meta.get("tensor_dict", {}).get("_dynamo_static_input_type") for n in placeholders)):
+        from torch._dynamo.source import LocalSource
+
+        names = [name for name, _ in gm.named_parameters(remove_duplicate=False)] + [name for name, _ in gm.named_buffers(remove_duplicate=False)]
+        gm._param_name_to_source = {name: LocalSource(f"_graphopt_constant_{name}") for name in names}
     patches = list_mode_options(opts.mode) if opts.mode not in (None, "default") else {}
     # inner_compile looked up at call time: the same function compile_fx uses by default
     # (tests wrap it to see what inductor is asked to do).

@@ -243,3 +243,54 @@ def test_reinplace_leaves_a_write_whose_input_is_read_elsewhere() -> None:
     assert before.item() == 0 and after.item() == 6 and cache.sum().item() == 6
     traced = make_fx(_cache_step)(*inputs)  # a graph with the write in place already: nothing to do
     assert reinplace_input_writes(traced) == 0
+
+
+# --------------------------------------------------------------------------- inductor's CUDA graphs
+
+
+class _CacheStep(torch.nn.Module):
+    """A decode step's skeleton: write x into a static-address cache at pos, then a LayerNorm
+    written out (graphopt fuses it, so graphopt's graph, not dynamo's, goes to inductor)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.g = torch.nn.Parameter(torch.rand(8) + 0.5)
+        self.b = torch.nn.Parameter(torch.randn(8))
+
+    def forward(self, cache: torch.Tensor, pos: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        cache.index_copy_(1, pos, x)
+        h = cache.sum(1)
+        d = h - h.mean(-1, keepdim=True)
+        return d / torch.sqrt((d * d).mean(-1, keepdim=True) + 1e-5) * self.g + self.b
+
+
+def test_inductor_sees_a_static_address_cache_as_a_static_input(monkeypatch: pytest.MonkeyPatch) -> None:
+    """mode="reduce-overhead": a KV cache marked with torch._dynamo.mark_static_address (as
+    transformers' StaticCache marks its tensors) reaches inductor as a static input. Otherwise
+    inductor's CUDA graphs skip a graph that writes into a non-static input (the whole decode step
+    would run without CUDA graphs)."""
+    import torch._inductor.compile_fx as inductor_compile_fx
+
+    seen: list[tuple[int, list[int], bool]] = []
+    real = inductor_compile_fx.compile_fx_inner
+
+    def spy(gm: Any, inputs: Any, **kwargs: Any) -> Any:
+        seen.append((len(inputs), list(kwargs.get("static_input_idxs", ())), bool(kwargs.get("cudagraphs"))))
+        return real(gm, inputs, **kwargs)
+
+    monkeypatch.setattr(inductor_compile_fx, "compile_fx_inner", spy)
+    model = _CacheStep().eval()
+    cache, expected_cache = torch.zeros(2, 5, 8), torch.zeros(2, 5, 8)
+    torch._dynamo.mark_static_address(cache)
+    pos, x = torch.tensor([3]), torch.randn(2, 1, 8)
+    no_caches = (torch._functorch.config.patch(enable_autograd_cache=False), torch._inductor.config.patch(fx_graph_cache=False))
+    with torch.no_grad(), no_caches[0], no_caches[1]:
+        torch._dynamo.reset()
+        got = torch.compile(model, backend="graphopt", mode="reduce-overhead", fullgraph=True)(cache, pos, x)
+        torch.testing.assert_close(got, model(expected_cache, pos, x))
+    torch.testing.assert_close(cache, expected_cache)
+    assert torch_reports()[-1].total_rewrites > 0, "graphopt's graph (not dynamo's) went to inductor"
+    inputs, static, cudagraphs = seen[-1]
+    assert cudagraphs
+    # aot_autograd's inputs: the 2 frozen parameters, then cache, pos, x: the cache is static, pos and x are not.
+    assert inputs == 5 and static == [0, 1, 2], (inputs, static)
