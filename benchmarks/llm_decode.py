@@ -28,7 +28,7 @@ Tokens: each variant's first timed run against eager's (same batch): equal, or t
 that differs with the eager logits' top-2 gap there (an fp16 near-tie looks like a gap of a
 few hundredths).
 
-    python benchmarks/llm_decode.py                       # CUDA, fp16, batches 1 and 8 (about 3 minutes on an H100)
+    python benchmarks/llm_decode.py                       # CUDA, fp16, batches 1 and 8 (bounded by --budget-s)
     python benchmarks/llm_decode.py --tiny --device cpu   # a smoke test of the same code on a tiny config (seconds)
 
 Output: a table printed last; JSON at --out (a file, or a folder) or under $OUT when set.
@@ -162,8 +162,9 @@ def generate(forward: Callable[..., Any], model: Any, ids: Any, new_tokens: int,
 
 
 def _returned_cache(out: Any) -> Any:
-    cache = getattr(out, "past_key_values", None)
-    return cache if cache is not None else getattr(out, "cache", None)
+    # transformers 5.2x's outputs name it cache (past_key_values still answers, with a deprecation notice)
+    cache = out.get("cache") if hasattr(out, "get") else None
+    return cache if cache is not None else getattr(out, "past_key_values", None)
 
 
 def _static_cache(model: Any, batch: int, max_len: int, device: str) -> Any:
@@ -246,14 +247,15 @@ def run_variant(model: Any, variant: str, batch: int, args: argparse.Namespace, 
     entry: dict[str, Any] = {"variant": variant, "batch": batch}
     t0 = time.perf_counter()
     runs = []
-    for i in range(args.warmup + args.runs):
+    warmup = min(args.warmup, 1) if variant == "eager" else args.warmup  # nothing to compile or record
+    for i in range(warmup + args.runs):
         if cache is not None:
             cache.reset()  # in place: the addresses CUDA graphs captured stay
         result = generate(forward, model, ids, args.new_tokens, cache, args.device, mark_step,
-                          gaps=variant == "eager" and i == args.warmup)
+                          gaps=variant == "eager" and i == warmup)
         if i == 0:
             entry["first_generation_s"] = time.perf_counter() - t0  # compiling included
-        if i >= args.warmup:
+        if i >= warmup:
             runs.append(result)
     steps = [t for r in runs for t in r["step_ms"]]
     decode_ms = statistics.median(steps)
@@ -272,7 +274,7 @@ def run_variant(model: Any, variant: str, batch: int, args: argparse.Namespace, 
     tokens = runs[0]["tokens"]
     entry["tokens"] = tokens.tolist()
     if variant == "eager":
-        entry["gaps"] = runs[0]["gaps"]
+        entry["gaps"] = runs[0]["gaps"]  # for compare_tokens; written out as its minimum only
     elif reference is not None:
         entry.update(compare_tokens(tokens, reference))
     reports = torch_reports()
@@ -330,7 +332,8 @@ def write_json(data: dict[str, Any], out: str, tiny: bool) -> Path:
     path = Path(out) / f"llm_decode{'-tiny' if tiny else ''}.json" if folder else Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     staged = path.with_name(f".{path.name}.tmp")
-    staged.write_text(json.dumps(data, indent=2, default=str))
+    results = [{k: v for k, v in e.items() if k != "gaps"} for e in data["results"]]  # the gaps' minimum is kept
+    staged.write_text(json.dumps({**data, "results": results}, indent=2, default=str))
     os.replace(staged, path)
     return path
 
@@ -345,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tiny", action="store_true", help="a tiny LlamaConfig (a smoke test, fp32 on the CPU)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed generations first (compiling, CUDA-graph recording)")
     parser.add_argument("--runs", type=int, default=3, help="timed generations")
-    parser.add_argument("--budget-s", type=float, default=200.0, help="start no (batch, variant) after this many seconds")
+    parser.add_argument("--budget-s", type=float, default=150.0, help="start no (batch, variant) after this many seconds")
     parser.add_argument("--out", default=None, help="JSON file, or a folder (default: $OUT when set)")
     args = parser.parse_args(argv)
 
@@ -379,6 +382,10 @@ def main(argv: list[str] | None = None) -> int:
     env = environment(args.device)
     print(f"GPU: {env['gpu']}; bandwidth spec {bw['spec']}, measured copy {bw['measured']}", flush=True)
     results: list[dict[str, Any]] = []
+    data = {"benchmark": "llm_decode", "environment": env, "bandwidth": bw, "settings": {
+        "tiny": args.tiny, "dtype": str(dtype), "batches": batches, "prompt": args.prompt, "new_tokens": args.new_tokens,
+        "warmup": args.warmup, "runs": args.runs, "variants": variants, "budget_s": args.budget_s,
+        "config": llama_config(args.tiny).to_dict()}, "results": results}
     for batch in batches:
         reference = None
         for variant in variants:
@@ -394,18 +401,15 @@ def main(argv: list[str] | None = None) -> int:
                 entry = {"variant": variant, "batch": batch, "status": f"error: {type(error).__name__}: {first}"[:300]}
             if variant == "eager" and "tokens" in entry:
                 reference = entry
+                entry["min_top2_gap"] = float(entry["gaps"].min())
             results.append(entry)
             short = {k: entry[k] for k in ("decode_ms", "tokens_per_s", "prefill_ms", "tokens_equal", "status") if k in entry}
             print(f"batch {batch} {variant}: {short}", flush=True)
-    for e in results:
-        if "gaps" in e:
-            e["min_top2_gap"] = float(e.pop("gaps").min())
-    data = {"benchmark": "llm_decode", "environment": env, "bandwidth": bw, "settings": {
-        "tiny": args.tiny, "dtype": str(dtype), "batches": batches, "prompt": args.prompt, "new_tokens": args.new_tokens,
-        "warmup": args.warmup, "runs": args.runs, "variants": variants, "config": llama_config(args.tiny).to_dict()},
-        "total_s": time.perf_counter() - started, "results": results}
+            if out:  # after every variant: a run stopped by a time limit keeps what it measured
+                data["total_s"] = time.perf_counter() - started
+                path = write_json(data, out, args.tiny)
     if out:
-        print(f"wrote {write_json(data, out, args.tiny)}")
+        print(f"wrote {path}")
     print()
     print(table(results, env["gpu"]))
     failed = [f"{e['batch']}/{e['variant']}" for e in results if str(e.get("status", "")).startswith("error")]

@@ -419,7 +419,7 @@ def _inductor(gm: fx.GraphModule, inputs: Sequence[Any], opts: TorchOptions, dyn
         from torch._dynamo.source import LocalSource
 
         names = [name for name, _ in gm.named_parameters(remove_duplicate=False)] + [name for name, _ in gm.named_buffers(remove_duplicate=False)]
-        gm._param_name_to_source = {name: LocalSource(f"_graphopt_constant_{name}") for name in names}
+        gm._param_name_to_source = {name: LocalSource(f"_graphopt_constant_{name}") for name in names}  # type: ignore[assignment]
     patches = list_mode_options(opts.mode) if opts.mode not in (None, "default") else {}
     # inner_compile looked up at call time: the same function compile_fx uses by default
     # (tests wrap it to see what inductor is asked to do).

@@ -43,7 +43,7 @@ def reinplace_input_writes(gm: fx.GraphModule) -> int:
         target, written = copy.args[0], copy.args[1]
         if not isinstance(written, fx.Node) or written.op != "call_function":
             continue
-        inplace = INPLACE_FORMS.get(written.target)  # type: ignore[arg-type]
+        inplace = INPLACE_FORMS.get(written.target)  # type: ignore[call-overload]
         if inplace is None or written.args[0] is not target or copy.kwargs:
             continue
         # No other reader of x: none can observe the write happening earlier than the copy_ did.
