@@ -356,7 +356,8 @@ def optimize_fx(gm: fx.GraphModule, fake_mode: Any, rules: RuleSet, target: Any,
     pipeline.run_passes([
         ("merge_rsqrt", lambda: fx_passes.merge_rsqrt(gm)),
         ("merge_log1p", lambda: fx_passes.merge_log1p(gm)),
-        ("lowering", lambda: torch_lowering.lower_neutral_nodes(gm, fake_mode, new_constant, view.const_array, view.device)),
+        ("lowering", lambda: torch_lowering.lower_neutral_nodes(gm, fake_mode, new_constant, view.const_array, view.device,
+                                                                 cuda_graphs=opts.cuda_graphs())),
         # What the lowerings built from constants (rotary caches in their torch form) folds too.
         ("constant_folding", lambda: fx_passes.fold_constants(gm, new_constant, opts.fold_size_limit)),
         ("views_to_reshapes", lambda: fx_passes.views_to_reshapes(gm)),

@@ -106,6 +106,7 @@ def test_static_cache_generation_without_inductor_equals_eager_and_fuses_the_dec
     assert decode is not None
     calls = _calls(decode)
     assert calls["graphopt.attention.default"] == 2 and calls["graphopt.rotary.default"] == 4
+    assert calls["graphopt.decode_attention.default"] == 0, "the split-K kernel only where CUDA graphs replay"
     assert calls["graphopt.rms_norm.default"] == 5 and calls["graphopt.swiglu.default"] == 2
     assert calls["aten.expand.default"] <= 1, "k and v are no longer repeated (only the mask is expanded)"
     # The cache writes happen in place, where the model made them, and attention reads the cache itself.
@@ -119,6 +120,24 @@ def test_static_cache_generation_without_inductor_equals_eager_and_fuses_the_dec
         assert k.target is torch.ops.aten.index_copy_.default and v.target is torch.ops.aten.index_copy_.default
         assert k.args[0] in placeholders and v.args[0] in placeholders
         assert tuple(k.meta["val"].shape) == (BATCH, 2, CACHE_LEN, 16)  # the 2 key/value heads, not 4 copies
+
+
+def test_cuda_graph_mode_picks_the_split_k_decode_kernel_for_one_query() -> None:
+    """inductor=False with mode="reduce-overhead" (CudaGraphReplay; on CPU it runs without,
+    as the report says): the decode step's attention is graphopt::decode_attention, the
+    prefill's (8 queries) stays graphopt::attention; the tokens are eager's."""
+    model = _tiny_llama()
+    ids = torch.randint(0, 100, (BATCH, PROMPT))
+    expected, _ = _greedy(model.forward, model, ids)
+    torch_backend.clear_reports()
+    options = {"inductor": False, "mode": "reduce-overhead"}
+    got, _ = _greedy(torch.compile(model.forward, backend="graphopt", fullgraph=True, options=options), model, ids)
+    assert torch.equal(got, expected), (got, expected)
+    prefill, decode = (graph() for graph in torch_backend._GRAPHS[-2:])
+    assert prefill is not None and decode is not None
+    assert _calls(prefill)["graphopt.attention.default"] == 2 and _calls(prefill)["graphopt.decode_attention.default"] == 0
+    assert _calls(decode)["graphopt.decode_attention.default"] == 2 and _calls(decode)["graphopt.attention.default"] == 0
+    assert _applied(torch_reports()[-1]) == EXPECTED[("kernels", "decode")]
 
 
 def test_static_cache_generation_default_mode_hands_inductor_the_mutations(monkeypatch: pytest.MonkeyPatch) -> None:
