@@ -10,6 +10,7 @@
 #   bash benchmarks/gpu_session.sh profile M,N # the ops onnxruntime runs and the kernels they launch, per variant (ort_profile.py)
 #   bash benchmarks/gpu_session.sh cpu 1/1     # the zoo on onnxruntime's CPU provider (the GPU machine's 16 cores, 4 threads a session)
 #   bash benchmarks/gpu_session.sh placement M,N # the nodes the CUDA provider hands to the CPU, original and graphopt fp32/fp16 (ort_placement.py)
+#   bash benchmarks/gpu_session.sh llm         # LLM prefill + greedy decode with a static KV cache (llm_decode.py), under 4 minutes
 #
 # Every step prints the GPU's name and writes its full results under $OUT; the short tables come last.
 set -uo pipefail
@@ -79,6 +80,11 @@ torch)
   timeout 300 python3 benchmarks/torch_compile.py --models "${2:-llama,convnext}" --variants inductor,graphopt+inductor \
     --out "$OUT/torch_compile.json" > "$OUT/torch.log" 2>&1
   tail -20 "$OUT/torch.log"
+  ;;
+llm)
+  # LLM decode (issue 17): TinyLlama-shaped, fp16, batches 1 and 8; no (batch, variant) starts after 150 s.
+  timeout 230 python3 benchmarks/llm_decode.py --out "$OUT/llm_decode.json" > "$OUT/llm_decode.log" 2>&1
+  tail -16 "$OUT/llm_decode.log"
   ;;
 *)
   echo "unknown step $step" >&2; exit 2

@@ -48,6 +48,7 @@ from graphopt.ir.fx_view import FxView, is_neutral
 from graphopt.match.driver import DriverOptions, RuleSet
 from graphopt.ops import torch_lowering
 from graphopt.passes import fx_passes
+from graphopt.passes.fx_reinplace import reinplace_input_writes, written_inputs
 from graphopt.pipeline import GraphKind, Pipeline
 from graphopt.report.model import Alternative, DecisionRecord, GraphSummary, Report
 from graphopt.torch_cudagraphs import CudaGraphReplay, cuda_graphs_refusal
@@ -192,6 +193,8 @@ def graphopt_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, optio
     else:
         kept = [i for i in range(len(example_inputs)) if i not in set(frozen)]
         kept_inputs = [example_inputs[i] for i in kept]
+        if aten_gm is not gm:
+            _carry_input_sources(aten_gm, gm, kept)
         t0 = time.perf_counter()
         compiled = _compile_leftovers(aten_gm, kept_inputs, opts, report, dynamo_gm=gm, training=training)
         report.times_s["leftovers"] = time.perf_counter() - t0
@@ -218,6 +221,20 @@ def graphopt_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, optio
 
             write_json(report, path)
     return compiled
+
+
+def _carry_input_sources(aten_gm: fx.GraphModule, dynamo_gm: fx.GraphModule, kept: list[int]) -> None:
+    """Give the traced graph's inputs dynamo's facts about them (their source, a static address)."""
+    ours = list(aten_gm.graph.find_nodes(op="placeholder"))
+    theirs = list(dynamo_gm.graph.find_nodes(op="placeholder"))
+    if len(ours) != len(kept) or len(theirs) <= max(kept, default=-1):
+        return
+    for node, i in zip(ours, kept):
+        source = theirs[i]
+        if hasattr(source, "_dynamo_source"):
+            node._dynamo_source = source._dynamo_source  # type: ignore[attr-defined]
+        if "tensor_dict" in source.meta:
+            node.meta["tensor_dict"] = source.meta["tensor_dict"]
 
 
 #: Passes whose changes inductor would not make itself (the rest, folding and dead code, it does).
@@ -339,7 +356,8 @@ def optimize_fx(gm: fx.GraphModule, fake_mode: Any, rules: RuleSet, target: Any,
     pipeline.run_passes([
         ("merge_rsqrt", lambda: fx_passes.merge_rsqrt(gm)),
         ("merge_log1p", lambda: fx_passes.merge_log1p(gm)),
-        ("lowering", lambda: torch_lowering.lower_neutral_nodes(gm, fake_mode, new_constant, view.const_array, view.device)),
+        ("lowering", lambda: torch_lowering.lower_neutral_nodes(gm, fake_mode, new_constant, view.const_array, view.device,
+                                                                 cuda_graphs=opts.cuda_graphs())),
         # What the lowerings built from constants (rotary caches in their torch form) folds too.
         ("constant_folding", lambda: fx_passes.fold_constants(gm, new_constant, opts.fold_size_limit)),
         ("views_to_reshapes", lambda: fx_passes.views_to_reshapes(gm)),
@@ -350,6 +368,8 @@ def optimize_fx(gm: fx.GraphModule, fake_mode: Any, rules: RuleSet, target: Any,
         ("pad_gemms", lambda: fx_passes.pad_unaligned_gemms(gm, new_constant, fake_mode)),
         ("dce", lambda: fx_passes.remove_dead_code(gm)),
     ])
+    if not opts.inductor:  # inductor re-inplaces on its own; the graph run as it is must not copy a KV cache per step
+        pipeline.run_pass("reinplace_input_writes", lambda: reinplace_input_writes(gm))
     assert not any(is_neutral(n) for n in gm.graph.nodes), "every graphopt op is lowered"
     gm.graph.lint()
     gm.recompile()
@@ -369,7 +389,7 @@ def _compile_leftovers(gm: fx.GraphModule, inputs: Sequence[Any], opts: TorchOpt
         # graph with aot_autograd and rejects the triton_op nodes of graphopt's kernels.
         reason = cuda_graphs_refusal(inputs, training)
         if reason is None:
-            return CudaGraphReplay(gm)
+            return CudaGraphReplay(gm, written=written_inputs(gm))
         report.warnings.append(f"mode='reduce-overhead' without inductor uses CUDA graphs, and {reason}: the graph runs without them")
     return gm
 
@@ -390,6 +410,17 @@ def _inductor(gm: fx.GraphModule, inputs: Sequence[Any], opts: TorchOptions, dyn
 
         compile_id = dynamo_gm.meta.get("dynamo_compile_id") if dynamo_gm is not None else None
         gm.meta["dynamo_compile_id"] = compile_id if compile_id is not None else CompileContext.current_compile_id()
+    # Inputs dynamo knows at a static address (a StaticCache's tensors: mark_static_address) must
+    # stay static for CUDA graphs, which skip a graph that writes into a non-static input (a
+    # decode step writing its KV cache). aot_autograd reads those marks only on the dynamo route
+    # (`_param_name_to_source`, a `_dynamo_source` per input), where every lifted constant is static too.
+    placeholders = list(gm.graph.find_nodes(op="placeholder"))
+    if (not hasattr(gm, "_param_name_to_source") and placeholders and all(hasattr(n, "_dynamo_source") for n in placeholders)
+            and any(n.meta.get("tensor_dict", {}).get("_dynamo_static_input_type") for n in placeholders)):
+        from torch._dynamo.source import LocalSource
+
+        names = [name for name, _ in gm.named_parameters(remove_duplicate=False)] + [name for name, _ in gm.named_buffers(remove_duplicate=False)]
+        gm._param_name_to_source = {name: LocalSource(f"_graphopt_constant_{name}") for name in names}  # type: ignore[assignment]
     patches = list_mode_options(opts.mode) if opts.mode not in (None, "default") else {}
     # inner_compile looked up at call time: the same function compile_fx uses by default
     # (tests wrap it to see what inductor is asked to do).

@@ -61,6 +61,10 @@ class TorchOptions:
     #: torch.compile takes mode= or options=, not both: options={"mode": ...} sets it along with others.
     mode: str | None = None
 
+    def cuda_graphs(self) -> bool:
+        """Whether the compiled graph replays as CUDA graphs (inductor's, or CudaGraphReplay without it)."""
+        return self.mode in _CUDA_GRAPH_MODES if self.inductor else self.mode == "reduce-overhead"
+
     def kernel_policy(self) -> str:
         if self.kernels == "auto":
             if not self.inductor:

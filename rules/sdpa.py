@@ -76,3 +76,36 @@ def pack_gemms(ctx, wq, bq, wk, bk, wv, bv):
         "b": np.concatenate([ctx.array(b) for b in (bq, bk, bv)]),
         "sizes": np.array([w.shape[1] for w in weights], dtype=np.int64),
     }
+
+
+def _repeated_heads(ctx, x, unsqueeze_axes, expanded, repeated):
+    """The group size g when `repeated` is x [B, H, T, D] with each head copied g times in
+    place (head h of the result is head h // g of x), else why not."""
+    dx, de, dr = ctx.dims(x), ctx.dims(expanded), ctx.dims(repeated)
+    axes = ctx.ints(unsqueeze_axes)
+    if dx is None or de is None or dr is None or len(dx) != 4 or len(de) != 5 or len(dr) != 4:
+        return f"not a 4-D tensor expanded on a new axis and reshaped back to 4-D ({dx}, {de}, {dr})"
+    if axes is None or len(axes) != 1 or axes[0] % 5 != 2:
+        return f"the new axis is {axes}, not 2 (right after the heads: a copy in the interleaved order)"
+    if not dims_equal([de[0], de[1], de[3], de[4]], dx):
+        return f"the expand {list(de)} changes more than the new axis of {list(dx)}"
+    heads, group = static_int(dx[1]), static_int(de[2])
+    if heads is None or group is None or group < 1:
+        return f"the head count {dx[1]} or the group {de[2]} is not a known int"
+    if not dims_equal(dr, [dx[0], heads * group, dx[2], dx[3]]):
+        return f"the reshape {list(dr)} does not merge the heads with the copies ({list(dx)}, group {group})"
+    return group
+
+
+@native_constraint("RepeatedHeads")
+def repeated_heads(ctx, k, ku, ke, kr, v, vu, ve, vr):
+    """k and v each repeated on the heads, interleaved, by one group size."""
+    gk = _repeated_heads(ctx, k, ku, ke, kr)
+    if isinstance(gk, str):
+        return f"k: {gk}"
+    gv = _repeated_heads(ctx, v, vu, ve, vr)
+    if isinstance(gv, str):
+        return f"v: {gv}"
+    if gk != gv:
+        return f"k is repeated {gk} times, v {gv} times"
+    return True

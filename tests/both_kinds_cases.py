@@ -92,6 +92,18 @@ def _layer_norm(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return d / torch.sqrt(var + 1e-5) * m.g + m.b
 
 
+def _repeat_kv(x: torch.Tensor, group: int) -> torch.Tensor:
+    """transformers' repeat_kv: each key/value head copied `group` times, in place."""
+    b, h, t, d = x.shape
+    return x[:, :, None].expand(b, h, group, t, d).reshape(b, h * group, t, d)
+
+
+def _tiled_kv(x: torch.Tensor, group: int) -> torch.Tensor:
+    """The heads copied as a whole, `group` times (k.repeat(1, group, 1, 1)), written with expand."""
+    b, h, t, d = x.shape
+    return x[:, None].expand(b, group, h, t, d).reshape(b, group * h, t, d)
+
+
 def _rms_norm(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
     var = x.pow(2.0).mean(-1, keepdim=True)
     return x * torch.rsqrt(var + 1e-6) * m.w
@@ -299,6 +311,10 @@ CASES: list[Case] = [
     Case("FuseSwiGLU", fn(lambda m, x: F.silu(x @ m.w1) * (x @ m.w3), w1=const(8, 16), w3=const(8, 16)), rand(2, 3, 8), 1, kinds=("fx",)),
     Case("FuseScaledDotProductAttention", fn(lambda m, q, k, v: F.scaled_dot_product_attention(q, k, v)),
          rands((2, 2, 5, 4), (2, 2, 5, 4), (2, 2, 5, 4)), 1, kinds=("fx",)),
+    # sdpa.pdll: repeat_kv copies taken out of attention (ONNX's opset-23 Attention, graphopt's SDPA on FX)
+    Case("FuseGroupedKV", fn(lambda m, q, k, v: F.scaled_dot_product_attention(q, _repeat_kv(k, 2), _repeat_kv(v, 2))),
+         rands((2, 4, 5, 4), (2, 2, 5, 4), (2, 2, 5, 4)), 1, along=("FuseScaledDotProductAttention", "DropPassThrough"), opset=23,
+         exporter="dynamo"),
     # rotary.pdll
     Case("FuseRotaryEmbedding", lambda: Fn(_rotary, **dict(zip(("cos", "sin"), _rotary_caches(5, 8))))
          , rand(2, 2, 5, 8), 1, onnx_target="ort-cpu"),
@@ -311,6 +327,10 @@ CASES: list[Case] = [
 #: Modules that look like a rule's pattern but are not it: no rewrite on either kind (count 0),
 #: the outputs still the module's.
 NEGATIVE_CASES: list[Case] = [
+    # k.repeat(1, 2, 1, 1)'s order (head h reads h % Hkv), not repeat_kv's: another attention
+    Case("FuseGroupedKV", fn(lambda m, q, k, v: F.scaled_dot_product_attention(q, _tiled_kv(k, 2), _tiled_kv(v, 2))),
+         rands((2, 4, 5, 4), (2, 2, 5, 4), (2, 2, 5, 4)), 0, along=("FuseScaledDotProductAttention", "DropPassThrough"), opset=23,
+         exporter="dynamo", name="tiled"),
     Case("FuseHardSigmoid", fn(lambda m, x: F.relu6(x + 3) / 5), wide(2, 8), 0, name="divided_by_5"),
     Case("FuseHardSigmoid", fn(lambda m, x: (lambda c: (c / 6, c))(F.relu6(x + 3))), wide(2, 8), 0, name="clip_used_twice"),
     Case("FuseHardSwish", fn(lambda m, x: x * F.relu6(x + 2) / 6), wide(2, 8), 0, name="offset_2"),

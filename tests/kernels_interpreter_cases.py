@@ -29,6 +29,7 @@ if os.environ.get("TRITON_INTERPRET") != "1" and DEVICE.type != "cuda":
 
 from graphopt.kernels import _triton  # noqa: E402
 from graphopt.kernels.attention import attention_reference, attention_triton  # noqa: E402
+from graphopt.kernels.decode_attention import decode_attention_reference, decode_attention_triton  # noqa: E402
 from graphopt.kernels.gates import geglu_reference, geglu_triton, swiglu_reference, swiglu_triton  # noqa: E402
 from graphopt.kernels.matmul import linear_act_reference, linear_act_triton  # noqa: E402
 from graphopt.kernels.norms import layer_norm_reference, layer_norm_triton, rms_norm_reference, rms_norm_triton  # noqa: E402
@@ -267,3 +268,60 @@ def test_attention_row_masked_with_finfo_min_averages_values() -> None:
     close(got.cpu(), F.scaled_dot_product_attention(q.cpu(), k.cpu(), v.cpu(), attn_mask=mask.cpu()), F32)
     close(got[:, :, 5], v.mean(2), F32)
     assert got[:, :, 6].abs().max() == 0
+
+
+# --- decode_attention (split-K over a KV cache) -----------------------------------------------
+
+DECODE_CASES = {
+    # name: batch, q heads, kv heads, cache length, head, dtype, mask, splits (None: the kernel's choice)
+    "gqa_cache_mask": (2, 8, 2, 45, 16, F32, "cache", None),
+    "gqa_fp16_three_splits": (2, 8, 2, 61, 32, F16, "cache", 3),
+    "mqa_one_split": (1, 4, 1, 37, 16, F32, "cache", 1),
+    "mha_additive_per_head": (2, 4, 4, 30, 16, F32, "additive", 2),
+    "no_mask_more_splits_than_tiles": (1, 6, 2, 20, 16, F32, None, 9),
+    "group_of_three": (1, 6, 2, 33, 16, F16, "cache", 2),
+}
+
+
+@pytest.mark.parametrize("name", list(DECODE_CASES))
+def test_decode_attention(name: str) -> None:
+    b, hq, hkv, t, d, dtype, mask_kind, splits = DECODE_CASES[name]
+    q, k, v = rand(b, hq, 1, d, dtype=dtype, seed=1), rand(b, hkv, t, d, dtype=dtype, seed=2), rand(b, hkv, t, d, dtype=dtype, seed=3)
+    mask = None
+    if mask_kind == "cache":  # a static cache's: the positions written so far (one fewer in batch 1)
+        filled = torch.tensor([t - 6, t - 7])[:b].to(DEVICE)
+        mask = (torch.arange(t, device=DEVICE)[None, :] < filled[:, None]).view(b, 1, 1, t)
+    elif mask_kind == "additive":
+        mask = rand(b, hq, 1, t, seed=5)
+    got = decode_attention_triton(q, k, v, mask, None, splits)
+    close(got, naive_attention(q, k, v, mask), dtype)
+    close(got, decode_attention_reference(q, k, v, mask), dtype)
+    cpu = [x.cpu() if x is not None else None for x in (q.float(), k.float(), v.float(), mask)]
+    close(got.cpu(), F.scaled_dot_product_attention(*cpu[:3], attn_mask=cpu[3], enable_gqa=hq != hkv), dtype)
+    assert got.transpose(1, 2).is_contiguous()  # graphopt::attention's layout
+    if mask_kind == "cache":  # positions past the filled ones are never read into the result
+        v_poisoned = v.clone()
+        v_poisoned[:, :, t - 6 :] = 1e4
+        close(decode_attention_triton(q, k, v_poisoned, mask, None, splits), got, dtype)
+
+
+def test_decode_attention_rows_with_nothing_to_attend_and_finfo_min() -> None:
+    q, k, v = rand(3, 4, 1, 16, seed=9), rand(3, 2, 40, 16, seed=10), rand(3, 2, 40, 16, seed=11)
+    bool_mask = torch.ones(3, 1, 1, 40, dtype=torch.bool, device=DEVICE)
+    bool_mask[1] = False  # batch 1 may attend to nothing: zeros
+    got = decode_attention_triton(q, k, v, bool_mask, None, 4)
+    assert got[1].abs().max() == 0
+    close(got[0], naive_attention(q[:1], k[:1], v[:1])[0], F32)
+    additive = torch.zeros(3, 1, 1, 40, device=DEVICE)
+    additive[2] = torch.finfo(torch.float32).min  # HF's "masked" everywhere: v averaged, as SDPA does
+    got = decode_attention_triton(q, k, v, additive, 0.3, 3)
+    close(got[2], v[2].mean(1, keepdim=True).repeat_interleave(2, 0), F32)
+    close(got[:2], naive_attention(q[:2], k[:2], v[:2], None, False, 0.3), F32)
+
+
+def test_decode_attention_strided_cache() -> None:
+    # k and v as [B, T, H, D] storage seen as [B, H, T, D]; q from a [B, 1, H, D] projection
+    q = rand(2, 1, 8, 16, seed=12).transpose(1, 2)
+    k = rand(2, 29, 2, 16, seed=13).transpose(1, 2)
+    v = rand(2, 29, 2, 16, seed=14).transpose(1, 2)
+    close(decode_attention_triton(q, k, v, None, None, 2), naive_attention(q, k, v), F32)

@@ -154,3 +154,56 @@ def test_backend_without_cuda_inputs_reports_and_runs_plainly() -> None:
     report = graphopt.last_report()
     assert report is not None and any("not on CUDA" in w for w in report.warnings)
     torch._dynamo.reset()
+
+
+def _cache_write(cuda: FakeCuda, calls: list[str]) -> Callable[..., tuple[torch.Tensor]]:
+    """A decode step's shape: cache[step] = x, step += 1, read the cache (all in place on the inputs)."""
+
+    def kernel(cache: torch.Tensor, step: torch.Tensor, x: torch.Tensor, out: torch.Tensor) -> None:
+        cache.index_copy_(0, step, x)
+        step.add_(1)
+        out.copy_(cache.sum(0))
+
+    def fn(cache: torch.Tensor, step: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor]:
+        calls.append("capture" if cuda.capturing else "side stream" if cuda.on_side_stream else "plain")
+        out = torch.empty(cache.shape[1:])
+        if cuda.capturing is not None:  # a capture records, it does not run
+            cuda.capturing.kernels.append(lambda: kernel(cache, step, x, out))
+        else:
+            kernel(cache, step, x, out)
+        return (out,)
+
+    return fn
+
+
+def test_written_inputs_are_the_callers_own_buffers() -> None:
+    """A static KV cache and its step counter: the replays write into the caller's tensors, the
+    warm-ups into copies (the counter advances once per call), and nothing is copied per call."""
+    cuda, calls = FakeCuda(), []
+    runner = CudaGraphReplay(_cache_write(cuda, calls), cuda=cuda, written=frozenset({0, 1}))
+    cache, step = torch.zeros(4, 2), torch.zeros(1, dtype=torch.long)
+    for i in range(3):
+        (out,) = runner(cache, step, torch.full((1, 2), float(i + 1)))
+        torch.testing.assert_close(out, torch.full((2,), float(sum(range(1, i + 2)))))
+    assert calls == ["side stream"] * CudaGraphReplay.warmup_calls + ["capture"]
+    assert step.item() == 3, "the warm-ups must not advance the caller's counter"
+    torch.testing.assert_close(cache, torch.tensor([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0], [0.0, 0.0]]))
+    assert runner.static_inputs[0] is cache and runner.static_inputs[1] is step
+    # Another cache passed later runs without the graph (the captured buffers are the first cache).
+    other, other_step = torch.zeros(4, 2), torch.tensor([2])
+    (out,) = runner(other, other_step, torch.full((1, 2), 7.0))
+    assert calls[-1] == "plain" and runner.graph.replays == 3
+    torch.testing.assert_close(out, torch.full((2,), 7.0))
+    torch.testing.assert_close(other[2], torch.full((2,), 7.0))
+    assert other_step.item() == 3
+    torch.testing.assert_close(cache[:3].sum(), torch.tensor(12.0))  # the first cache kept its contents
+    assert step.item() == 3
+
+
+def test_without_written_inputs_the_caller_keeps_its_tensors_unchanged() -> None:
+    """The negative: a graph declared as writing nothing works on copies (the pre-existing contract)."""
+    cuda, calls = FakeCuda(), []
+    runner = CudaGraphReplay(_cache_write(cuda, calls), cuda=cuda)
+    cache, step = torch.zeros(4, 2), torch.zeros(1, dtype=torch.long)
+    runner(cache, step, torch.ones(1, 2))
+    assert step.item() == 0 and cache.abs().sum() == 0

@@ -16,12 +16,13 @@ from torch.library import custom_op, triton_op
 from graphopt.kernels._triton import use_triton
 from graphopt.kernels.attention import attention_fake, attention_reference, attention_triton
 from graphopt.kernels.conv import conv_relu_cudnn, conv_relu_fake, conv_relu_reference, uses_cudnn
+from graphopt.kernels.decode_attention import decode_attention_fake, decode_attention_reference, decode_attention_triton
 from graphopt.kernels.gates import gate_fake, geglu_reference, geglu_triton, swiglu_reference, swiglu_triton
 from graphopt.kernels.matmul import linear_act_fake, linear_act_reference, linear_act_triton
 from graphopt.kernels.norms import layer_norm_reference, layer_norm_triton, norm_fake, rms_norm_reference, rms_norm_triton
 from graphopt.kernels.rotary import rotary_fake, rotary_reference, rotary_triton
 
-__all__ = ["attention", "linear_act", "layer_norm", "rms_norm", "swiglu", "geglu", "rotary", "conv_relu"]
+__all__ = ["attention", "decode_attention", "linear_act", "layer_norm", "rms_norm", "swiglu", "geglu", "rotary", "conv_relu"]
 
 
 @triton_op("graphopt::attention", mutates_args=())
@@ -30,6 +31,14 @@ def attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None, 
     if use_triton(q, attn_mask):
         return attention_triton(q, k, v, attn_mask, is_causal, scale)
     return attention_reference(q, k, v, attn_mask, is_causal, scale)
+
+
+@triton_op("graphopt::decode_attention", mutates_args=())
+def decode_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None, scale: float | None = None) -> Tensor:
+    """graphopt::attention for one query position over a KV cache, split-K (see graphopt.kernels.decode_attention)."""
+    if use_triton(q, attn_mask):
+        return decode_attention_triton(q, k, v, attn_mask, scale)
+    return decode_attention_reference(q, k, v, attn_mask, scale)
 
 
 @triton_op("graphopt::linear_act", mutates_args=())
@@ -94,6 +103,7 @@ conv_relu.register_fake(conv_relu_fake)
 
 # CPU: the reference, without the dispatch above.
 attention.register_kernel("cpu")(attention_reference)
+decode_attention.register_kernel("cpu")(decode_attention_reference)
 linear_act.register_kernel("cpu")(linear_act_reference)
 layer_norm.register_kernel("cpu")(layer_norm_reference)
 rms_norm.register_kernel("cpu")(rms_norm_reference)
@@ -104,6 +114,7 @@ rotary.register_kernel("cpu")(rotary_reference)
 
 # Fake kernels: output shapes only; triton_op would otherwise trace the implementation.
 attention.register_fake(attention_fake)
+decode_attention.register_fake(decode_attention_fake)
 linear_act.register_fake(linear_act_fake)
 swiglu.register_fake(lambda gate, up: gate_fake("swiglu", gate, up))
 geglu.register_fake(lambda gate, up, approximate=False: gate_fake("geglu", gate, up))

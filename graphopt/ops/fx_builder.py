@@ -40,9 +40,13 @@ class FxBuilder:
         const_array: Callable[[Any], Any] | None = None,
         evaluate: bool = False,
         device: torch.device | str = "cpu",
+        cuda_graphs: bool = False,
     ) -> None:
         self.graph = graph
         self.device = device  # where constants made from inline numbers go
+        #: the graph will replay as a CUDA graph: lowerings may pick kernels whose extra
+        #: launches and buffers cost only there nothing (graphopt::decode_attention)
+        self.cuda_graphs = cuda_graphs
         self.fake_mode = fake_mode
         self.created = created if created is not None else []
         self._constant = constant

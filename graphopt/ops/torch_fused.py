@@ -68,10 +68,16 @@ def _scale(attrs: dict[str, Any]) -> float | None:
     return None if scale is None else float(scale)
 
 
-@_lowers("ScaledDotProductAttention", ("graphopt::attention",))
+@_lowers("ScaledDotProductAttention", ("graphopt::attention", "graphopt::decode_attention"))
 def _sdpa(b: FxBuilder, args: list[Any], attrs: dict[str, Any], wanted: set[int]) -> list[Any]:
     q, k, v, mask = (b.tensor(a) if a is not None else None for a in (*args, None, None, None)[:4])
-    return [b.call(graphopt_op("attention"), q, k, v, mask, bool(int(attrs.get("is_causal", 0))), _scale(attrs))]
+    causal = bool(int(attrs.get("is_causal", 0)))
+    q_val = b.meta(q)
+    # One query position over a KV cache (a decode step) replayed as a CUDA graph: the split-K
+    # kernel, whose second launch and partial buffers cost nothing there.
+    if b.cuda_graphs and not causal and isinstance(q_val, torch.Tensor) and q_val.dim() == 4 and type(q_val.shape[2]) is int and q_val.shape[2] == 1:
+        return [b.call(graphopt_op("decode_attention"), q, k, v, mask, _scale(attrs))]
+    return [b.call(graphopt_op("attention"), q, k, v, mask, causal, _scale(attrs))]
 
 
 @_lowers("MultiHeadAttention", ("graphopt::attention",))

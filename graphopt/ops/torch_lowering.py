@@ -81,8 +81,10 @@ def lower_neutral_nodes(
     constant: Callable[[torch.Tensor, str], Any],
     const_array: Callable[[Any], Any] | None = None,
     device: torch.device | str = "cpu",
+    cuda_graphs: bool = False,
 ) -> int:
-    """Replace every neutral graphopt node by the torch ops it runs on; returns how many."""
+    """Replace every neutral graphopt node by the torch ops it runs on; returns how many.
+    `cuda_graphs`: the graph will replay as a CUDA graph (FxBuilder.cuda_graphs)."""
     graph = gm.graph
     lowered = 0
     for node in list(graph.nodes):
@@ -93,7 +95,7 @@ def lower_neutral_nodes(
         projections = [u for u in node.users if u.target is operator.getitem] if multi else []
         wanted = {int(u.args[1]) for u in projections} if multi else {0}  # type: ignore[arg-type]
         with graph.inserting_before(node):
-            b = FxBuilder(graph, fake_mode, constant=constant, const_array=const_array, device=device)
+            b = FxBuilder(graph, fake_mode, constant=constant, const_array=const_array, device=device, cuda_graphs=cuda_graphs)
             outs = GRAPHOPT[op_type].fn(b, list(node.args), dict(node.meta.get("graphopt_attrs", {})), wanted)
         if multi:
             for user in projections:

@@ -1,0 +1,425 @@
+"""LLM decode at the memory-bandwidth limit (issue 17): prefill + greedy decode of a LLaMA decoder.
+
+A TinyLlama-1.1B-shaped LlamaConfig (hidden 2048, 22 layers, 32 heads, 4 key/value heads,
+intermediate 5632, vocab 32000) with random weights, fp16 on CUDA; a prompt of --prompt
+tokens, then --new-tokens greedy tokens, at each batch size of --batches. Variants, each in
+the same process behind its own torch._dynamo.reset():
+
+  eager         HF eager, dynamic cache (DynamicCache): the model's forward as it is
+  inductor-ro   static cache (transformers' StaticCache) + torch.compile(model.forward,
+                mode="reduce-overhead", fullgraph=True): inductor with CUDA graphs
+  graphopt      static cache + backend="graphopt" (default mode: graphopt's rewrites, then inductor)
+  graphopt-ro   the same with mode="reduce-overhead" (inductor's CUDA graphs)
+  graphopt-cg   backend="graphopt", options={"inductor": False, "mode": "reduce-overhead"}:
+                graphopt's rewritten graph with its Triton kernels, replayed as one CUDA graph
+
+Every variant runs the same loop (one forward per token; the next token is the argmax of the
+last logits), --warmup generations (compiling, CUDA-graph recording), then --runs timed ones.
+A decode step's time is CUDA events around one forward (+ argmax), recorded without
+synchronising; the figures are the median over every timed step. Prefill: the median of the
+timed runs' prefill calls.
+
+The bandwidth limit: every decode step reads every weight (the issue's anchors count all
+of them, the input embedding too) and the key/value cache up to the current position;
+bytes / the GPU's memory bandwidth (spec: 3.35 TB/s H100 SXM, 4.8 TB/s H200; a measured
+device-to-device copy otherwise, and always reported beside it) is the fastest a step can be.
+
+Tokens: each variant's first timed run against eager's (same batch): equal, or the first step
+that differs with the eager logits' top-2 gap there (an fp16 near-tie looks like a gap of a
+few hundredths).
+
+    python benchmarks/llm_decode.py                       # CUDA, fp16, batches 1 and 8 (bounded by --budget-s)
+    python benchmarks/llm_decode.py --tiny --device cpu   # a smoke test of the same code on a tiny config (seconds)
+
+Output: a table printed last; JSON at --out (a file, or a folder) or under $OUT when set.
+--budget-s bounds the whole run: a (batch, variant) not started by then is recorded as skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+import traceback
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+VARIANTS = ("eager", "inductor-ro", "graphopt", "graphopt-ro", "graphopt-cg")
+#: memory bandwidth by GPU name (bytes/s, the vendor's figure); others use the measured copy.
+SPEC_BANDWIDTH = (("H200", 4.8e12), ("H100 PCIe", 2.0e12), ("H100", 3.35e12), ("A100-SXM4-80GB", 2.039e12), ("A100", 1.555e12))
+
+
+def llama_config(tiny: bool) -> Any:
+    import transformers
+
+    if tiny:
+        return transformers.LlamaConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                                        intermediate_size=128, vocab_size=100, max_position_embeddings=512)
+    return transformers.LlamaConfig(num_hidden_layers=22, hidden_size=2048, num_attention_heads=32, num_key_value_heads=4,
+                                    intermediate_size=5632, vocab_size=32000, max_position_embeddings=2048, rms_norm_eps=1e-5)
+
+
+def build_model(tiny: bool, device: str, dtype: Any) -> Any:
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    with torch.device(device):  # random weights made on the device (a 1.1B model's init on the CPU takes long)
+        model = transformers.LlamaForCausalLM(llama_config(tiny))
+    return model.to(dtype).eval()
+
+
+def _cache_kwarg(model: Any) -> str:
+    import inspect
+
+    # transformers 5.2x renamed past_key_values to cache (the old name warns until 5.40).
+    return "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
+
+
+def _sync(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+class Timer:
+    """CUDA events around a call, read after the run (no synchronisation per step); wall time on CPU."""
+
+    def __init__(self, device: str) -> None:
+        self.cuda = device.startswith("cuda")
+        self.pairs: list[Any] = []
+
+    def __enter__(self) -> Timer:
+        import torch
+
+        self.start = torch.cuda.Event(enable_timing=True) if self.cuda else time.perf_counter()
+        if self.cuda:
+            self.start.record()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        import torch
+
+        if self.cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self.pairs.append((self.start, end))
+        else:
+            self.pairs.append((self.start, time.perf_counter()))
+
+    def times_ms(self) -> list[float]:
+        if self.cuda:
+            return [a.elapsed_time(b) for a, b in self.pairs]
+        return [(b - a) * 1e3 for a, b in self.pairs]
+
+
+def generate(forward: Callable[..., Any], model: Any, ids: Any, new_tokens: int, cache: Any, device: str,
+             mark_step: bool, gaps: bool = False) -> dict[str, Any]:
+    """One greedy generation: the tokens, the prefill's and each decode step's time, and (gaps) the top-2 logit gap per step."""
+    import torch
+
+    key = _cache_kwarg(model)
+    batch, prompt = ids.shape
+    positions = torch.arange(prompt + new_tokens, device=device)
+    prefill, steps = Timer(device), Timer(device)
+    tokens, top2 = [], []
+
+    def call(input_ids: Any, start: int, end: int) -> Any:
+        if mark_step:  # inductor's CUDA graphs: each call a new step (the last outputs are read already)
+            torch.compiler.cudagraph_mark_step_begin()
+        return forward(input_ids=input_ids, cache_position=positions[start:end], use_cache=True, **{key: cache})
+
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        with prefill:
+            out = call(ids, 0, prompt)
+            token = out.logits[:, -1].argmax(-1, keepdim=True)
+        cache = _returned_cache(out) if cache is None else cache  # the dynamic cache comes back from the model
+        for step in range(new_tokens):
+            tokens.append(token)
+            if gaps:
+                top2.append(out.logits[:, -1].float().topk(2, dim=-1).values)
+            if step == new_tokens - 1:
+                break
+            with steps:
+                out = call(token, prompt + step, prompt + step + 1)
+                token = out.logits[:, -1].argmax(-1, keepdim=True)
+    _sync(device)
+    result: dict[str, Any] = {"tokens": torch.cat(tokens, 1).cpu(), "prefill_ms": prefill.times_ms()[0], "step_ms": steps.times_ms()}
+    if gaps:
+        values = torch.stack(top2, 1).cpu()  # [batch, steps, 2]
+        result["gaps"] = (values[..., 0] - values[..., 1])
+    return result
+
+
+def _returned_cache(out: Any) -> Any:
+    # transformers 5.2x's outputs name it cache (past_key_values still answers, with a deprecation notice)
+    cache = out.get("cache") if hasattr(out, "get") else None
+    return cache if cache is not None else getattr(out, "past_key_values", None)
+
+
+def _static_cache(model: Any, batch: int, max_len: int, device: str) -> Any:
+    """A StaticCache made and filled once eagerly (so its tensors exist, at fixed addresses, before any compile), then reset."""
+    import torch
+    import transformers
+
+    cache = transformers.StaticCache(config=model.config, max_cache_len=max_len)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        ids = torch.zeros(batch, 1, dtype=torch.long, device=device)
+        model(input_ids=ids, cache_position=torch.arange(1, device=device), use_cache=True, **{_cache_kwarg(model): cache})
+    cache.reset()
+    return cache
+
+
+def compiled_forward(model: Any, variant: str) -> tuple[Callable[..., Any], bool]:
+    """The forward a variant runs, and whether it runs under inductor's CUDA graphs (step marks)."""
+    import torch
+
+    if variant == "eager":
+        return model.forward, False
+    if variant == "inductor-ro":
+        return torch.compile(model.forward, mode="reduce-overhead", fullgraph=True, dynamic=False), True
+    if variant == "graphopt":
+        return torch.compile(model.forward, backend="graphopt", fullgraph=True, dynamic=False), False
+    if variant == "graphopt-ro":
+        return torch.compile(model.forward, backend="graphopt", mode="reduce-overhead", fullgraph=True, dynamic=False), True
+    if variant == "graphopt-cg":
+        return torch.compile(model.forward, backend="graphopt", options={"inductor": False, "mode": "reduce-overhead"},
+                             fullgraph=True, dynamic=False), False
+    raise ValueError(variant)
+
+
+def step_bytes(model: Any, batch: int, prompt: int, new_tokens: int, dtype_bytes: int) -> dict[str, float]:
+    """Bytes one decode step must read: every weight, and the key/value cache up to the mean position."""
+    cfg = model.config
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    mean_position = prompt + (new_tokens - 1) / 2
+    kv = 2 * cfg.num_hidden_layers * batch * cfg.num_key_value_heads * head_dim * mean_position * dtype_bytes
+    return {"weights": float(weights), "kv_cache": float(kv), "total": float(weights + kv)}
+
+
+def bandwidth(device: str) -> dict[str, Any]:
+    """The GPU's spec bandwidth (by name) and a measured device-to-device copy (bytes read + written / s)."""
+    import torch
+
+    if not device.startswith("cuda"):
+        return {"spec": None, "measured": None, "used": None}
+    name = torch.cuda.get_device_name()
+    spec = next((bw for key, bw in SPEC_BANDWIDTH if key in name), None)
+    src = torch.empty(1 << 30, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    timer = Timer(device)
+    for _ in range(10):
+        with timer:
+            dst.copy_(src)
+    _sync(device)
+    measured = 2 * src.numel() / (statistics.median(timer.times_ms()) / 1e3)
+    del src, dst
+    return {"spec": spec, "measured": measured, "used": spec or measured}
+
+
+def run_variant(model: Any, variant: str, batch: int, args: argparse.Namespace, bw: float | None,
+                reference: dict[str, Any] | None) -> dict[str, Any]:
+    import torch
+
+    from graphopt.torch_backend import clear_reports, torch_reports
+
+    torch._dynamo.reset()
+    clear_reports()
+    torch.manual_seed(batch)
+    ids = torch.randint(0, model.config.vocab_size, (batch, args.prompt), device=args.device)
+    max_len = args.prompt + args.new_tokens
+    cache = None if variant == "eager" else _static_cache(model, batch, max_len, args.device)
+    forward, mark_step = compiled_forward(model, variant)
+    entry: dict[str, Any] = {"variant": variant, "batch": batch}
+    t0 = time.perf_counter()
+    runs = []
+    warmup = min(args.warmup, 1) if variant == "eager" else args.warmup  # nothing to compile or record
+    for i in range(warmup + args.runs):
+        if cache is not None:
+            cache.reset()  # in place: the addresses CUDA graphs captured stay
+        result = generate(forward, model, ids, args.new_tokens, cache, args.device, mark_step,
+                          gaps=variant == "eager" and i == warmup)
+        if i == 0:
+            entry["first_generation_s"] = time.perf_counter() - t0  # compiling included
+        if i >= warmup:
+            runs.append(result)
+    steps = [t for r in runs for t in r["step_ms"]]
+    decode_ms = statistics.median(steps)
+    entry.update({
+        "decode_ms": decode_ms,
+        "decode_p10_ms": statistics.quantiles(steps, n=10)[0] if len(steps) >= 10 else min(steps),
+        "decode_p90_ms": statistics.quantiles(steps, n=10)[-1] if len(steps) >= 10 else max(steps),
+        "tokens_per_s": batch * 1e3 / decode_ms,
+        "prefill_ms": statistics.median(r["prefill_ms"] for r in runs),
+    })
+    nbytes = step_bytes(model, batch, args.prompt, args.new_tokens, torch.finfo(model.dtype).bits // 8)
+    entry["bytes_per_step"] = nbytes
+    if bw:
+        entry["limit_ms"] = nbytes["total"] / bw * 1e3
+        entry["of_limit"] = entry["limit_ms"] / decode_ms
+    tokens = runs[0]["tokens"]
+    entry["tokens"] = tokens.tolist()
+    if variant == "eager":
+        entry["gaps"] = runs[0]["gaps"]  # for compare_tokens; written out as its minimum only
+    elif reference is not None:
+        entry.update(compare_tokens(tokens, reference))
+    reports = torch_reports()
+    if reports:
+        entry["graphs"] = [{name: s.applications for name, s in r.rules.items() if s.applications} for r in reports]
+        entry["warnings"] = sorted({w for r in reports for w in r.warnings})
+    return entry
+
+
+def compare_tokens(tokens: Any, reference: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    expected = torch.tensor(reference["tokens"])
+    differ = (tokens != expected).any(0).nonzero()
+    if not len(differ):
+        return {"tokens_equal": True, "equal_steps": tokens.shape[1]}
+    step = int(differ[0])
+    gap = float(reference["gaps"][:, step].min())
+    return {"tokens_equal": False, "equal_steps": step, "first_difference": f"step {step}: eager's top-2 logit gap {gap:.4f}"}
+
+
+def table(results: list[dict[str, Any]], gpu: str) -> str:
+    lines = [f"GPU: {gpu}",
+             f"{'batch':>5s} {'variant':12s} {'decode ms':>10s} {'tok/s':>9s} {'of limit':>9s} {'prefill ms':>11s} {'1st gen s':>9s}  tokens"]
+    for e in results:
+        if "decode_ms" not in e:
+            lines.append(f"{e['batch']:5d} {e['variant']:12s} {e.get('status', '')}")
+            continue
+        limit = f"{100 * e['of_limit']:8.1f}%" if "of_limit" in e else f"{'':>9s}"
+        tokens = "reference" if e["variant"] == "eager" else ("equal" if e.get("tokens_equal") else e.get("first_difference", "?"))
+        lines.append(f"{e['batch']:5d} {e['variant']:12s} {e['decode_ms']:10.3f} {e['tokens_per_s']:9.0f} {limit} {e['prefill_ms']:11.2f} "
+                     f"{e['first_generation_s']:9.1f}  {tokens}")
+    lines.append("decode ms: median over every timed step; of limit: (weights + KV bytes per step / bandwidth) / decode ms.")
+    return "\n".join(lines)
+
+
+def environment(device: str) -> dict[str, Any]:
+    import torch
+    import transformers
+
+    env = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "python": platform.python_version(),
+           "torch": torch.__version__, "transformers": transformers.__version__, "platform": platform.platform(), "device": device,
+           "gpu": torch.cuda.get_device_name() if device.startswith("cuda") else platform.processor() or "cpu"}
+    try:
+        import triton
+
+        env["triton"] = triton.__version__
+    except ImportError:
+        env["triton"] = None
+    return env
+
+
+def write_json(data: dict[str, Any], out: str, tiny: bool) -> Path:
+    folder = Path(out).is_dir() or out.endswith(("/", os.sep))
+    path = Path(out) / f"llm_decode{'-tiny' if tiny else ''}.json" if folder else Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staged = path.with_name(f".{path.name}.tmp")
+    results = [{k: v for k, v in e.items() if k != "gaps"} for e in data["results"]]  # the gaps' minimum is kept
+    staged.write_text(json.dumps({**data, "results": results}, indent=2, default=str))
+    os.replace(staged, path)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--variants", default=None, help=f"comma-separated: {', '.join(VARIANTS)} (default: all; eager,graphopt-cg with --tiny)")
+    parser.add_argument("--batches", default=None, help="comma-separated batch sizes (default 1,8; 1,2 with --tiny)")
+    parser.add_argument("--prompt", type=int, default=None, help="prompt tokens (default 128; 8 with --tiny)")
+    parser.add_argument("--new-tokens", type=int, default=None, help="greedy tokens (default 128; 8 with --tiny)")
+    parser.add_argument("--device", default=None, help="cuda (default when available) or cpu")
+    parser.add_argument("--tiny", action="store_true", help="a tiny LlamaConfig (a smoke test, fp32 on the CPU)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed generations first (compiling, CUDA-graph recording)")
+    parser.add_argument("--runs", type=int, default=3, help="timed generations")
+    parser.add_argument("--budget-s", type=float, default=150.0, help="start no (batch, variant) after this many seconds")
+    parser.add_argument("--out", default=None, help="JSON file, or a folder (default: $OUT when set)")
+    args = parser.parse_args(argv)
+
+    if str(REPO) not in sys.path:  # run as a script: graphopt from this checkout
+        sys.path.insert(0, str(REPO))
+    import torch
+
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error("--device cuda, but torch sees no CUDA device")
+    variants = [v for v in (args.variants or ("eager,graphopt-cg" if args.tiny else ",".join(VARIANTS))).split(",") if v]
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        parser.error(f"unknown variant: {', '.join(unknown)} (known: {', '.join(VARIANTS)})")
+    try:
+        batches = [int(b) for b in (args.batches or ("1,2" if args.tiny else "1,8")).split(",") if b]
+    except ValueError:
+        parser.error(f"--batches takes comma-separated ints, not {args.batches!r}")
+    args.prompt = args.prompt if args.prompt is not None else (8 if args.tiny else 128)
+    args.new_tokens = args.new_tokens if args.new_tokens is not None else (8 if args.tiny else 128)
+    if min(batches, default=0) < 1 or args.prompt < 1 or args.new_tokens < 2 or args.runs < 1 or args.warmup < 0:
+        parser.error("batches and --prompt must be >= 1, --new-tokens >= 2, --runs >= 1, --warmup >= 0")
+    if "eager" in variants:  # the reference first
+        variants = ["eager"] + [v for v in variants if v != "eager"]
+    out = args.out or os.environ.get("OUT")
+
+    started = time.perf_counter()
+    dtype = torch.float16 if args.device.startswith("cuda") and not args.tiny else torch.float32
+    model = build_model(args.tiny, args.device, dtype)
+    bw = bandwidth(args.device)
+    env = environment(args.device)
+    print(f"GPU: {env['gpu']}; bandwidth spec {bw['spec']}, measured copy {bw['measured']}", flush=True)
+    results: list[dict[str, Any]] = []
+    data = {"benchmark": "llm_decode", "environment": env, "bandwidth": bw, "settings": {
+        "tiny": args.tiny, "dtype": str(dtype), "batches": batches, "prompt": args.prompt, "new_tokens": args.new_tokens,
+        "warmup": args.warmup, "runs": args.runs, "variants": variants, "budget_s": args.budget_s,
+        "config": llama_config(args.tiny).to_dict()}, "results": results}
+    for batch in batches:
+        reference = None
+        for variant in variants:
+            if time.perf_counter() - started > args.budget_s:
+                results.append({"variant": variant, "batch": batch, "status": f"skipped: past the {args.budget_s:.0f} s budget"})
+                continue
+            try:
+                entry = run_variant(model, variant, batch, args, bw["used"], reference)
+                entry["status"] = "ok"
+            except Exception as error:  # one variant failing must not stop the others
+                traceback.print_exc()
+                first = (str(error).strip().splitlines() or [""])[0]
+                entry = {"variant": variant, "batch": batch, "status": f"error: {type(error).__name__}: {first}"[:300]}
+            if variant == "eager" and "tokens" in entry:
+                reference = entry
+                entry["min_top2_gap"] = float(entry["gaps"].min())
+            results.append(entry)
+            short = {k: entry[k] for k in ("decode_ms", "tokens_per_s", "prefill_ms", "tokens_equal", "status") if k in entry}
+            print(f"batch {batch} {variant}: {short}", flush=True)
+            if out:  # after every variant: a run stopped by a time limit keeps what it measured
+                data["total_s"] = time.perf_counter() - started
+                path = write_json(data, out, args.tiny)
+    if out:
+        print(f"wrote {path}")
+    print()
+    print(table(results, env["gpu"]))
+    failed = [f"{e['batch']}/{e['variant']}" for e in results if str(e.get("status", "")).startswith("error")]
+    differ = [f"{e['batch']}/{e['variant']}" for e in results if e.get("tokens_equal") is False]
+    if differ:
+        print(f"tokens differ from eager: {', '.join(differ)}")
+    if failed:
+        print(f"not ok: {', '.join(failed)}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
