@@ -187,6 +187,12 @@ def compiled_forward(model: Any, variant: str) -> tuple[Callable[..., Any], bool
 
     if variant == "eager":
         return model.forward, False
+    if variant.startswith("graphopt"):
+        # a checkout on PYTHONPATH (the GPU machine) has no entry point: register the backend by name
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from torch_compile import _ensure_backend_registered
+
+        _ensure_backend_registered()
     if variant == "inductor-ro":
         return torch.compile(model.forward, mode="reduce-overhead", fullgraph=True, dynamic=False), True
     if variant == "graphopt":
