@@ -88,7 +88,7 @@ def bench(name: str, zoo: Path, threads: int, rounds: int, batch_s: float, clock
         "model": name, "threads": threads, "clock": clock, "runs_per_round": n, "rounds": rounds, "ms": ms,
         "ms_median": {k: statistics.median(v) for k, v in samples.items()},
         "vs_original": {k: v / ms["original"] for k, v in ms.items()}, "max_abs_diff_vs_original": max_diff,
-        "skip_norm_decisions": {c: sum(d.chosen == c for d in skip) for c in ("fused", "unfused")},
+        "skip_norm_decisions": {c: sum(d.chosen == c for d in skip) for c in ("fused", "unfused", "unfused-2d")},
         "fused_norm_nodes": {k: sum(n.op_type in SKIP_OPS for n in m.graph.node) for k, m in variants.items()},
     }
 
@@ -114,14 +114,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: not in the zoo at {args.zoo}: {', '.join(missing)}", file=sys.stderr)
         return 2
     results = []
-    print(f"{'model':28} {'thr':>3} {'original ms':>11} {'fused norms':>11} {'graphopt':>9}  decisions (fused/unfused)")
+    print(f"{'model':28} {'thr':>3} {'original ms':>11} {'fused norms':>11} {'graphopt':>9}  decisions (fused/unfused/unfused-2d)")
     for threads in args.threads:
         for name in args.models.split(","):
             row = bench(name, args.zoo, threads, args.rounds, args.batch_s, args.clock)
             results.append(row)
             ms, ratio, dec = row["ms"], row["vs_original"], row["skip_norm_decisions"]
             print(f"{name:28} {threads:3d} {ms['original']:11.3f} {ms['graphopt-fused-norms']:7.3f} {ratio['graphopt-fused-norms']:.2f}x "
-                  f"{ms['graphopt']:7.3f} {ratio['graphopt']:.2f}x  {dec['fused']}/{dec['unfused']}", flush=True)
+                  f"{ms['graphopt']:7.3f} {ratio['graphopt']:.2f}x  {dec['fused']}/{dec['unfused']}/{dec['unfused-2d']}", flush=True)
     if args.out:
         cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")), platform.processor())
         doc = {

@@ -86,7 +86,8 @@ def test_unfused_predicted_faster_gives_back_add_and_layer_norm() -> None:
     assert [o.name for o in optimized.graph.output] == ["y"] and optimized.graph.node[-1].output[0] == "y"
     [decision] = report.decisions
     assert (decision.kind, decision.chosen, decision.baseline, decision.basis) == ("skip_norm", "unfused", "unfused", "table")
-    assert {a.candidate: a.predicted_ms for a in decision.alternatives} == {"fused": 2.0, "unfused": 1.0}
+    # no figure for the 2-D form in this table: it is never predicted to win
+    assert {a.candidate: a.predicted_ms for a in decision.alternatives} == {"fused": 2.0, "unfused": 1.0, "unfused-2d": None}
     assert "predicted no faster" in decision.reason
     assert_same_outputs(model, optimized)
 
@@ -159,6 +160,51 @@ def test_skip_rms_norm_is_decided_the_same_way() -> None:
     assert_same_outputs(model, kept, rtol=1e-4, atol=1e-4)
 
 
+def _ort_runs(model: onnx.ModelProto, tmp_path: Path) -> list[str]:
+    """The ops onnxruntime's CPU provider runs after its own graph optimizations (ORT_ENABLE_ALL)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "ort.onnx")
+    options.log_severity_level = 4
+    ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return [n.op_type for n in onnx.load(str(tmp_path / "ort.onnx")).graph.node]
+
+
+TWO_D_WINS = CostTable([Entry("CPUExecutionProvider", "skip_norm", "SkipLayerNormalization", "f32", {},
+                              {"fused": 2.0, "unfused": 2.0, "unfused-2d": 1.0}, source="test")])
+
+
+@pytest.mark.parametrize("shape", [(2, 8, H), ("batch", "seq", H)])
+def test_the_2d_form_keeps_onnxruntime_from_fusing_the_slow_kernel_back(tmp_path: Path, shape) -> None:
+    # Where the sum has no other reader, onnxruntime fuses Add + LayerNormalization into
+    # SkipLayerNormalization itself (the slow CPU kernel); normalizing a [rows, hidden] Reshape
+    # of the sum it leaves alone.
+    model = add_layer_norm(shape=shape)
+    unfused, _ = optimize_with(model, ["FuseSkipLayerNorm"], target="ort-cpu", cost_table=unfused_wins())
+    assert "SkipLayerNormalization" in _ort_runs(unfused, tmp_path)
+    optimized, report = optimize_with(model, ["FuseSkipLayerNorm"], target="ort-cpu", cost_table=TWO_D_WINS)
+    [decision] = report.decisions
+    assert (decision.chosen, decision.baseline, decision.basis) == ("unfused-2d", "unfused", "table")
+    expected = ["Add", "Reshape", "LayerNormalization", "Reshape"] if isinstance(shape[0], int) else \
+        ["Add", "Reshape", "LayerNormalization", "Shape", "Reshape"]
+    assert [n.op_type for n in optimized.graph.node] == expected
+    assert [n.op_type for n in optimized.graph.node if n.name == "LayerNormalization(y)"] == ["LayerNormalization"]
+    assert "SkipLayerNormalization" not in _ort_runs(optimized, tmp_path)
+    assert_same_outputs(model, optimized, shapes={"a": (2, 8, H), "b": (2, 8, H)})
+    # Predicted no faster than the plain unfused form: that stays.
+    same = CostTable([Entry("CPUExecutionProvider", "skip_norm", "SkipLayerNormalization", "f32", {},
+                            {"fused": 2.0, "unfused": 1.0, "unfused-2d": 0.99}, source="test")])
+    kept, _ = optimize_with(model, ["FuseSkipLayerNorm"], target="ort-cpu", cost_table=same)
+    assert [n.op_type for n in kept.graph.node] == ["Add", "LayerNormalization"]
+
+
+def test_skip_rms_norm_has_no_2d_candidate() -> None:
+    # onnxruntime fuses no Add + SimplifiedLayerNormalization back on the CPU provider.
+    _, report = optimize_with(add_rms_norm(), ["FuseRMSNorm", "FuseSkipRMSNorm"], target="ort-cpu", cost_table=CostTable([]))
+    assert [a.candidate for a in report.decisions[0].alternatives] == ["fused", "unfused"]
+
+
 def test_ort_cuda_keeps_the_fused_op_and_makes_no_decision() -> None:
     model = add_layer_norm(sum_used=True)
     optimized, report = optimize_with(model, ["FuseSkipLayerNorm"], target="ort-cuda", cost_table=unfused_wins())
@@ -185,7 +231,21 @@ def test_shipped_table_splits_where_measured_slower_on_the_cpu() -> None:
     assert (decision.chosen, decision.basis) == ("unfused", "table")
     predicted = {a.candidate: a.predicted_ms for a in decision.alternatives}
     assert predicted["fused"] > 2 * predicted["unfused"]
-    assert all("ort_cpu_norms" in a.source for a in decision.alternatives)
+    assert all("ort_cpu_norms" in a.source for a in decision.alternatives if a.candidate in ("fused", "unfused"))
+    assert predicted["unfused-2d"] is None  # onnxruntime fuses nothing back here: not measured, never chosen
+    assert_same_outputs(model, optimized, feeds={"a": rand(1, 128, 768), "b": rand(1, 128, 768)})
+
+
+def test_shipped_table_takes_the_2d_form_where_onnxruntime_would_fuse_back() -> None:
+    # Post-LN (BERT): the sum has no other reader, onnxruntime would fuse Add + LayerNormalization
+    # into its slow kernel (1x128x768: 491 us); the 2-D form runs in 77 us.
+    model = add_layer_norm(shape=(1, 128, 768))
+    optimized, report = optimize_with(model, ["FuseSkipLayerNorm"], target="ort-cpu")
+    assert [n.op_type for n in optimized.graph.node] == ["Add", "Reshape", "LayerNormalization", "Reshape"]
+    [decision] = report.decisions
+    assert (decision.chosen, decision.basis) == ("unfused-2d", "table")
+    predicted = {a.candidate: a.predicted_ms for a in decision.alternatives}
+    assert predicted["unfused-2d"] < 0.5 * predicted["unfused"] and predicted["fused"] == predicted["unfused"]
     assert_same_outputs(model, optimized, feeds={"a": rand(1, 128, 768), "b": rand(1, 128, 768)})
 
 
@@ -207,8 +267,8 @@ def test_symbolic_rows_must_win_in_every_row_bucket() -> None:
 
 
 class FakeTimer:
-    def __init__(self, fused: float, unfused: float) -> None:
-        self.fused, self.unfused, self.calls = fused, unfused, 0
+    def __init__(self, fused: float, unfused: float, two_d: float = 9.0) -> None:
+        self.fused, self.unfused, self.two_d, self.calls = fused, unfused, two_d, 0
 
     def __call__(self, model: bytes, feeds, provider: str) -> float:
         import onnxruntime as ort
@@ -217,7 +277,8 @@ class FakeTimer:
         ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, dict(feeds))  # the candidate must run
         proto = onnx.ModelProto()
         proto.ParseFromString(model)
-        return self.fused if any(n.op_type.startswith("Skip") for n in proto.graph.node) else self.unfused
+        ops = {n.op_type for n in proto.graph.node}
+        return self.fused if any(op.startswith("Skip") for op in ops) else self.two_d if "Reshape" in ops else self.unfused
 
 
 @pytest.mark.parametrize("sum_used", [False, True])
@@ -227,13 +288,19 @@ def test_tune_times_both_forms_on_the_cpu_provider(tmp_path: Path, sum_used: boo
     timer = FakeTimer(fused=1.0, unfused=2.0)
     tuned, report = optimize_with(model, rules, target="ort-cpu", tune=True, tune_timer=timer, tune_cache=str(tmp_path / "c.json"),
                                   cost_table=unfused_wins())
-    assert timer.calls == 2 and report.decisions[0].basis == "measured" and report.decisions[0].chosen == "fused"
+    assert timer.calls == 3 and report.decisions[0].basis == "measured" and report.decisions[0].chosen == "fused"
+    assert {a.candidate: a.measured_ms for a in report.decisions[0].alternatives} == {"fused": 1.0, "unfused": 2.0, "unfused-2d": 9.0}
     assert (MS, "SkipLayerNormalization") in _ops(tuned)
     assert_same_outputs(model, tuned)
     slow = FakeTimer(fused=3.0, unfused=1.0)
     tuned, report = optimize_with(model, rules, target="ort-cpu", tune=True, tune_timer=slow, tune_cache=str(tmp_path / "d.json"),
                                   cost_table=SKIP_NORM_WINS)
     assert report.decisions[0].chosen == "unfused" and (MS, "SkipLayerNormalization") not in _ops(tuned)
+    assert_same_outputs(model, tuned)
+    two_d = FakeTimer(fused=3.0, unfused=2.0, two_d=1.0)
+    tuned, report = optimize_with(model, rules, target="ort-cpu", tune=True, tune_timer=two_d, tune_cache=str(tmp_path / "e.json"),
+                                  cost_table=SKIP_NORM_WINS)
+    assert report.decisions[0].chosen == "unfused-2d" and ("", "Reshape") in _ops(tuned)
     assert_same_outputs(model, tuned)
 
 

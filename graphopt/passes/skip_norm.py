@@ -14,10 +14,15 @@ fused form is a decision (graphopt.decisions), made after lowering for every suc
   onnxruntime form), the sum going to the readers of the op's 4th output. A node the input
   model already had (no rule made it) has the fused form as its baseline and is left alone.
   onnxruntime's own optimizer then fuses what it fuses itself, as it does on the original.
-* The fused op stays only where the cost table predicts it faster by more than the noise
-  margin (for every row count the model's symbolic dimensions allow), or where `--tune`
-  measures it faster on the CPU provider (each form timed as a small model). A shape class
-  nobody measured is split.
+* A third candidate, `unfused-2d` (SkipLayerNormalization only): the norm reads the sum
+  reshaped to [rows, hidden] and its output is reshaped back. Where the sum has no other
+  reader, onnxruntime's SkipLayerNormFusion turns plain Add + LayerNormalization into the same
+  slow kernel again (for the original model too); it does not match this form (1x128x768:
+  491 against 77 us).
+* A candidate replaces the baseline only where the cost table predicts it faster by more than
+  the noise margin (for every row count the model's symbolic dimensions allow), or where
+  `--tune` measures it faster on the CPU provider (each form timed as a small model). A shape
+  class nobody measured is split into the plain unfused form.
 
 ort-cuda keeps the rules' fused ops (their CUDA kernels are the reason for the rules); its
 decision waits for CUDA entries (benchmarks/ort_cpu_norms.py --provider cuda measures them).
@@ -38,11 +43,15 @@ from graphopt.ir.provenance import RULE_KEY
 from graphopt.ops.targets import MS_DOMAIN
 from graphopt.passes._common import record
 
-__all__ = ["decide_skip_norms", "FUSED", "UNFUSED", "DECISION", "SKIP_NORMS"]
+__all__ = ["decide_skip_norms", "FUSED", "UNFUSED", "UNFUSED_2D", "DECISION", "SKIP_NORMS"]
 
 DECISION = "skip_norm"
 FUSED = "fused"
 UNFUSED = "unfused"
+#: Add + LayerNormalization of the sum reshaped to [rows, hidden]: where the sum has no other
+#: reader, onnxruntime's own optimizer fuses plain Add + LayerNormalization into the slow CPU
+#: SkipLayerNormalization kernel again (1x128x768: 491 us); this form it leaves alone (77 us).
+UNFUSED_2D = "unfused-2d"
 #: fused op -> the norm of its unfused form (domain, op type).
 SKIP_NORMS: dict[str, tuple[str, str]] = {
     "SkipLayerNormalization": ("", "LayerNormalization"),
@@ -69,38 +78,66 @@ def _used(value: ir.Value | None, graph: ir.Graph) -> bool:
     return value is not None and (bool(value.uses()) or value in graph.outputs)
 
 
-def _unfused_nodes(node: ir.Node, inputs: dict[str, ir.Value | None], name: str) -> tuple[list[ir.Node], ir.Value, ir.Value]:
-    """[Add(input, bias)] -> Add(., skip) -> norm: (nodes, the sum, the normalized output)."""
+def _unfused_nodes(
+    node: ir.Node, inputs: dict[str, ir.Value | None], name: str, two_d: bool = False
+) -> tuple[list[ir.Node], ir.Value, ir.Value, ir.Node]:
+    """[Add(input, bias)] -> Add(., skip) -> norm: (nodes, the sum, the normalized output, the norm).
+    `two_d`: the norm reads the sum reshaped to [rows, hidden] and its output is reshaped back, a
+    form onnxruntime's SkipLayerNormFusion (a 3-D Add right before the norm) leaves alone."""
     made: list[ir.Node] = []
     first = inputs["input"]
     if inputs["bias"] is not None:
         made.append(ir.Node("", "Add", [first, inputs["bias"]], name=f"{name}_add_bias"))
         first = made[-1].outputs[0]
     made.append(ir.Node("", "Add", [first, inputs["skip"]], name=f"{name}_add_skip"))
-    total = made[-1].outputs[0]
+    total = norm_in = made[-1].outputs[0]
+    shape = inputs["input"].shape if inputs["input"] is not None else None
+    if two_d:
+        assert shape is not None and isinstance(shape[-1], int)
+        rows_hidden = ir.Value(name=f"{name}_rows_hidden", const_value=ir.tensor(np.array([-1, shape[-1]], np.int64), name=f"{name}_rows_hidden"))
+        made.append(ir.Node("", "Reshape", [total, rows_hidden], name=f"{name}_to_2d"))
+        norm_in = made[-1].outputs[0]
     domain, op = SKIP_NORMS[node.op_type]
-    norm_inputs = [total, inputs["gamma"], *([inputs["beta"]] if inputs["beta"] is not None else [])]
-    made.append(ir.Node(domain, op, norm_inputs, [ir.AttrInt64("axis", -1), ir.AttrFloat32("epsilon", _epsilon(node))], name=f"{name}_norm"))
-    return made, total, made[-1].outputs[0]
+    norm_inputs = [norm_in, inputs["gamma"], *([inputs["beta"]] if inputs["beta"] is not None else [])]
+    norm = ir.Node(domain, op, norm_inputs, [ir.AttrInt64("axis", -1), ir.AttrFloat32("epsilon", _epsilon(node))], name=f"{name}_norm")
+    made.append(norm)
+    if two_d:
+        assert shape is not None
+        if all(isinstance(d, int) for d in shape):
+            back = ir.Value(name=f"{name}_shape", const_value=ir.tensor(np.array(list(shape), np.int64), name=f"{name}_shape"))
+        else:
+            made.append(ir.Node("", "Shape", [total], name=f"{name}_shape"))
+            back = made[-1].outputs[0]
+        made.append(ir.Node("", "Reshape", [norm.outputs[0], back], name=f"{name}_from_2d"))
+    return made, total, made[-1].outputs[0], norm
 
 
-def _split_in_place(model: ir.Model, node: ir.Node) -> None:
+def _split_in_place(model: ir.Model, node: ir.Node, two_d: bool) -> None:
     name = node.name or node.op_type
-    made, total, normed = _unfused_nodes(node, _inputs(node), name)
+    made, total, normed, norm = _unfused_nodes(node, _inputs(node), name, two_d)
     # The norm stands in for the fused op (which stood in for the input's norm): it takes its name.
-    made[-1].name = node.name
+    norm.name = node.name
     taken = {n.name for n in model.graph if n.name}
-    for n in made[:-1]:
+    for n in made:
+        if n is norm:
+            continue
         base = candidate = n.name or name
         counter = 1
         while candidate in taken:
             candidate, counter = f"{base}_{counter}", counter + 1
         n.name = candidate
         taken.add(candidate)
+        for v in n.inputs:
+            if v is not None and v.const_value is not None and v.producer() is None and v.name not in model.graph.initializers:
+                model.graph.register_initializer(v)
     model.graph.insert_before(node, made)
     out = node.outputs[0]
-    for n in made:  # the sums and the norm all have the fused output's type and shape
-        n.outputs[0].type, n.outputs[0].shape = out.type, out.shape.copy() if out.shape is not None else None
+    for n in made:  # the sums and the output have the fused output's type and shape; the 2-D ones its type
+        same_shape = n.op_type == "Add" or n.outputs[0] is normed
+        if n.op_type != "Shape":
+            n.outputs[0].type = out.type
+        if same_shape:
+            n.outputs[0].shape = out.shape.copy() if out.shape is not None else None
     for old, new, suffix in ((out, normed, "norm"), (node.outputs[3] if len(node.outputs) > 3 else None, total, "sum")):
         if old is None or not _used(old, model.graph):
             new.name = f"{name}_{suffix}"
@@ -146,7 +183,10 @@ def _small_model(node: ir.Node, candidate: str, opset: int, sum_used: bool) -> t
         fused = ir.Node(MS_DOMAIN, node.op_type, ordered, [ir.AttrFloat32("epsilon", _epsilon(node))], num_outputs=4, name="fused")
         nodes, total, y = [fused], fused.outputs[3], fused.outputs[0]
     else:
-        nodes, total, y = _unfused_nodes(node, copies, "unfused")
+        nodes, total, y, _ = _unfused_nodes(node, copies, "unfused", two_d=candidate == UNFUSED_2D)
+        for n in nodes:
+            initializers += [v for v in n.inputs if v is not None and v.const_value is not None and v.producer() is None
+                             and all(v is not c for c in initializers)]
     if sum_used:
         nodes.append(ir.Node("", "Add", [total, y], name="next_residual"))
         y = nodes[-1].outputs[0]
@@ -192,18 +232,21 @@ def decide_skip_norms(model: ir.Model, decider: DecisionPoint, target: Any = Non
         worlds = norm_worlds(node.op_type, dtype or "?", shape, bias=roles["bias"] is not None, sum_used=sum_used) if shape else None
         buildable = all(v is None or v.const_value is not None or (v.shape is not None and v.type is not None) for v in roles.values())
         build: Any = (lambda candidate, node=node, sum_used=sum_used: _small_model(node, candidate, opset, sum_used)) if buildable else None
+        candidates = [FUSED, UNFUSED]
+        if node.op_type == "SkipLayerNormalization" and shape is not None and isinstance(shape[-1], int):
+            candidates.append(UNFUSED_2D)  # onnxruntime fuses no SimplifiedLayerNormalization back
         chosen = decider.choose(
             DECISION,
             site,
-            [FUSED, UNFUSED],
+            candidates,
             UNFUSED,
             worlds,
             build=build,
             signature=signature_of(node.op_type, [str(d) for d in shape] if shape else None, dtype, sum_used,
                                    [role for role, v in roles.items() if v is not None], _epsilon(node)),
         ).chosen
-        if chosen == UNFUSED:
-            _split_in_place(model, node)
+        if chosen != FUSED:
+            _split_in_place(model, node, two_d=chosen == UNFUSED_2D)
             split += 1
     record(stats, split, started)
     return split
