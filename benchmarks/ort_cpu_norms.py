@@ -24,7 +24,7 @@ against the fused one.
 
     python benchmarks/ort_cpu_norms.py --threads 1 2 --out benchmarks/results/ort_cpu_norms-DATE-MACHINE.json
     python benchmarks/ort_cpu_norms.py --rows 128 --hidden 768 --variants ln --threads 1   # one point
-    python benchmarks/ort_cpu_norms.py --provider cuda ...   # the same on the CUDA provider (GPU machine)
+    python benchmarks/ort_cpu_norms.py --provider cuda --threads 1 --out $OUT/ort_cpu_norms-cuda.json   # CUDA provider, io-binding
 
 The `skip_norm` cost-table entries (graphopt/decisions/cost_table.json; classes from
 graphopt.decisions.shapes.norm_class) are made from a results file, replacing the table's entries
@@ -55,6 +55,8 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from graphopt.decisions.tune import device_name  # noqa: E402
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 MS = "com.microsoft"
@@ -150,18 +152,33 @@ def _ran_ops(model: bytes, provider: str) -> list[str]:
         return [n.op_type for n in onnx.load(path).graph.node]
 
 
+def _runner(session: Any, feeds: dict[str, np.ndarray], provider: str) -> Any:
+    """One timed run: on CUDA with io-binding (inputs and outputs stay on the device), as users run it."""
+    if provider == "CPUExecutionProvider":
+        return lambda: session.run(None, feeds)
+    import onnxruntime as ort
+
+    binding = session.io_binding()
+    for name, array in feeds.items():
+        binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(array, "cuda", 0))
+    for output in session.get_outputs():
+        binding.bind_output(output.name, "cuda")
+    return lambda: session.run_with_iobinding(binding)
+
+
 def measure(variant: str, rows: int, hidden: int, provider: str, threads: int, rounds: int, batch_s: float) -> dict[str, Any]:
     forms = _forms(variant)
     built = {f: build(variant, f, rows, hidden) for f in forms}
     sessions = {f: _session(built[f][0], provider, threads) for f in forms}
     outputs = {f: sessions[f].run(None, built[f][1]) for f in forms}
     max_diff = {f: max(float(np.max(np.abs(o - r))) for o, r in zip(outputs[f], outputs["fused"])) for f in forms}
+    runs = {f: _runner(sessions[f], built[f][1], provider) for f in forms}
     # runs per batch: enough for `batch_s` seconds, from a first estimate
     per_run = {}
     for f in forms:
         t0 = time.perf_counter()
         for _ in range(3):
-            sessions[f].run(None, built[f][1])
+            runs[f]()
         per_run[f] = (time.perf_counter() - t0) / 3
     n = max(1, int(batch_s / max(1e-7, max(per_run.values()))))
     samples: dict[str, list[float]] = {f: [] for f in forms}
@@ -169,10 +186,10 @@ def measure(variant: str, rows: int, hidden: int, provider: str, threads: int, r
     for r in range(rounds):
         random.Random(r).shuffle(order)
         for f in order:
-            sess, feeds = sessions[f], built[f][1]
+            run = runs[f]
             t0 = time.perf_counter()
             for _ in range(n):
-                sess.run(None, feeds)
+                run()
             samples[f].append((time.perf_counter() - t0) / n * 1e6)
     us = {f: min(v) for f, v in samples.items()}
     return {
@@ -212,7 +229,7 @@ def table_entries(docs: list[tuple[str, dict[str, Any]]]) -> list[Any]:
         machine = doc["machine"]
         for row in doc["results"]:
             measured[(row["variant"], row["rows"], row["hidden"], row["threads"])] = dict(row, file=name, date=doc["date"][:10])
-    device = f"cpu-{machine['cores']}core-{machine['cpu']}"
+    device = machine.get("device") or f"cpu-{machine['cores']}core-{machine['cpu']}"
     ep = machine["provider"]
     worst: dict[tuple[str, int, int], dict[str, Any]] = {}
     for (variant, rows, hidden, _), row in measured.items():
@@ -286,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         doc = {
             "benchmark": "ort_cpu_norms", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
-            "machine": {"cpu": cpu, "cores": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+            "machine": {"cpu": cpu, "cores": os.cpu_count(), "device": device_name(provider) if provider != "CPUExecutionProvider" else None, "platform": platform.platform(), "python": platform.python_version(),
                         "onnxruntime": ort.__version__, "onnx": onnx.__version__, "provider": provider,
                         "load_average_at_end": os.getloadavg()},
             "method": "ORT_ENABLE_ALL, inter_op 1; forms interleaved in random order per round; per form `us` is the minimum and "
