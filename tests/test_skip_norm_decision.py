@@ -309,3 +309,12 @@ def test_the_shipped_entries_say_where_they_were_measured() -> None:
     assert entries and all(e.ep == "CPUExecutionProvider" for e in entries)
     assert all("ort_cpu_norms" in e.source and e.device.startswith("cpu-2core") for e in entries)
     assert {e.op for e in entries} == {"SkipLayerNormalization", "SkipSimplifiedLayerNormalization"}
+
+
+def test_float16_on_the_cpu_keeps_the_fused_op_and_says_why() -> None:
+    # The CPU provider has no float16 Add: the unfused form cannot run there, whatever the table says.
+    model = add_layer_norm(sum_used=True)
+    optimized, report = optimize_with(model, None, target="ort-cpu", precision="fp16", cost_table=unfused_wins())
+    assert (MS, "SkipLayerNormalization") in _ops(optimized)
+    [decision] = [d for d in report.decisions if d.kind == "skip_norm"]
+    assert decision.chosen == "fused" and "no Add kernel for f16" in decision.reason
