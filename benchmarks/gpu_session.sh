@@ -11,6 +11,7 @@
 #   bash benchmarks/gpu_session.sh cpu 1/1     # the zoo on onnxruntime's CPU provider (the GPU machine's 16 cores, 4 threads a session)
 #   bash benchmarks/gpu_session.sh placement M,N # the nodes the CUDA provider hands to the CPU, original and graphopt fp32/fp16 (ort_placement.py)
 #   bash benchmarks/gpu_session.sh llm         # LLM prefill + greedy decode with a static KV cache (llm_decode.py), under 4 minutes
+#   bash benchmarks/gpu_session.sh norms cuda  # residual norms fused or not (ort_cpu_norms.py) on the CUDA provider; "norms cpu": 4 CPU threads
 #
 # Every step prints the GPU's name and writes its full results under $OUT; the short tables come last.
 set -uo pipefail
@@ -75,6 +76,17 @@ cpu)
   timeout 560 python3 benchmarks/zoo_bench.py --device cpu --threads 4 --jobs 12 --runs 10 --rounds 3 --warmup 3 --shard "$shard" \
     --out "$OUT/zoo_bench-cpu-${shard%/*}.json" > "$OUT/zoo-cpu-${shard%/*}.log" 2>&1
   tail -60 "$OUT/zoo-cpu-${shard%/*}.log"
+  ;;
+norms)
+  # the skip_norm decision's figures (ort_cpu_norms.py): "cuda" on the GPU (io-binding), "cpu" on this host's CPU provider
+  if [ "${2:-cuda}" = cuda ]; then
+    timeout 560 python3 benchmarks/ort_cpu_norms.py --provider cuda --threads 1 --rounds 15 --out "$OUT/ort_cpu_norms-cuda.json" > "$OUT/norms-cuda.log" 2>&1
+    tail -160 "$OUT/norms-cuda.log"
+  else
+    lscpu | grep -m1 "Model name"
+    timeout 560 python3 benchmarks/ort_cpu_norms.py --threads 4 --rounds 15 --out "$OUT/ort_cpu_norms-cpu-4threads.json" > "$OUT/norms-cpu.log" 2>&1
+    tail -160 "$OUT/norms-cpu.log"
+  fi
   ;;
 torch)
   timeout 300 python3 benchmarks/torch_compile.py --models "${2:-llama,convnext}" --variants inductor,graphopt+inductor \

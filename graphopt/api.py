@@ -74,7 +74,7 @@ class OptimizeOptions:
     observe: Callable[[Any], None] | None = None
     #: A rule whose own code raises stops the run (an error) instead of being skipped at that site.
     strict: bool = False
-    #: Decisions (layout, conv bias form, FusedConv; graphopt.decisions) are made by timing
+    #: Decisions (layout, conv bias form, FusedConv, SkipLayerNorm on ort-cpu; graphopt.decisions) are made by timing
     #: their candidates on the target's execution provider when it is present, not only
     #: from the shipped cost table.
     tune: bool = False
@@ -250,6 +250,11 @@ def _lower_and_decide(model: ir.Model, target: Any, report: Report, options: Opt
 
         say("decisions: FusedConv")
         run_passes([("fused_conv_decisions", lambda: decide_fused_convs(model, decider))])
+    if target.name == "ort-cpu":
+        from graphopt.passes.skip_norm import decide_skip_norms
+
+        say("decisions: SkipLayerNormalization")  # ort-cuda keeps the fused ops (graphopt/passes/skip_norm.py)
+        run_passes([("skip_norm_decisions", lambda: decide_skip_norms(model, decider, target))])
     if target.name == "ort-cuda":
         from graphopt.passes.layout import convert_layout
 

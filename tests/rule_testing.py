@@ -14,7 +14,7 @@ import graphopt
 from graphopt.decisions import CostTable, Entry
 
 __all__ = ["make_model", "init", "optimize_with", "run", "assert_same_outputs", "rewrites", "op_types", "TensorProto", "helper",
-           "fused_conv_table", "FUSED_CONV_WINS"]
+           "fused_conv_table", "FUSED_CONV_WINS", "skip_norm_table", "SKIP_NORM_WINS", "FUSED_WINS"]
 
 _RNG = np.random.default_rng(1234)
 
@@ -50,6 +50,24 @@ def fused_conv_table(fused_ms: float, split_ms: float) -> CostTable:
 #: with, to see the rules' output (by default, unmeasured, a FusedConv is split back into the
 #: input's Conv + activation; graphopt/passes/fused_conv.py).
 FUSED_CONV_WINS = fused_conv_table(0.5, 1.0)
+
+
+def skip_norm_table(fused_ms: float, unfused_ms: float, ops: Sequence[str] = ("SkipLayerNormalization", "SkipSimplifiedLayerNormalization")) -> CostTable:
+    """A cost table in which every residual norm (`ops`, float32 and float16, any shape) takes `fused_ms`
+    as the com.microsoft op and `unfused_ms` as Add + norm on the CPU provider (the only one that
+    decides it: graphopt/passes/skip_norm.py)."""
+    return CostTable([
+        Entry("CPUExecutionProvider", "skip_norm", op, dtype, {}, {"fused": fused_ms, "unfused": unfused_ms}, source="test")
+        for op in ops for dtype in ("f32", "f16")
+    ])
+
+
+#: The fused residual norms predicted faster everywhere: what the normalization rules' golden
+#: tests on ort-cpu optimize with, to see the rules' output (by default, on ort-cpu, the
+#: measured table splits them back into Add + norm).
+SKIP_NORM_WINS = skip_norm_table(0.5, 1.0)
+#: Both FusedConv and the residual norms predicted faster: the rules' output as they wrote it.
+FUSED_WINS = CostTable([*FUSED_CONV_WINS.entries, *SKIP_NORM_WINS.entries])
 
 
 def optimize_with(model: onnx.ModelProto, rules: Sequence[str] | None, target: str = "onnx", **kwargs):

@@ -77,10 +77,12 @@ def test_decoder_optimizes_in_bounded_memory(models: dict[str, Path], tmp_path: 
         data = out.with_name(out.name + ".data")
         written = onnx.load(str(out), load_external_data=False)
         ops = [n.op_type for n in written.graph.node]
-        # Rewrites did happen: every written-out LayerNorm is fused (with its residual Add on ort-cpu).
+        # Rewrites did happen: every written-out LayerNorm is fused. On ort-cpu the rules also fuse
+        # each residual Add into SkipLayerNormalization, but the skip_norm decision splits them back:
+        # the shipped CPU table predicts the fused kernel slower for these classes (the sum is read on).
         assert ops.count("LayerNormalization") + ops.count("SkipLayerNormalization") == 2 * SPEC.layers + 1
         if target == "ort-cpu":
-            assert ops.count("Attention") == SPEC.layers and ops.count("SkipLayerNormalization") == 2 * SPEC.layers
+            assert ops.count("Attention") == SPEC.layers and ops.count("SkipLayerNormalization") == 0
         if layout == "external":  # the output keeps the input's layout
             assert data.stat().st_size >= WEIGHTS and out.stat().st_size < 1 << 20
             assert sum(t.data_location == TensorProto.EXTERNAL for t in written.graph.initializer) >= 4 * SPEC.layers

@@ -67,7 +67,10 @@ COUNTED = (
 # then reviewed by hand:
 # 2-layer transformers -> 2 attentions; BERT/ViT (post-LN) -> 4 SkipLayerNormalization + the
 # embedding LayerNormalization; GPT-2/Whisper (pre-LN) -> 4 Skip + 1 plain (GPT-2: the
-# wte+wpe Add broadcasts [1, seq, H], SkipLayerNormalization wants equal shapes);
+# wte+wpe Add broadcasts [1, seq, H], SkipLayerNormalization wants equal shapes) on ort-cuda;
+# on ort-cpu the residual norms are a decision (graphopt/passes/skip_norm.py) whose shipped CPU
+# entries predict the fused kernels slower for these classes, so all of them come back as Add +
+# LayerNormalization / SimplifiedLayerNormalization (5 norms, as the input had);
 # onnx target at opset 17/20 -> no Attention (opset 23) and no RMSNormalization (opset 23),
 # Gelu only at opset 20 (dynamo). CNNs: no FusedConv is left. The conv-activation rules fuse 49
 # of ResNet's convolutions (every Conv but the 4 downsample ones: Conv+Relu, Conv+Add+Relu) and
@@ -81,62 +84,62 @@ COUNTED = (
 # fmt: off
 GOLDEN: dict[str, dict[str, dict[str, int]]] = {
     "bert-tiny-dynamo": {
-        "ort-cpu": {"LayerNormalization": 1, "com.microsoft.Attention": 2, "com.microsoft.BiasGelu": 2, "com.microsoft.SkipLayerNormalization": 4},
+        "ort-cpu": {"LayerNormalization": 5, "com.microsoft.Attention": 2, "com.microsoft.BiasGelu": 2},
         "ort-cuda": {"LayerNormalization": 1, "com.microsoft.Attention": 2, "com.microsoft.BiasGelu": 2, "com.microsoft.SkipLayerNormalization": 4},
         "onnx": {"Gelu": 2, "IsNaN": 2, "LayerNormalization": 5, "Softmax": 2, "Transpose": 8},
     },
     "bert-tiny-torchscript": {
-        "ort-cpu": {"IsNaN": 2, "LayerNormalization": 1, "com.microsoft.Attention": 2, "com.microsoft.BiasGelu": 2, "com.microsoft.SkipLayerNormalization": 4},
+        "ort-cpu": {"IsNaN": 2, "LayerNormalization": 5, "com.microsoft.Attention": 2, "com.microsoft.BiasGelu": 2},
         "ort-cuda": {"IsNaN": 2, "LayerNormalization": 1, "com.microsoft.Attention": 2, "com.microsoft.BiasGelu": 2, "com.microsoft.SkipLayerNormalization": 4},
         "onnx": {"IsNaN": 2, "LayerNormalization": 5, "Softmax": 2, "Transpose": 8},
     },
     "gpt2-tiny-dynamo": {
-        "ort-cpu": {"Gelu": 2, "LayerNormalization": 1, "com.microsoft.Attention": 2, "com.microsoft.SkipLayerNormalization": 4},
+        "ort-cpu": {"Gelu": 2, "LayerNormalization": 5, "com.microsoft.Attention": 2},
         "ort-cuda": {"Gelu": 2, "LayerNormalization": 1, "com.microsoft.Attention": 2, "com.microsoft.SkipLayerNormalization": 4},
         "onnx": {"Gelu": 2, "IsNaN": 2, "LayerNormalization": 5, "Softmax": 2, "Transpose": 8},
     },
     "gpt2-tiny-torchscript": {
-        "ort-cpu": {"IsNaN": 2, "LayerNormalization": 1, "com.microsoft.Attention": 2, "com.microsoft.FastGelu": 2, "com.microsoft.SkipLayerNormalization": 4},
+        "ort-cpu": {"IsNaN": 2, "LayerNormalization": 5, "com.microsoft.Attention": 2, "com.microsoft.FastGelu": 2},
         "ort-cuda": {"IsNaN": 2, "LayerNormalization": 1, "com.microsoft.Attention": 2, "com.microsoft.FastGelu": 2, "com.microsoft.SkipLayerNormalization": 4},
         "onnx": {"IsNaN": 2, "LayerNormalization": 5, "Softmax": 2, "Transpose": 8},
     },
     "llama-tiny-dynamo": {
-        "ort-cpu": {"SimplifiedLayerNormalization": 1, "Transpose": 12, "com.microsoft.MultiHeadAttention": 2, "com.microsoft.QuickGelu": 2, "com.microsoft.RotaryEmbedding": 4, "com.microsoft.SkipSimplifiedLayerNormalization": 4},
+        "ort-cpu": {"SimplifiedLayerNormalization": 5, "Transpose": 12, "com.microsoft.MultiHeadAttention": 2, "com.microsoft.QuickGelu": 2, "com.microsoft.RotaryEmbedding": 4},
         "ort-cuda": {"SimplifiedLayerNormalization": 1, "Transpose": 12, "com.microsoft.MultiHeadAttention": 2, "com.microsoft.QuickGelu": 2, "com.microsoft.RotaryEmbedding": 4, "com.microsoft.SkipSimplifiedLayerNormalization": 4},
         "onnx": {"IsNaN": 2, "Softmax": 2, "Transpose": 10},
     },
     "llama-tiny-torchscript": {
-        "ort-cpu": {"IsNaN": 2, "SimplifiedLayerNormalization": 1, "Transpose": 12, "com.microsoft.MultiHeadAttention": 2, "com.microsoft.QuickGelu": 2, "com.microsoft.RotaryEmbedding": 4, "com.microsoft.SkipSimplifiedLayerNormalization": 4},
+        "ort-cpu": {"IsNaN": 2, "SimplifiedLayerNormalization": 5, "Transpose": 12, "com.microsoft.MultiHeadAttention": 2, "com.microsoft.QuickGelu": 2, "com.microsoft.RotaryEmbedding": 4},
         "ort-cuda": {"IsNaN": 2, "SimplifiedLayerNormalization": 1, "Transpose": 12, "com.microsoft.MultiHeadAttention": 2, "com.microsoft.QuickGelu": 2, "com.microsoft.RotaryEmbedding": 4, "com.microsoft.SkipSimplifiedLayerNormalization": 4},
         "onnx": {"IsNaN": 2, "Softmax": 2, "Transpose": 10},
     },
     "vit-tiny-dynamo": {
-        "ort-cpu": {"LayerNormalization": 1, "Transpose": 1, "com.microsoft.Attention": 2, "com.microsoft.BiasGelu": 2, "com.microsoft.SkipLayerNormalization": 4},
+        "ort-cpu": {"LayerNormalization": 5, "Transpose": 1, "com.microsoft.Attention": 2, "com.microsoft.BiasGelu": 2},
         "ort-cuda": {"LayerNormalization": 1, "Transpose": 1, "com.microsoft.Attention": 2, "com.microsoft.BiasGelu": 2, "com.microsoft.SkipLayerNormalization": 4},
         "onnx": {"Gelu": 2, "IsNaN": 2, "LayerNormalization": 5, "Softmax": 2, "Transpose": 9},
     },
     "vit-tiny-torchscript": {
-        "ort-cpu": {"LayerNormalization": 1, "Transpose": 1, "com.microsoft.Attention": 2, "com.microsoft.BiasGelu": 2, "com.microsoft.SkipLayerNormalization": 4},
+        "ort-cpu": {"LayerNormalization": 5, "Transpose": 1, "com.microsoft.Attention": 2, "com.microsoft.BiasGelu": 2},
         "ort-cuda": {"LayerNormalization": 1, "Transpose": 1, "com.microsoft.Attention": 2, "com.microsoft.BiasGelu": 2, "com.microsoft.SkipLayerNormalization": 4},
         "onnx": {"LayerNormalization": 5, "Softmax": 2, "Transpose": 9},
     },
     "t5-encoder-tiny-dynamo": {
-        "ort-cpu": {"SimplifiedLayerNormalization": 1, "Transpose": 1, "com.microsoft.MultiHeadAttention": 2, "com.microsoft.SkipSimplifiedLayerNormalization": 4},
+        "ort-cpu": {"SimplifiedLayerNormalization": 5, "Transpose": 1, "com.microsoft.MultiHeadAttention": 2},
         "ort-cuda": {"SimplifiedLayerNormalization": 1, "Transpose": 1, "com.microsoft.MultiHeadAttention": 2, "com.microsoft.SkipSimplifiedLayerNormalization": 4},
         "onnx": {"Softmax": 2, "Transpose": 9},
     },
     "t5-encoder-tiny-torchscript": {
-        "ort-cpu": {"SimplifiedLayerNormalization": 1, "Transpose": 2, "com.microsoft.MultiHeadAttention": 2, "com.microsoft.SkipSimplifiedLayerNormalization": 4},
+        "ort-cpu": {"SimplifiedLayerNormalization": 5, "Transpose": 2, "com.microsoft.MultiHeadAttention": 2},
         "ort-cuda": {"SimplifiedLayerNormalization": 1, "Transpose": 2, "com.microsoft.MultiHeadAttention": 2, "com.microsoft.SkipSimplifiedLayerNormalization": 4},
         "onnx": {"Softmax": 2, "Transpose": 10},
     },
     "whisper-encoder-tiny-dynamo": {
-        "ort-cpu": {"Gelu": 2, "LayerNormalization": 1, "Transpose": 1, "com.microsoft.BiasGelu": 2, "com.microsoft.MultiHeadAttention": 2, "com.microsoft.SkipLayerNormalization": 4},
+        "ort-cpu": {"Gelu": 2, "LayerNormalization": 5, "Transpose": 1, "com.microsoft.BiasGelu": 2, "com.microsoft.MultiHeadAttention": 2},
         "ort-cuda": {"Gelu": 2, "LayerNormalization": 1, "Transpose": 1, "com.microsoft.BiasGelu": 2, "com.microsoft.MultiHeadAttention": 2, "com.microsoft.SkipLayerNormalization": 4},
         "onnx": {"Gelu": 4, "LayerNormalization": 5, "Softmax": 2, "Transpose": 9},
     },
     "whisper-encoder-tiny-torchscript": {
-        "ort-cpu": {"LayerNormalization": 1, "Transpose": 1, "com.microsoft.BiasGelu": 2, "com.microsoft.Gelu": 2, "com.microsoft.MultiHeadAttention": 2, "com.microsoft.SkipLayerNormalization": 4},
+        "ort-cpu": {"LayerNormalization": 5, "Transpose": 1, "com.microsoft.BiasGelu": 2, "com.microsoft.Gelu": 2, "com.microsoft.MultiHeadAttention": 2},
         "ort-cuda": {"LayerNormalization": 1, "Transpose": 1, "com.microsoft.BiasGelu": 2, "com.microsoft.Gelu": 2, "com.microsoft.MultiHeadAttention": 2, "com.microsoft.SkipLayerNormalization": 4},
         "onnx": {"LayerNormalization": 5, "Softmax": 2, "Transpose": 9},
     },
@@ -270,12 +273,19 @@ def test_pre_norm_residuals_become_skip_rmsnorms_keeping_the_sum(name: str) -> N
     # Pre-norm residual streams: each residual Add feeds the next RMSNorm and the next residual
     # Add. FuseSkipRMSNorm fuses those too, SkipSimplifiedLayerNormalization's 4th output
     # carrying the sum on to the next residual Add.
-    optimized_model, report = optimized(name, "ort-cpu")
-    assert report.rules["FuseAttention"].applications == 2  # attention itself fuses on ort-cpu
+    optimized_model, report = optimized(name, "ort-cuda")
+    assert report.rules["FuseAttention"].applications == 2
     skip = report.rules["FuseSkipRMSNorm"]
-    assert skip.applications == GOLDEN[name]["ort-cpu"]["com.microsoft.SkipSimplifiedLayerNormalization"] == 4
+    assert skip.applications == GOLDEN[name]["ort-cuda"]["com.microsoft.SkipSimplifiedLayerNormalization"] == 4
     skips = [n for n in optimized_model.graph.node if n.op_type == "SkipSimplifiedLayerNormalization"]
     assert sum(1 for n in skips if len(n.output) == 4 and n.output[3]) == 3  # three carry the sum on
+    # ort-cpu: the rule fuses the same 4, and the skip_norm decision gives each back as Add +
+    # SimplifiedLayerNormalization (the shipped CPU table predicts the fused kernel slower here).
+    cpu_model, cpu_report = optimized(name, "ort-cpu")
+    assert cpu_report.rules["FuseSkipRMSNorm"].applications == 4
+    decisions = [d for d in cpu_report.decisions if d.kind == "skip_norm"]
+    assert [(d.chosen, d.basis) for d in decisions] == [("unfused", "table")] * 4
+    assert fused_op_counts(cpu_model)["SimplifiedLayerNormalization"] == 5
 
 
 @pytest.mark.parametrize("target", ["ort-cpu", "ort-cuda"])

@@ -21,6 +21,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from architectures import build, cases
+from rule_testing import SKIP_NORM_WINS
 
 import graphopt
 
@@ -108,7 +109,9 @@ def test_each_rule_alone(name: str, exporter: str) -> None:
     assert not failures, failures
 
 
-# What the rules make of these architectures (all rules, ort-cpu); a drop is a regression.
+# What the rules make of these architectures (all rules, ort-cpu); a drop is a regression. On ort-cpu
+# the residual norms are then a decision (graphopt/passes/skip_norm.py) that the shipped table mostly
+# answers "unfused": the rules' output is seen with a table in which the fused ops win.
 EXPECTED_FUSIONS = {
     # name-exporter: {fused op: count}
     "whisper-encoder-dynamo": {"Attention|MultiHeadAttention": 2, "SkipLayerNormalization": 4},
@@ -125,7 +128,7 @@ EXPECTED_FUSIONS = {
 def test_fused_op_counts(key: str) -> None:
     name, exporter = key.rsplit("-", 1)
     original, _ = _model(name, exporter)
-    optimized, _ = graphopt.optimize(original, target="ort-cpu")
+    optimized, _ = graphopt.optimize(original, target="ort-cpu", cost_table=SKIP_NORM_WINS)
     ops = [n.op_type for n in optimized.graph.node]
     for wanted, count in EXPECTED_FUSIONS[key].items():
         found = sum(ops.count(op) for op in wanted.split("|"))

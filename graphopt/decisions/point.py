@@ -206,7 +206,7 @@ class DecisionPoint:
             else:
                 losers.append(candidate)
         record.chosen = best
-        batches = " at every batch size the model allows" if len(worlds) > 1 else ""
+        batches = " in every shape class the model's symbolic dimensions allow" if len(worlds) > 1 else ""
         if best != baseline:
             record.reason = f"predicted {best_total:.3g} ms against {base[0]:.3g} ms for {baseline} over {ops} op(s){batches}"
         elif losers:

@@ -14,7 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["OpClass", "CHANNEL_BUCKETS", "channel_bucket", "batch_buckets", "conv_kind", "conv_class", "conv_worlds"]
+__all__ = [
+    "OpClass", "CHANNEL_BUCKETS", "channel_bucket", "batch_buckets", "conv_kind", "conv_class", "conv_worlds",
+    "ROW_BUCKETS", "HIDDEN_BUCKETS", "bucket", "norm_class", "norm_worlds",
+]
 
 #: (lowest, highest or None, label): the channel buckets (max of input and output channels).
 #: benchmarks/decisions_bench.py measures 16, 64, 256 and 512 channels, one per bucket.
@@ -94,3 +97,50 @@ def conv_worlds(convs: Sequence[tuple[str, Sequence[Any], Sequence[Any], int]]) 
             classes.append(cls)
         worlds.append(classes)
     return worlds
+
+
+# --------------------------------------------------------------------------- residual norms
+#: Rows (the product of all but the last axis) and hidden size (the last axis) of a residual
+#: norm (SkipLayerNormalization, ...): benchmarks/ort_cpu_norms.py measures rows 1, 16, 128,
+#: 1024, 4096 and hidden 64, 256, 768, 2048, 4096, one point per bucket.
+ROW_BUCKETS: tuple[tuple[int, int | None, str], ...] = (
+    (1, 4, "r1-4"), (5, 48, "r5-48"), (49, 384, "r49-384"), (385, 2048, "r385-2048"), (2049, None, "r2049+"),
+)
+HIDDEN_BUCKETS: tuple[tuple[int, int | None, str], ...] = (
+    (1, 128, "h1-128"), (129, 512, "h129-512"), (513, 1024, "h513-1024"), (1025, 3072, "h1025-3072"), (3073, None, "h3073+"),
+)
+
+
+def bucket(buckets: tuple[tuple[int, int | None, str], ...], n: int) -> str:
+    for low, high, label in buckets:
+        if n >= low and (high is None or n <= high):
+            return label
+    return buckets[0][2]
+
+
+def norm_class(op: str, dtype: str, rows: str, hidden: int, *, bias: bool, sum_used: bool) -> OpClass:
+    """The class of a residual norm `op` over [rows, hidden] (rows: a ROW_BUCKETS label), with or
+    without the bias input, its input+skip sum used by other nodes or not."""
+    features = (
+        ("sum", "sum-used" if sum_used else "sum-unused"),
+        ("bias", "bias" if bias else "no-bias"),
+        ("rows", rows),
+        ("hidden", bucket(HIDDEN_BUCKETS, hidden)),
+    )
+    return OpClass(op, dtype, features)
+
+
+def norm_worlds(op: str, dtype: str, shape: Sequence[Any], *, bias: bool, sum_used: bool) -> list[list[OpClass]] | None:
+    """The classes of one residual norm with input `shape`, one world per row bucket its symbolic
+    dimensions allow (all of them when any is symbolic); None when the hidden size is unknown."""
+    if not shape or not isinstance(shape[-1], int):
+        return None
+    dims = list(shape[:-1])
+    if all(isinstance(d, int) for d in dims):
+        rows = 1
+        for d in dims:
+            rows *= int(d)
+        labels = [bucket(ROW_BUCKETS, rows)]
+    else:
+        labels = [label for _, _, label in ROW_BUCKETS]
+    return [[norm_class(op, dtype, label, int(shape[-1]), bias=bias, sum_used=sum_used)] for label in labels]
