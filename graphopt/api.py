@@ -232,12 +232,15 @@ def _run_pipeline(model: ir.Model, rules: RuleSet, target: Any, report: Report, 
         ("dce", lambda: passes.eliminate_dead_code(model)),
         ("lowering", lambda: lower_fused_ops(model, target)),
     ])
-    decider = _decision_point(target.name, options)
-    if decider.ep is not None:
-        from graphopt.passes.fused_conv import decide_fused_convs
+    from graphopt.decisions import EP_OF_TARGET
 
-        say("decisions: FusedConv")
-        pipeline.run_passes([("fused_conv_decisions", lambda: decide_fused_convs(model, decider))])
+    if target.name not in EP_OF_TARGET:
+        return  # the `onnx` target names no execution provider: nothing to decide, no cost table to read
+    decider = _decision_point(target.name, options)
+    from graphopt.passes.fused_conv import decide_fused_convs
+
+    say("decisions: FusedConv")
+    pipeline.run_passes([("fused_conv_decisions", lambda: decide_fused_convs(model, decider))])
     if target.name == "ort-cuda":
         from graphopt.passes.layout import convert_layout
 
