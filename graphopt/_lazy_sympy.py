@@ -20,12 +20,14 @@ before any use of sympy, as torch may do, would run `sympy.printing` twice.)
 from __future__ import annotations
 
 import importlib
-import importlib.abc
-import importlib.machinery
 import importlib.util
 import sys
 import types
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from importlib.abc import Loader
+    from importlib.machinery import ModuleSpec
 
 __all__ = ["defer_sympy", "sympy"]
 
@@ -48,13 +50,14 @@ class _StandIn(types.ModuleType):
 sympy: Any = _StandIn("sympy")
 
 
-class _LoaderWithStandIns(importlib.abc.Loader):
-    """onnx-ir's own loader, run with stand-ins for `_DEFERRED` in sys.modules."""
+class _LoaderWithStandIns:
+    """onnx-ir's own loader, run with stand-ins for `_DEFERRED` in sys.modules. (The import
+    system's protocols, not importlib.abc's classes: importing those costs 10 ms.)"""
 
-    def __init__(self, loader: importlib.abc.Loader) -> None:
+    def __init__(self, loader: Loader) -> None:
         self.loader = loader
 
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
+    def create_module(self, spec: ModuleSpec) -> types.ModuleType | None:
         return self.loader.create_module(spec)
 
     def exec_module(self, module: types.ModuleType) -> None:
@@ -71,16 +74,16 @@ class _LoaderWithStandIns(importlib.abc.Loader):
                 module.__spec__.loader = self.loader
 
 
-class _OnnxIrHook(importlib.abc.MetaPathFinder):
-    """Hands onnx-ir's import to `_LoaderWithStandIns`, once."""
+class _OnnxIrHook:
+    """A finder on sys.meta_path that hands onnx-ir's import to `_LoaderWithStandIns`, once."""
 
-    def find_spec(self, name: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> ModuleSpec | None:
         if name != "onnx_ir":
             return None
         sys.meta_path.remove(self)
         spec = importlib.util.find_spec(name)  # found as it would be without this hook
         if spec is not None and spec.loader is not None:
-            spec.loader = _LoaderWithStandIns(spec.loader)
+            spec.loader = _LoaderWithStandIns(spec.loader)  # type: ignore[assignment]
         return spec
 
 
