@@ -20,6 +20,7 @@ never modified unless it is also the output and `--force` is given.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import re
@@ -561,7 +562,15 @@ def _options(
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point."""
     _quiet_libraries()
-    app(args=argv, prog_name="graphopt")
+    try:
+        app(args=argv, prog_name="graphopt")
+    finally:
+        # The process ends here. Shutting the interpreter down runs the cyclic garbage
+        # collector over every object the imported libraries made (some 60,000): frozen,
+        # they are skipped, which saves 0.1 s of CPU on a small model's half second.
+        # (Objects still in reference cycles then go without finalizers, which Python
+        # never promises at exit; graphopt closes its files and removes its staging folders.)
+        gc.freeze()
 
 
 if __name__ == "__main__":
