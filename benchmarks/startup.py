@@ -16,7 +16,8 @@ Each is reported as wall time and as CPU time (user + system of the process): on
 shared with other work the wall time grows with the load, the CPU time of a
 single-threaded start-up much less (onnxruntime's thread pool makes its CPU time exceed
 its wall time). The commands run from a temporary folder, so `python -m graphopt`
-imports the checkout named by `--checkout`, not the current folder.
+imports the checkout named by `--checkout`, not the current folder, and with bytecode
+caches (PYTHONDONTWRITEBYTECODE is dropped), as an installed package runs.
 """
 
 from __future__ import annotations
@@ -77,6 +78,9 @@ def main() -> None:
     parser.add_argument("--checkout", type=Path, default=REPO, help="the graphopt checkout to time (default: this one), e.g. an older commit's worktree")
     args = parser.parse_args()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(args.checkout), os.environ.get("PYTHONPATH", "")])))
+    # As an installed package runs: from bytecode caches (the warm-up run writes them), not
+    # compiling every module of the checkout anew in every run.
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     py = sys.executable
     graphopt = [py, "-m", "graphopt"]
     script = shutil.which("graphopt")  # the console script; with PYTHONPATH it runs the checkout's code
@@ -125,6 +129,7 @@ def main() -> None:
         "model": f"examples/make_example.py ({model.stat().st_size} bytes)",
         "checkout": str(args.checkout),
         "runs": args.runs,
+        "command": " ".join(["python benchmarks/startup.py", *sys.argv[1:]]),
         "versions": versions,
         "results": results,
     }

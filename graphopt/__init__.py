@@ -5,7 +5,12 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any
 
-from graphopt._version import __version__
+from graphopt._lazy_sympy import defer_sympy
+
+# Before anything imports onnx-ir: it imports sympy (a quarter of a second), which most runs never use.
+defer_sympy()
+
+from graphopt._version import __version__  # noqa: E402
 from graphopt.errors import GraphoptError, ModelError, PatternError, RuleNameError  # noqa: E402
 
 if TYPE_CHECKING:

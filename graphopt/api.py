@@ -264,10 +264,12 @@ def _lower_and_decide(model: ir.Model, target: Any, report: Report, options: Opt
 
 
 def _decision_point(target: str, options: OptimizeOptions) -> Any:
-    from graphopt.decisions import CostTable, DecisionPoint, TuneCache, default_table
+    from graphopt.decisions import EP_OF_TARGET, CostTable, DecisionPoint, TuneCache, default_table
 
     table = options.cost_table
-    if table is None:
+    if target not in EP_OF_TARGET:
+        table = CostTable()  # the `onnx` target names no execution provider: nothing to decide, no table to read
+    elif table is None:
         table = default_table()
     elif not isinstance(table, CostTable):
         table = CostTable.load(table)

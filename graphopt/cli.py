@@ -20,6 +20,7 @@ never modified unless it is also the output and `--force` is given.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import re
@@ -37,7 +38,6 @@ from graphopt.errors import GraphoptError, printable
 
 if TYPE_CHECKING:  # imported where used: `graphopt --help` must not pay for onnx-ir, sympy or rich
     import onnx_ir as ir
-    from rich.console import Console
 
 __all__ = ["app", "main", "EXIT_OK", "EXIT_VERIFY_FAILED", "EXIT_USAGE"]
 
@@ -128,12 +128,18 @@ def _parse_shapes(values: list[str]) -> dict[str, list[int]]:
 
 
 @contextmanager
-def _progress(console: Console, enabled: bool) -> Iterator[Callable[[str], None]]:
-    """A spinner fed by OptimizeOptions.progress; silent when not on a terminal."""
-    if not enabled or not console.is_terminal:
+def _progress(enabled: bool) -> Iterator[Callable[[str], None]]:
+    """A spinner on stderr fed by OptimizeOptions.progress; silent when not on a terminal."""
+    if not enabled:  # --quiet: not even rich is imported
         yield lambda message: None
         return
+    from rich.console import Console
     from rich.markup import escape
+
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        yield lambda message: None
+        return
 
     with console.status("loading", spinner="dots") as status:
         started = time.perf_counter()
@@ -236,17 +242,11 @@ def optimize(
     max_repairs: Annotated[int, typer.Option(metavar="N", help="Rewrites --verify may leave out before giving up.", min=0)] = 5,
 ) -> None:
     """Optimize an ONNX model and write the result."""
-    from rich.console import Console
-    from rich.markup import escape
-
     from graphopt.api import OptimizeOptions
     from graphopt.api import optimize as run_optimize
     from graphopt.ir.onnx_io import load_model, save_model
     from graphopt.ops.targets import get_target
-    from graphopt.report.render import print_summary, write_json
 
-    console = Console()
-    errors = Console(stderr=True)
     with _user_errors():
         get_target(target)  # an unknown target is an error before any work
         precision_name = None
@@ -278,7 +278,7 @@ def optimize(
             check_writable_folder(report, "report")
             if same_file(report, model) or os.path.realpath(report) in (os.path.realpath(model), os.path.realpath(output)):
                 raise GraphoptError(f"{report}: the report would overwrite the input or the output model")
-        with _progress(errors, not quiet) as say:
+        with _progress(not quiet) as say:
             options = OptimizeOptions(
                 target=target,
                 patterns=[str(p) for p in patterns or []],
@@ -339,10 +339,18 @@ def optimize(
 
                 write_html(result, report)
             else:
+                from graphopt.report.render import write_json
+
                 write_json(result, report)
     if verification is not None and not verification.passed:
         _fail(f"verification failed, nothing written: {verification.message}", EXIT_VERIFY_FAILED)
-    if not quiet:
+    if not quiet:  # rich (the summary's tables) is imported only to print
+        from rich.console import Console
+        from rich.markup import escape
+
+        from graphopt.report.render import print_summary
+
+        console = Console()
         print_summary(result, console, json_report=report)
         console.print(f"wrote {escape(str(output))}" + (f" and {escape(str(report))}" if report else ""), highlight=False)
 
@@ -567,7 +575,15 @@ def _options(
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point."""
     _quiet_libraries()
-    app(args=argv, prog_name="graphopt")
+    try:
+        app(args=argv, prog_name="graphopt")
+    finally:
+        # The process ends here. Shutting the interpreter down runs the cyclic garbage
+        # collector over every object the imported libraries made (some 60,000): frozen,
+        # they are skipped, which saves some 0.08 s of CPU on a small model's half second.
+        # (Objects still in reference cycles then go without finalizers, which Python
+        # never promises at exit; graphopt closes its files and removes its staging folders.)
+        gc.freeze()
 
 
 if __name__ == "__main__":

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import sympy
 
 from graphopt.ir.dtypes import numpy_dtype
 from graphopt.ir.symbolic import broadcast_dims, dims_equal, static_int
@@ -244,7 +243,7 @@ def is_packed_projection(ctx, x, w, proj, sizes, axis):
     hidden = static_int(dx[2])
     if weights is None or weights.shape != (hidden, 3 * hidden):
         return f"the weights are {None if weights is None else list(weights.shape)}, not [{hidden}, {3 * hidden}]"
-    if not dims_equal(dp, [dx[0], dx[1], sympy.Integer(3 * hidden)]):
+    if not dims_equal(dp, [dx[0], dx[1], 3 * hidden]):
         return f"the projection {list(dp)} does not restore the input's leading dims {list(dx)}"
     if axis not in (-1, 2):
         return f"the split is along axis {axis}, not the last"

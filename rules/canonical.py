@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
-import sympy
 
 from graphopt.ir.symbolic import SymbolicShapes, dims_equal, static_int
 from graphopt.pattern.native import native_constraint, native_rewrite
@@ -42,6 +43,9 @@ def is_identity_perm(ctx, perm):
 
 @native_constraint("SameDims")
 def same_dims(ctx, a, b):
+    recorded = ctx.same_recorded_shape(a, b)
+    if recorded is not None:
+        return True if recorded else f"dims {ctx.shape_text(a)} and {ctx.shape_text(b)} are not known to be equal"
     da, db = ctx.dims(a), ctx.dims(b)
     if da is None or db is None:
         return "the dims are not known"
@@ -78,7 +82,7 @@ def is_batched_last_two_transpose(ctx, x, flat, out):
     if len(dx) < 3 or len(df) != 3:
         return f"ranks {len(dx)} -> {len(df)} are not a flatten of leading dims"
     lead, a, b = dx[:-2], dx[-2], dx[-1]
-    if not dims_equal(df, [sympy.Mul(*lead), a, b]):
+    if not dims_equal(df, [math.prod(lead), a, b]):
         return f"{list(df)} is not {list(dx)} with its leading dims merged"
     if not dims_equal(do, [*lead, b, a]):
         return f"{list(do)} does not restore the leading dims of {list(dx)}"

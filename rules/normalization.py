@@ -49,11 +49,15 @@ def is_square(ctx, form, exponent):
 @native_constraint("SameStaticShape")
 def same_static_shape(ctx, a, b):
     """a and b have the same known shape (static dims equal, symbolic dims the same name)."""
-    sa, sb = ctx.dims(a), ctx.dims(b)
-    if sa is None or sb is None:
-        return "a shape is unknown"
-    if not dims_equal(sa, sb):
-        return f"the shapes are not known to be equal: {list(sa)} vs {list(sb)}"
+    recorded = ctx.same_recorded_shape(a, b)
+    if recorded is False:
+        return f"the shapes are not known to be equal: {ctx.shape_text(a)} vs {ctx.shape_text(b)}"
+    if recorded is None:
+        sa, sb = ctx.dims(a), ctx.dims(b)
+        if sa is None or sb is None:
+            return "a shape is unknown"
+        if not dims_equal(sa, sb):
+            return f"the shapes are not known to be equal: {list(sa)} vs {list(sb)}"
     if ctx.dtype(a) != ctx.dtype(b):
         return f"the dtypes differ: {ctx.dtype(a)} vs {ctx.dtype(b)}"
     return True

@@ -118,3 +118,51 @@ def test_symbolic_division_only_where_it_is_the_floor() -> None:
     sym, v = _shapes(model)
     assert sym.tensor(v["half"]) == [sympy.floor(_sym("n") / 2)]
     assert sym.tensor(v["neg_half"]) is None  # -n / 2 truncates toward zero: not the floor, so unknown
+
+
+def test_recorded_shapes_settle_what_they_can_and_leave_the_rest_to_symbolic_dims() -> None:
+    # MatchContext.same_recorded_shape answers SameDims / SameStaticShape without sympy where the
+    # model's recorded shapes suffice; None sends the question on to the symbolic dims.
+    from graphopt.match.context import MatchContext
+
+    def value(name: str, shape: list | None) -> ir.Value:
+        return ir.Value(name=name, type=ir.TensorType(ir.DataType.FLOAT), shape=None if shape is None else ir.Shape(shape))
+
+    graph = ir.Graph([], [], nodes=[], opset_imports={"": 18})
+    ctx = MatchContext(OnnxView(ir.Model(graph, ir_version=9)))
+    n3, n3_again = value("a", ["N", 3]), value("b", ["N", 3])
+    assert ctx.same_recorded_shape(n3, n3_again) is True  # one name, one size
+    assert ctx.same_recorded_shape(n3, value("c", ["N", 3, 1])) is False  # ranks differ
+    assert ctx.same_recorded_shape(n3, value("d", ["N", 4])) is False  # a static size differs
+    assert ctx.same_recorded_shape(n3, value("e", ["M", 3])) is None  # other names: only the graph can tell
+    assert ctx.same_recorded_shape(value("f", [None, 3]), value("g", [None, 3])) is None  # unknown dims
+    assert ctx.same_recorded_shape(n3, value("h", None)) is None  # unknown rank
+    assert ctx.shape_text(value("i", ["N", None, 4])) == "[N, ?, 4]"
+    assert ctx.shape_text(value("j", None)) == "?"
+
+
+def test_drop_no_op_reshape_asks_the_recorded_shapes_first_then_the_symbolic_dims() -> None:
+    # DropNoOpReshape (SameDims) on Reshape(x, target): recorded ranks that differ settle it
+    # (a flatten to [unk__0]); so do equal recorded shapes (Reshape(x, Shape(x)), its shape
+    # propagated by inference); without recorded shapes the symbolic dims decide.
+    from graphopt.api import OptimizeOptions, optimize
+
+    def reshape_model(target: list[int] | None) -> ir.Model:
+        inits = [] if target is None else [init("t", np.array(target))]
+        nodes = [helper.make_node("Shape", ["x"], ["sh"]), helper.make_node("Reshape", ["x", "sh" if target is None else "t"], ["y"]),
+                 helper.make_node("Relu", ["y"], ["z"])]
+        model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 6])],
+                           [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)], inits)
+        return ir.serde.deserialize_model(model)
+
+    def run(model: ir.Model, **options):  # type: ignore[no-untyped-def]
+        return optimize(model, OptimizeOptions(enable=["DropNoOpReshape"], **options))[1].rules["DropNoOpReshape"]
+
+    flattened = run(reshape_model([-1]))
+    assert flattened.applications == 0
+    miss = flattened.near_misses[0].reason
+    assert miss.startswith("SameDims: dims [batch, 6] and [unk__") and miss.endswith("] are not known to be equal"), miss
+    assert run(reshape_model(None)).applications == 1
+    unrecorded = reshape_model(None)
+    assert OnnxView(unrecorded).shape(unrecorded.graph.node(1).outputs[0]) is None
+    assert run(unrecorded, shape_inference=False).applications == 1

@@ -17,9 +17,9 @@ shape-computing subgraph symbolically:
 Both walk producers (Reshape, Transpose, MatMul, broadcasting elementwise ops,
 Shape, Slice, Gather, Concat, Unsqueeze, arithmetic on shape tensors ...) and fall
 back to the view's inferred shape. Equal expressions mean equal dims at run
-time; different expressions mean "not known to be equal". sympy is already
-loaded (onnx-ir imports it), and its products and quotients are what resolving
-a Reshape's -1 needs.
+time; different expressions mean "not known to be equal". sympy's products and
+quotients are what resolving a Reshape's -1 needs; it is imported on first use
+(graphopt._lazy_sympy), so a run that asks no symbolic question never loads it.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from collections.abc import Sequence
 from typing import Any, TypeAlias
 
 import numpy as np
-import sympy
 
+from graphopt._lazy_sympy import sympy
 from graphopt.ir.view import GraphView
 from graphopt.ops.registry import InferContext, has_fact, spec
 
@@ -47,7 +47,7 @@ def static_int(d: Any) -> int | None:
     """The dim as a Python int when it is a known integer."""
     if isinstance(d, (int, np.integer)):
         return int(d)
-    if isinstance(d, sympy.Integer):
+    if getattr(d, "is_Integer", False):  # a sympy Integer (told without importing sympy)
         return int(d)
     return None
 

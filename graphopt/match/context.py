@@ -4,7 +4,8 @@ FX graphs alike), plus constant creation during a rewrite.
 The questions helpers used to answer by hand in every rules/*.py file live here
 once: a one-element constant as a float (`scalar`), a constant's elements as ints
 (`ints`), a constant Slice on one axis (`one_axis_slice`), symbolic dims (`dims`, memoized
-per graph), the static last dim (`last_dim`).
+per graph) and the cheap answer the recorded shapes give first (`same_recorded_shape`), the
+static last dim (`last_dim`).
 """
 
 from __future__ import annotations
@@ -66,6 +67,25 @@ class MatchContext:
     def rank(self, value: Any) -> int | None:
         shape = self.shape(value)
         return None if shape is None else len(shape)
+
+    def same_recorded_shape(self, a: Any, b: Any) -> bool | None:
+        """What the recorded shapes alone settle about a and b having the same dims: True when
+        both are fully known and equal (a symbolic dim's name stands for one size throughout a
+        graph), False when their ranks or static sizes differ, None when only `dims` can tell.
+        Most questions are settled here, without the symbolic evaluation (and sympy) `dims` needs."""
+        sa, sb = self.shape(a), self.shape(b)
+        if sa is None or sb is None:
+            return None
+        if len(sa) != len(sb) or any(isinstance(x, int) and isinstance(y, int) and x != y for x, y in zip(sa, sb)):
+            return False
+        if sa == sb and None not in sa:
+            return True
+        return None
+
+    def shape_text(self, value: Any) -> str:
+        """The recorded shape as messages print it: `[N, 64, ?]` (`?`: unknown dim), `?` for an unknown rank."""
+        shape = self.shape(value)
+        return "?" if shape is None else "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
 
     def dims(self, value: Any) -> list[Dim] | None:
         """The dims as symbolic expressions (evaluated through shape computations), or None."""

@@ -15,14 +15,15 @@ import pickle
 import tempfile
 from functools import lru_cache
 from pathlib import Path
-
-from lark import Lark
-from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
+from typing import TYPE_CHECKING
 
 from graphopt.errors import PatternError
 from graphopt.pattern.ir import PatternFile
-from graphopt.pattern.pdll_build import FileBuilder
 from graphopt.pattern.pdll_source import RESERVED_WORDS, check_value_constraint, format_error, is_name
+
+if TYPE_CHECKING:  # imported where text is parsed: rules read from the cache need no lark
+    from lark import Lark
+    from lark.exceptions import UnexpectedInput
 
 __all__ = ["parse_pdll", "parse_pdll_file", "RESERVED_WORDS", "is_name", "check_value_constraint", "format_error"]
 
@@ -32,6 +33,10 @@ _TERMINAL_WORDS = {"NAME": "a name", "INT": "an integer", "FLOAT": "a number", "
 
 def parse_pdll(text: str, path: str = "<string>") -> PatternFile:
     """Parse pattern text; `path` is only used in locations and error messages."""
+    from lark.exceptions import UnexpectedInput
+
+    from graphopt.pattern.pdll_build import FileBuilder
+
     try:
         tree = _parser().parse(text)
     except UnexpectedInput as e:
@@ -111,6 +116,8 @@ def _grammar_text() -> str:
 
 @lru_cache(maxsize=1)
 def _parser() -> Lark:
+    from lark import Lark
+
     return Lark(_grammar_text(), parser="lalr", propagate_positions=True, maybe_placeholders=True)
 
 
@@ -125,6 +132,8 @@ def _describe_terminal(name: str) -> str:
 
 
 def _syntax_error(e: UnexpectedInput, text: str, path: str) -> PatternError:
+    from lark.exceptions import UnexpectedCharacters, UnexpectedToken
+
     if isinstance(e, UnexpectedToken):
         token = e.token
         if token.type == "$END":

@@ -9,11 +9,13 @@ the small helpers that turn lark's tokens and trees into line:col positions.
 from __future__ import annotations
 
 import re
-
-from lark import Token, Tree
+from typing import TYPE_CHECKING, TypeAlias
 
 from graphopt.errors import PatternError
 from graphopt.pattern.ir import VALUE_CONSTRAINTS, SourceLoc
+
+if TYPE_CHECKING:  # lark is imported only to parse: loading cached rules needs none of it
+    from lark import Token, Tree
 
 __all__ = ["RESERVED_WORDS", "is_name", "check_value_constraint", "format_error"]
 
@@ -57,10 +59,11 @@ def format_error(path: str, text: str, line: int, col: int, message: str) -> Pat
 
 
 
-_Pos = Token | Tree
+_Pos: TypeAlias = "Token | Tree"
+
 
 def _line_col(at: _Pos) -> tuple[int, int]:
-    if isinstance(at, Token):
+    if isinstance(at, str):  # a Token (lark's tokens are strs)
         return at.line or 1, at.column or 1
     meta = at.meta
     return (getattr(meta, "line", 1), getattr(meta, "column", 1)) if not meta.empty else (1, 1)

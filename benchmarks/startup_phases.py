@@ -1,0 +1,113 @@
+"""Where the start-up of `graphopt optimize` goes: CPU time of each phase, in the order the command meets them.
+
+    python benchmarks/startup_phases.py [--runs 7] [--out results/startup-phases.json] [--checkout PATH]
+
+Builds the README's example model (examples/make_example.py) and runs, `--runs` times in a
+fresh process each, what `graphopt optimize model.onnx -o out.onnx -q` does: the imports
+(numpy, onnx, onnx-ir, typer, pydantic, graphopt's modules, onnxruntime), loading the model,
+loading the rule library, optimizing, saving with onnxruntime's load check, and the
+interpreter's shutdown (the whole process's CPU time less the phases). Prints the median CPU
+time (user + system) of each phase; CPU time rather than wall time because the machine this
+runs on is shared (see benchmarks/startup.py for whole-process wall times).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+# One run, in its own process: prints "phase<TAB>seconds" lines.
+PHASES = r"""
+import sys, time
+marks = [("start", time.process_time())]
+def mark(name):
+    marks.append((name, time.process_time()))
+import numpy
+mark("import numpy")
+import onnx
+mark("import onnx (numpy done)")
+import graphopt, onnx_ir
+mark("import graphopt, onnx-ir")
+import typer, graphopt.cli
+mark("import typer, graphopt.cli")
+import typer._adapters
+mark("import pydantic (typer's parameter coercion)")
+import graphopt.api
+from graphopt.api import OptimizeOptions, builtin_rules, optimize
+from graphopt.ir.onnx_io import load_model, save_model
+mark("import graphopt's optimizer modules")
+model = load_model(sys.argv[1])
+mark("load the model (checks, strict shape inference)")
+builtin_rules()
+mark("load the rule library (cached .pdll, rules/*.py)")
+optimized, report = optimize(model, OptimizeOptions())
+mark("optimize (shape inference, sweeps, cleanup)")
+import onnxruntime
+mark("import onnxruntime (for the save's load check)")
+save_model(optimized, sys.argv[2], reference=sys.argv[1])
+mark("save (with onnxruntime's load check)")
+for (_, before), (name, after) in zip(marks, marks[1:]):
+    print(f"{name}\t{after - before:.6f}")
+import gc
+gc.freeze()  # as graphopt.cli.main does at exit
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--checkout", type=Path, default=REPO, help="the graphopt checkout to time (default: this one)")
+    args = parser.parse_args()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(args.checkout), os.environ.get("PYTHONPATH", "")])))
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # from bytecode caches, as an installed package runs
+    folder = Path(tempfile.mkdtemp(prefix="graphopt-phases-"))
+    model = folder / "model.onnx"
+    subprocess.run([sys.executable, str(REPO / "examples" / "make_example.py"), str(model)], check=True, capture_output=True, env=env)
+    command = [sys.executable, "-c", PHASES, str(model), str(folder / "out.onnx")]
+    subprocess.run(command, check=True, capture_output=True, env=env, cwd=folder)  # warm-up: file and bytecode caches
+    phases: dict[str, list[float]] = {}
+    for _ in range(args.runs):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        done = subprocess.run(command, check=True, capture_output=True, text=True, env=env, cwd=folder)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        whole = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+        measured = 0.0
+        for line in done.stdout.splitlines():
+            name, seconds = line.split("\t")
+            phases.setdefault(name, []).append(float(seconds))
+            measured += float(seconds)
+        phases.setdefault("interpreter start and shutdown (the rest)", []).append(whole - measured)
+        phases.setdefault("whole process", []).append(whole)
+    medians = {name: statistics.median(times) for name, times in phases.items()}
+    for name, median in medians.items():
+        print(f"{name:55s} {median * 1000:7.1f} ms")
+    if args.out:
+        document = {
+            "load_average": os.getloadavg(),
+            "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "command": " ".join(["python benchmarks/startup_phases.py", *sys.argv[1:]]),
+            "checkout": str(args.checkout),
+            "runs": args.runs,
+            "cpu_median_s": medians,
+            "cpu_runs_s": phases,
+        }
+        args.out.write_text(json.dumps(document, indent=2) + "\n")
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
