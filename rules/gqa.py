@@ -67,16 +67,17 @@ def _repeat_problem(ctx, mha_value, index: int, form: str, name: str, kv_heads: 
 
 
 def _where_keep(ctx, bias) -> tuple[Any, str | None]:
-    """(keep, None) for bias = Where(keep, 0, fill) with a fill that swamps any score (-inf or
-    about float32's lowest), else (None, why not)."""
+    """(keep, None) for bias = Where(keep, 0, fill) with a fill whose exp underflows to 0 next to any
+    visible score (-inf, or at most float16's lowest: what exporters write in either type), else
+    (None, why not)."""
     view = ctx.view
     node = view.producer(bias)
     if node is None or view.op_key(node) != ("", "Where"):
         return None, f"the mask comes from {'a graph input' if node is None else view.label(node)}, not Where(keep, 0, fill)"
     keep, zero, fill = view.inputs(node)
     fill_value = ctx.scalar(fill)
-    if ctx.scalar(zero) != 0.0 or fill_value is None or fill_value > -1e38:
-        return None, f"the mask is Where(keep, {ctx.scalar(zero)}, {fill_value}), not Where(keep, 0, -inf or about float32's lowest)"
+    if ctx.scalar(zero) != 0.0 or fill_value is None or fill_value > -65504.0:
+        return None, f"the mask is Where(keep, {ctx.scalar(zero)}, {fill_value}), not Where(keep, 0, fill <= -65504)"
     return keep, None
 
 

@@ -12,7 +12,8 @@ head**-0.25; Softmax; the output projection.
 
 Variants (keyword arguments): `repeat` "expand" (transformers), "tile" (kv heads repeated as a
 block), "expand_axis1" (Unsqueeze on axis 1: block order too), "none" (multi-head attention,
-kv_heads = heads); `mask` "causal_padding", "causal" (no attention_mask input) or "none"; `rotary` True / False.
+kv_heads = heads); `mask` "causal_padding", "causal" (no attention_mask input), "padding" (bidirectional
+with padding) or "none"; `rotary` True / False.
 """
 
 from __future__ import annotations
@@ -104,16 +105,17 @@ def decoder_block(hidden: int = 32, heads: int = 4, kv_heads: int = 2, repeat: s
     quarter = const("quarter", np.array(head ** -0.25, dtype))
     scores = node("MatMul", [node("Mul", [q, quarter], "q_s"),
                              node("Mul", [node("Transpose", [k_rep], "k_tr", perm=[0, 1, 3, 2]), quarter], "k_s")], "scores")
-    if mask in ("causal_padding", "causal"):
+    if mask in ("causal_padding", "causal", "padding"):
         kv_range = node("Range", [scalar0, total, scalar1], "kv_pos")
         kv_pos = node("Unsqueeze", [kv_range, const("ax012", np.array([0, 1, 2], np.int64))], "kv_pos_u")
         q_pos = node("Unsqueeze", [positions, const("ax013", np.array([0, 1, 3], np.int64))], "q_pos_u")
         causal = node("LessOrEqual", [kv_pos, q_pos], "causal")  # [1, 1, seq, total]
         # the mask read at each key position, as transformers' padding_mask_function indexes it
-        if mask == "causal_padding":
+        if mask in ("causal_padding", "padding"):
             mask_at = node("Gather", [node("Cast", ["attention_mask"], "mask_b", to=TensorProto.BOOL), kv_range], "mask_at", axis=1)
             padding = node("Unsqueeze", [mask_at, const("ax12", np.array([1, 2], np.int64))], "padding")  # [batch, 1, 1, total]
-        keep = node("And", [causal, padding], "keep") if mask == "causal_padding" else causal
+        keep = {"causal_padding": lambda: node("And", [causal, padding], "keep"), "causal": lambda: causal,
+                "padding": lambda: node("Expand", [padding, node("Shape", [causal], "causal_shape")], "keep")}[mask]()
         full = node("Concat", [batch_1d, one_d["1"], seq_1d, total_1d], "mask_shape", axis=0)
         keep = node("Expand", [keep, full], "keep_full")
         bias = node("Where", [keep, const("zero", np.array(0, dtype)), const("fill", np.array(np.finfo(dtype).min, dtype))], "bias")
@@ -131,7 +133,7 @@ def decoder_block(hidden: int = 32, heads: int = 4, kv_heads: int = 2, repeat: s
         helper.make_tensor_value_info("past_key", elem, ["batch", kv_heads, "past", head]),
         helper.make_tensor_value_info("past_value", elem, ["batch", kv_heads, "past", head]),
     ]
-    if mask != "causal_padding":
+    if mask not in ("causal_padding", "padding"):
         inputs.pop(1)
     outputs = [helper.make_tensor_value_info("out", elem, ["batch", "seq", hidden]),
                helper.make_tensor_value_info("present_key", elem, ["batch", kv_heads, "total", head]),

@@ -1,0 +1,194 @@
+"""Golden tests for gqa.pdll: attention over Concat(past, new) k / v (repeat_kv or none) ->
+graphopt.GroupQueryAttention (com.microsoft.GroupQueryAttention on onnxruntime), on the
+decoder block of tests/llm_decoders.py and on a real dynamo export of a tiny LLaMA with a
+KV cache; negative cases with the reasons the rule gives."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import onnx
+import pytest
+from llm_decoders import decoder_block, feeds
+from rule_testing import run
+
+import graphopt
+
+RULE = "FuseGroupQueryAttention"
+GQA = "com.microsoft.GroupQueryAttention"
+# prefill (empty past), decode steps (with and without left padding in the past), several new
+# tokens over a past at batch 1 and at batch 2 (onnxruntime needs query_seqlens for that)
+STEPS = [(2, 5, 0, 0), (2, 1, 7, 0), (2, 1, 7, 3), (1, 4, 3, 0), (2, 4, 3, 2)]
+
+
+def _ops(model: onnx.ModelProto) -> Counter[str]:
+    return Counter(f"{n.domain}.{n.op_type}" if n.domain else n.op_type for n in model.graph.node)
+
+
+def _optimize(model: onnx.ModelProto, target: str = "ort-cpu", **kwargs):
+    return graphopt.optimize(model, target=target, **kwargs)
+
+
+def _assert_steps_equal(original: onnx.ModelProto, optimized: onnx.ModelProto, steps=STEPS, atol: float = 1e-5) -> None:
+    for batch, seq, past, pad in steps:
+        inputs = feeds(original, batch, seq, past, pad)
+        names = {i.name for i in original.graph.input}
+        inputs = {k: v for k, v in inputs.items() if k in names}
+        expected, actual = run(original, inputs), run(optimized, inputs)
+        for name, e, a in zip(["out", "present_key", "present_value"], expected, actual, strict=True):
+            assert a.shape == e.shape, (batch, seq, past, name)
+            np.testing.assert_allclose(a, e, rtol=1e-5, atol=atol, err_msg=f"{name} at batch {batch}, seq {seq}, past {past}, pad {pad}")
+
+
+def _near_miss(report) -> str:
+    misses = report.rules[RULE].near_misses if RULE in report.rules else []
+    return misses[0].reason if misses else ""
+
+
+def test_golden_the_cached_attention_becomes_one_group_query_attention() -> None:
+    model = decoder_block()
+    optimized, report = _optimize(model)
+    assert report.rules[RULE].applications == 1
+    ops = _ops(optimized)
+    assert ops[GQA] == 1
+    assert ops["com.microsoft.MultiHeadAttention"] == 0 and ops["Softmax"] == 0 and ops["Tile"] == 0
+    # the repeats are gone: nothing reads the presents (graph outputs only)
+    assert not [n.op_type for n in optimized.graph.node if {"present_key", "present_value"} & set(n.input)]
+    # 76 nodes -> 57: the repeats, the k^T chain, scores, Softmax, rotary's 14 ops (2 RotaryEmbedding)
+    # go; the seqlens_k / total / query_seqlens arithmetic (9 small int ops) comes
+    assert (len(model.graph.node), len(optimized.graph.node)) == (76, 57)
+    [node] = [n for n in optimized.graph.node if n.op_type == "GroupQueryAttention"]
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    assert (attrs["num_heads"], attrs["kv_num_heads"], attrs["causal"]) == (4, 2, 1)
+    assert attrs["scale"] == pytest.approx(8 ** -0.5)
+    assert node.input[3:5] == ["past_key", "past_value"] and node.input[10] == "bias"  # the padding mask stays, as attention_bias
+    assert list(node.output[1:]) == ["present_key", "present_value"]  # the presents come from the op
+    _assert_steps_equal(model, optimized)
+
+
+def test_a_left_padded_prompt_differs_only_in_rows_that_see_no_key() -> None:
+    """Rows 0 and 1 of the padded sequence are padding: every key they could see is masked. The
+    original gives them the mean of all values, GroupQueryAttention the mean of their causal
+    prefix; no other row reads them (they are masked keys). Everything else is equal."""
+    model = decoder_block()
+    optimized, _ = _optimize(model)
+    inputs = feeds(model, 2, 5, 0, left_pad=2)
+    expected, actual = run(model, inputs), run(optimized, inputs)
+    visible = np.ones((2, 5), bool)
+    visible[1, :2] = False
+    np.testing.assert_allclose(actual[0][visible], expected[0][visible], rtol=1e-5, atol=1e-5)
+    assert not np.allclose(actual[0][~visible], expected[0][~visible], atol=1e-3)  # the documented difference
+    for e, a in zip(expected[1:], actual[1:]):
+        np.testing.assert_allclose(a, e, rtol=1e-6, atol=1e-6)
+
+
+def test_a_causal_only_mask_goes_away() -> None:
+    """A mask that is only kv_pos <= q_pos is GroupQueryAttention's causal = 1: no attention_bias."""
+    model = decoder_block(mask="causal")
+    optimized, report = _optimize(model)
+    assert report.rules[RULE].applications == 1
+    ops = _ops(optimized)
+    assert ops[GQA] == 1 and ops["Where"] == 0 and ops["LessOrEqual"] == 0
+    [node] = [n for n in optimized.graph.node if n.op_type == "GroupQueryAttention"]
+    assert len(node.input) == 17 and node.input[10] == ""  # attention_bias omitted; query_seqlens given
+    _assert_steps_equal(model, optimized, STEPS + [(2, 5, 0, 2)])  # no padding: every row equal
+
+
+def test_multi_head_attention_over_a_cache_has_no_repeat() -> None:
+    model = decoder_block(heads=4, kv_heads=4, repeat="none")
+    optimized, report = _optimize(model)
+    assert report.rules[RULE].applications == 1
+    [node] = [n for n in optimized.graph.node if n.op_type == "GroupQueryAttention"]
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    assert (attrs["num_heads"], attrs["kv_num_heads"]) == (4, 4)
+    _assert_steps_equal(model, optimized)
+
+
+def test_without_rotary_the_projections_feed_the_op_directly() -> None:
+    model = decoder_block(rotary=False, heads=8, kv_heads=2, hidden=64)
+    optimized, report = _optimize(model)
+    assert report.rules[RULE].applications == 1
+    [node] = [n for n in optimized.graph.node if n.op_type == "GroupQueryAttention"]
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    assert (attrs["num_heads"], attrs["kv_num_heads"]) == (8, 2)
+    assert _ops(optimized)["Transpose"] == 0  # q, k, v go in as [batch, seq, heads * head]
+    _assert_steps_equal(model, optimized)
+
+
+# ----------------------------------------------------------------------------- targets
+
+
+def test_target_onnx_keeps_the_attention_as_it_is() -> None:
+    model = decoder_block()
+    optimized, report = _optimize(model, target="onnx")
+    assert report.rules.get(RULE) is None or report.rules[RULE].applications == 0
+    assert _ops(optimized)[GQA] == 0
+    _assert_steps_equal(model, optimized)
+
+
+def test_ort_cuda_has_no_float32_kernel_and_takes_float16() -> None:
+    model = decoder_block()
+    _, report = _optimize(model, target="ort-cuda")
+    assert report.rules[RULE].applications == 0
+    assert "has no com.microsoft.GroupQueryAttention kernel for f32" in _near_miss(report)
+    optimized, report = _optimize(model, target="ort-cuda", precision="fp16")
+    assert report.rules[RULE].applications == 1
+    assert _ops(optimized)[GQA] == 1
+    # onnxruntime's CPU provider has float16 GroupQueryAttention too: the numbers, in float16
+    _assert_steps_equal(model, optimized, atol=5e-3)
+
+
+# ----------------------------------------------------------------------------- negative cases
+
+
+def test_negative_tile_repeats_the_kv_heads_as_a_block() -> None:
+    model = decoder_block(repeat="tile")
+    optimized, report = _optimize(model)
+    assert report.rules[RULE].applications == 0
+    assert "repeated with Tile, as a block" in _near_miss(report)
+    assert _ops(optimized)["com.microsoft.MultiHeadAttention"] == 1
+    _assert_steps_equal(model, optimized)
+
+
+def test_negative_a_repeat_on_axis_1_is_another_grouping() -> None:
+    model = decoder_block(repeat="expand_axis1")
+    _, report = _optimize(model)
+    assert report.rules[RULE].applications == 0
+    assert "query head i would not read kv head i // 2" in _near_miss(report)
+
+
+def test_negative_no_mask_is_bidirectional() -> None:
+    _, report = _optimize(decoder_block(mask="none"))
+    assert report.rules[RULE].applications == 0
+    assert "has no mask" in _near_miss(report)
+
+
+def test_negative_a_padding_mask_without_causality() -> None:
+    model = decoder_block(mask="padding")
+    optimized, report = _optimize(model)
+    assert report.rules[RULE].applications == 0
+    assert "not known to hide every key after the query's position" in _near_miss(report)
+    _assert_steps_equal(model, optimized)
+
+
+# ----------------------------------------------------------------------------- a real export
+
+
+def test_tiny_llama_exported_with_a_cache() -> None:
+    """SmolLM-style LLaMA (4 query heads over 2 kv heads, 2 layers) exported by torch.onnx's
+    dynamo exporter with a DynamicCache: both layers' attention becomes GroupQueryAttention and
+    the outputs (hidden states and the four presents) stay equal (batch 2, 6 new tokens over 5
+    cached, the last row left-padded)."""
+    pytest.importorskip("transformers")
+    from architectures import build
+
+    path, inputs = build("smollm-kv", "dynamo")
+    model = onnx.load(str(path))
+    optimized, report = _optimize(model)
+    assert report.rules[RULE].applications == 2
+    ops = _ops(optimized)
+    assert ops[GQA] == 2 and ops["com.microsoft.MultiHeadAttention"] == 0
+    expected, actual = run(model, inputs), run(optimized, inputs)
+    for e, a in zip(expected, actual, strict=True):
+        np.testing.assert_allclose(a, e, rtol=1e-4, atol=1e-5)
