@@ -8,6 +8,8 @@
 #   bash benchmarks/gpu_session.sh torch       # torch.compile: graphopt against inductor on the issue-15 models
 #   bash benchmarks/gpu_session.sh profile M,N # the ops onnxruntime runs and the kernels they launch, per variant (ort_profile.py)
 #   bash benchmarks/gpu_session.sh cpu 1/1     # the zoo on onnxruntime's CPU provider (the GPU machine's 16 cores, 4 threads a session)
+#   bash benchmarks/gpu_session.sh llm         # decode steps of a 4-layer TinyLlama-shaped export with a KV cache, fp16, CUDA, io-binding:
+#                                              # the export against graphopt's GroupQueryAttention (llm_onnx_decode.py)
 #
 # Every step prints the GPU's name and writes its full results under $OUT; the short tables come last.
 set -uo pipefail
@@ -60,6 +62,11 @@ torch)
   timeout 300 python3 benchmarks/torch_compile.py --models "${2:-llama,convnext}" --variants inductor,graphopt+inductor \
     --out "$OUT/torch_compile.json" > "$OUT/torch.log" 2>&1
   tail -20 "$OUT/torch.log"
+  ;;
+llm)
+  timeout 540 python3 benchmarks/llm_onnx_decode.py --out "$OUT" --device cuda --dtype fp16 --layers "${2:-4}" \
+    --batch 1,8 --prompt 128 --steps 64 > "$OUT/llm_onnx_decode.log" 2>&1
+  tail -20 "$OUT/llm_onnx_decode.log"
   ;;
 *)
   echo "unknown step $step" >&2; exit 2

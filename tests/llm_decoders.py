@@ -71,7 +71,8 @@ def decoder_block(hidden: int = 32, heads: int = 4, kv_heads: int = 2, repeat: s
 
     positions = node("Range", [past, total, scalar1], "positions")  # past .. past + seq
     if rotary:
-        pos = node("Cast", [node("Unsqueeze", [positions, const("ax02", np.array([0, 2], np.int64))], "pos_u")], "pos_f", to=F)
+        elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+        pos = node("Cast", [node("Unsqueeze", [positions, const("ax02", np.array([0, 2], np.int64))], "pos_u")], "pos_f", to=elem)
         freqs = node("Mul", [pos, inv_freq], "freqs")  # [1, seq, head / 2]
         emb = node("Concat", [freqs, freqs], "emb", axis=-1)
         cos = node("Unsqueeze", [node("Cos", [emb], "cos"), one_d["1"]], "cos_u")
