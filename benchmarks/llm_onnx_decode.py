@@ -9,7 +9,7 @@ attention as com.microsoft.MultiHeadAttention over Concat + repeat_kv).
 The model: transformers' LlamaModel (no LM head) from a LlamaConfig with random weights
 (--layers, --hidden, --heads, --kv-heads, --intermediate, --vocab), cast to --dtype before the
 export (so the KV cache inputs and outputs are in that type), exported by torch.onnx's dynamo
-exporter with a DynamicCache: inputs input_ids, attention_mask, past_k<i> / past_v<i>; outputs
+exporter with a DynamicCache: inputs input_ids (attention_mask with --attention-mask), past_k<i> / past_v<i>; outputs
 the hidden states and present_k<i> / present_v<i>. With `--source block` it is one attention
 block of tests/llm_decoders.py instead (no transformers needed).
 
@@ -56,16 +56,24 @@ def export_llama(path: Path, args: argparse.Namespace) -> None:
                 use_cache=True, return_dict=True)
         return (out.last_hidden_state, *_cache_tensors(out.past_key_values))
 
+    def forward_causal(m: Any, input_ids: Any, *past: Any) -> Any:
+        return forward(m, input_ids, None, *past)
+
     names = ["input_ids", "attention_mask"] + [f"past_{kv}{i}" for i in range(layers) for kv in "kv"]
     batch, seq, past = 2, 3, 4
     example = [torch.randint(0, args.vocab, (batch, seq)), torch.ones(batch, past + seq, dtype=torch.int64)]
+    if not args.attention_mask:  # transformers builds a causal mask from the cache position alone
+        names.pop(1)
+        example.pop(1)
     example += [torch.randn(batch, args.kv_heads, past, head, dtype=dtype) for _ in range(2 * layers)]
     dims = {d: torch.export.Dim(d) for d in ("batch", "seq", "total", "past")}
-    shapes: dict[str, Any] = {"input_ids": {0: dims["batch"], 1: dims["seq"]}, "attention_mask": {0: dims["batch"], 1: dims["total"]}}
-    shapes |= {n: {0: dims["batch"], 2: dims["past"]} for n in names[2:]}
+    shapes: dict[str, Any] = {"input_ids": {0: dims["batch"], 1: dims["seq"]}}
+    if args.attention_mask:
+        shapes["attention_mask"] = {0: dims["batch"], 1: dims["total"]}
+    shapes |= {n: {0: dims["batch"], 2: dims["past"]} for n in names if n.startswith("past")}
     outputs = ["hidden"] + [f"present_{kv}{i}" for i in range(layers) for kv in "kv"]
     with torch.no_grad():
-        torch.onnx.export(_module(forward, model, names), tuple(example), str(path), dynamo=True, input_names=names,
+        torch.onnx.export(_module(forward if args.attention_mask else forward_causal, model, names), tuple(example), str(path), dynamo=True, input_names=names,
                           output_names=outputs, dynamic_shapes=shapes, optimize=True)
 
 
@@ -185,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--warmup", type=int, default=8)
     parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--attention-mask", action="store_true",
+                        help="export with an attention_mask input (a padding mask: no GroupQueryAttention on ort-cuda, whose kernel takes no attention_bias)")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
 

@@ -60,9 +60,10 @@ def test_golden_the_cached_attention_becomes_one_group_query_attention() -> None
     assert (len(model.graph.node), len(optimized.graph.node)) == (76, 57)
     [node] = [n for n in optimized.graph.node if n.op_type == "GroupQueryAttention"]
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-    assert (attrs["num_heads"], attrs["kv_num_heads"], attrs["causal"]) == (4, 2, 1)
+    assert (attrs["num_heads"], attrs["kv_num_heads"]) == (4, 2) and "causal" not in attrs  # the default, 1
     assert attrs["scale"] == pytest.approx(8 ** -0.5)
     assert node.input[3:5] == ["past_key", "past_value"] and node.input[10] == "bias"  # the padding mask stays, as attention_bias
+    assert len(node.input) == 17 and node.input[16]  # query_seqlens: batched chunks over a past run
     assert list(node.output[1:]) == ["present_key", "present_value"]  # the presents come from the op
     _assert_steps_equal(model, optimized)
 
@@ -128,15 +129,28 @@ def test_target_onnx_keeps_the_attention_as_it_is() -> None:
 
 
 def test_ort_cuda_has_no_float32_kernel_and_takes_float16() -> None:
-    model = decoder_block()
+    model = decoder_block(mask="causal")
     _, report = _optimize(model, target="ort-cuda")
     assert report.rules[RULE].applications == 0
     assert "has no com.microsoft.GroupQueryAttention kernel for f32" in _near_miss(report)
     optimized, report = _optimize(model, target="ort-cuda", precision="fp16")
     assert report.rules[RULE].applications == 1
-    assert _ops(optimized)[GQA] == 1
-    # onnxruntime's CPU provider has float16 GroupQueryAttention too: the numbers, in float16
-    _assert_steps_equal(model, optimized, atol=5e-3)
+    [node] = [n for n in optimized.graph.node if n.op_type == "GroupQueryAttention"]
+    # what every CUDA kernel in use takes: seven inputs (no attention_bias, no query_seqlens), no `causal` attribute
+    assert len(node.input) == 7 and {a.name for a in node.attribute} == {"num_heads", "kv_num_heads", "scale"}
+    # onnxruntime's CPU provider has float16 GroupQueryAttention too: the numbers, in float16 (without
+    # query_seqlens the CPU kernel refuses several new tokens over a past at batch 2)
+    _assert_steps_equal(model, optimized, [step for step in STEPS if step[:3] != (2, 4, 3)], atol=5e-3)
+
+
+def test_ort_cuda_takes_no_padding_mask() -> None:
+    """onnxruntime's CUDA GroupQueryAttention refuses attention_bias at run time: a mask that pads
+    keeps the attention as com.microsoft.MultiHeadAttention there, and the rule says why."""
+    optimized, report = _optimize(decoder_block(), target="ort-cuda", precision="fp16")
+    assert report.rules[RULE].applications == 0
+    reasons = [m.reason for m in report.rules[RULE].near_misses]
+    assert any("takes no attention_bias" in r for r in reasons), reasons
+    assert _ops(optimized)["com.microsoft.MultiHeadAttention"] == 1
 
 
 # ----------------------------------------------------------------------------- negative cases

@@ -96,6 +96,18 @@ def _cpu_gqa_chunk(attrs: Mapping[str, Any], shapes: Sequence[Any]) -> str | Non
     return None
 
 
+def _cuda_gqa(attrs: Mapping[str, Any], shapes: Sequence[Any]) -> str | None:
+    """contrib_ops/cuda/bert/group_query_attention.cc: attention_bias is refused at run time
+    ("not supported in GroupQueryAttention cuda kernel"; onnxruntime builds that take it run it
+    unfused), and query_seqlens (input 16) is newer than the onnxruntime-gpu builds in use.
+    (`shapes` ends at the last input given: trailing omitted inputs are left out.)"""
+    if len(shapes) > 10 and shapes[10] is not None:
+        return "the CUDA GroupQueryAttention kernel takes no attention_bias (a mask that pads)"
+    if len(shapes) > 16:
+        return "the CUDA GroupQueryAttention kernels in use take no query_seqlens"
+    return None
+
+
 # --------------------------------------------------------------------------- shape inference
 
 
@@ -228,7 +240,7 @@ FUSED_OPS: tuple[OpSpec, ...] = (
         # bfloat16 only (fp32 models keep graphopt.MultiHeadAttention there: targets.py).
         lowerings={
             "ort-cpu": Lowering(MS_DOMAIN, "GroupQueryAttention", contract=_cpu_gqa_chunk),
-            "ort-cuda": Lowering(MS_DOMAIN, "GroupQueryAttention"),
+            "ort-cuda": Lowering(MS_DOMAIN, "GroupQueryAttention", contract=_cuda_gqa),
         },
     ),
     OpSpec(
