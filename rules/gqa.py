@@ -216,3 +216,28 @@ def gqa_plan(ctx, k_new, past_k, bias):
         "scalar": np.array([], dtype=np.int64),
         "mask": mask,
     }
+
+
+# ----------------------------------------------------------------------------- rotary into the op
+
+
+@native_constraint("RotaryFoldable")
+def rotary_foldable(ctx, q4, k4, qpos, kpos, cos, sin, past_k):
+    """q [B, N, S, H] and k [B, KV, S, H] rotated from offset 0 (a one-element position 0: token s
+    reads cache row s) by one cos / sin pair of [rows, H / 2]. Padded with `past` rows in front,
+    row past + s is row s, whatever the number of rows."""
+    for name, pos in (("q", qpos), ("k", kpos)):
+        if ctx.ints(pos) != [0]:
+            return f"the rotary of {name} reads its cache at positions {ctx.ints(pos)}, not from offset 0"
+    dq, dk, dc, ds, dp = (ctx.dims(x) for x in (q4, k4, cos, sin, past_k))
+    if any(d is None for d in (dq, dk, dc, ds, dp)) or len(dq) != 4 or len(dk) != 4 or len(dc) != 2 or len(ds) != 2:
+        return "the rotated q, k or the cos / sin caches are not [batch, heads, seq, head] and [rows, head / 2]"
+    head = static_int(dq[3])
+    if head is None or not dims_equal([dc[1], ds[1], dk[3], dp[3]], [head // 2, head // 2, head, head]):
+        return f"the cos / sin caches {_fmt(dc)}, {_fmt(ds)} do not rotate the whole head of q {_fmt(dq)}"
+    return True
+
+
+@native_rewrite("RotaryPads")
+def rotary_pads(ctx, past_k):
+    return {"zeros": np.zeros(3, dtype=np.int64)}

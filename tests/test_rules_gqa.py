@@ -117,6 +117,32 @@ def test_without_rotary_the_projections_feed_the_op_directly() -> None:
     _assert_steps_equal(model, optimized)
 
 
+def test_golden_rotary_goes_into_the_op() -> None:
+    """q and k rotated by one cos / sin pair: do_rotary = 1, the exported caches padded by `past`
+    rows so that the op reads them at absolute positions; no RotaryEmbedding, no Transpose left."""
+    model = decoder_block(hidden=64)  # head 16: the CPU kernel rotates multiples of 16
+    optimized, report = _optimize(model)
+    assert report.rules[RULE].applications == 1
+    assert report.rules["FoldRotaryIntoGroupQueryAttention"].applications == 1
+    ops = _ops(optimized)
+    assert ops[GQA] == 1 and ops["com.microsoft.RotaryEmbedding"] == 0 and ops["Transpose"] == 0 and ops["Pad"] == 2
+    [node] = [n for n in optimized.graph.node if n.op_type == "GroupQueryAttention"]
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    assert (attrs["do_rotary"], attrs["rotary_interleaved"]) == (1, 0)
+    assert (len(model.graph.node), len(optimized.graph.node)) == (76, 49)  # the rotary ops and the q, k layout changes go; the padded caches come
+    _assert_steps_equal(model, optimized)
+
+
+def test_rotary_stays_outside_where_the_cpu_kernel_cannot_rotate() -> None:
+    model = decoder_block()  # head 8
+    optimized, report = _optimize(model)
+    assert report.rules[RULE].applications == 1
+    assert report.rules["FoldRotaryIntoGroupQueryAttention"].applications == 0
+    reasons = [m.reason for m in report.rules["FoldRotaryIntoGroupQueryAttention"].near_misses]
+    assert any("multiple of 16 only, not 8" in r for r in reasons), reasons
+    assert _ops(optimized)["com.microsoft.RotaryEmbedding"] == 2
+
+
 # ----------------------------------------------------------------------------- targets
 
 
@@ -129,15 +155,17 @@ def test_target_onnx_keeps_the_attention_as_it_is() -> None:
 
 
 def test_ort_cuda_has_no_float32_kernel_and_takes_float16() -> None:
-    model = decoder_block(mask="causal")
+    model = decoder_block(mask="causal", hidden=64)  # head 16: the CPU kernel rotates it too (below)
     _, report = _optimize(model, target="ort-cuda")
     assert report.rules[RULE].applications == 0
     assert "has no com.microsoft.GroupQueryAttention kernel for f32" in _near_miss(report)
     optimized, report = _optimize(model, target="ort-cuda", precision="fp16")
     assert report.rules[RULE].applications == 1
     [node] = [n for n in optimized.graph.node if n.op_type == "GroupQueryAttention"]
-    # what every CUDA kernel in use takes: seven inputs (no attention_bias, no query_seqlens), no `causal` attribute
-    assert len(node.input) == 7 and {a.name for a in node.attribute} == {"num_heads", "kv_num_heads", "scale"}
+    # what every CUDA kernel in use takes: no attention_bias, no query_seqlens, no `causal` attribute;
+    # the rotary inside (cos / sin caches, inputs 7 and 8)
+    assert len(node.input) == 9 and node.input[7] and node.input[8]
+    assert {a.name for a in node.attribute} == {"num_heads", "kv_num_heads", "scale", "do_rotary", "rotary_interleaved"}
     # onnxruntime's CPU provider has float16 GroupQueryAttention too: the numbers, in float16 (without
     # query_seqlens the CPU kernel refuses several new tokens over a past at batch 2)
     _assert_steps_equal(model, optimized, [step for step in STEPS if step[:3] != (2, 4, 3)], atol=5e-3)
@@ -201,8 +229,9 @@ def test_tiny_llama_exported_with_a_cache() -> None:
     model = onnx.load(str(path))
     optimized, report = _optimize(model)
     assert report.rules[RULE].applications == 2
+    assert report.rules["FoldRotaryIntoGroupQueryAttention"].applications == 2  # head 16
     ops = _ops(optimized)
-    assert ops[GQA] == 2 and ops["com.microsoft.MultiHeadAttention"] == 0
+    assert ops[GQA] == 2 and ops["com.microsoft.MultiHeadAttention"] == 0 and ops["com.microsoft.RotaryEmbedding"] == 0
     expected, actual = run(model, inputs), run(optimized, inputs)
     for e, a in zip(expected, actual, strict=True):
         np.testing.assert_allclose(a, e, rtol=1e-4, atol=1e-5)

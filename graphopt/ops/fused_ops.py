@@ -80,14 +80,18 @@ def _cuda_bias_split_gelu(attrs: Mapping[str, Any], shapes: Sequence[Any]) -> st
     return None
 
 
-def _cpu_gqa_chunk(attrs: Mapping[str, Any], shapes: Sequence[Any]) -> str | None:
-    """contrib_ops/cpu/bert/group_query_attention.cc: "batch_size must be 1 when sequence_length > 1
+def _cpu_gqa(attrs: Mapping[str, Any], shapes: Sequence[Any]) -> str | None:
+    """contrib_ops/cpu/bert/group_query_attention.cc: do_rotary needs "head_size shall be a multiple
+    of 16"; "batch_size must be 1 when sequence_length > 1
     and past context is given" (a run-time error) unless query_seqlens is given. Refused where the
     shapes say it will happen; with symbolic dims prefill (no past) and one-token steps still run."""
-    if len(shapes) > 16:
-        return None  # query_seqlens given: batched chunks run (causal = 1)
     query = shapes[0] if shapes else None
     past = shapes[3] if len(shapes) > 3 else None
+    head = past[3] if past is not None and len(past) == 4 else None
+    if attrs.get("do_rotary") == 1 and (not isinstance(head, int) or head % 16):
+        return f"the CPU GroupQueryAttention kernel rotates (do_rotary) heads of a multiple of 16 only, not {head}"
+    if len(shapes) > 16:
+        return None  # query_seqlens given: batched chunks run (causal = 1)
     if query is None or past is None or len(query) != 3 or len(past) != 4:
         return None
     batch, seq, past_len = query[0], query[1], past[2]
@@ -239,7 +243,7 @@ FUSED_OPS: tuple[OpSpec, ...] = (
         # com.microsoft.GroupQueryAttention, same inputs in the same order. The CUDA kernel is float16 /
         # bfloat16 only (fp32 models keep graphopt.MultiHeadAttention there: targets.py).
         lowerings={
-            "ort-cpu": Lowering(MS_DOMAIN, "GroupQueryAttention", contract=_cpu_gqa_chunk),
+            "ort-cpu": Lowering(MS_DOMAIN, "GroupQueryAttention", contract=_cpu_gqa),
             "ort-cuda": Lowering(MS_DOMAIN, "GroupQueryAttention", contract=_cuda_gqa),
         },
     ),
