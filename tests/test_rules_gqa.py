@@ -235,3 +235,31 @@ def test_tiny_llama_exported_with_a_cache() -> None:
     expected, actual = run(model, inputs), run(optimized, inputs)
     for e, a in zip(expected, actual, strict=True):
         np.testing.assert_allclose(a, e, rtol=1e-4, atol=1e-5)
+
+
+def test_tiny_llama_generates_the_same_over_several_decode_steps() -> None:
+    """Prefill of 6 tokens (empty cache, batch 2), then 4 one-token steps, each step's presents fed
+    back as the next past, in the export and in graphopt's ort-cpu output: every step's hidden
+    states and presents stay equal (the cache grows from 6 to 10 inside both)."""
+    pytest.importorskip("transformers")
+    from architectures import build
+
+    path, inputs = build("smollm-kv", "dynamo")
+    model = onnx.load(str(path))
+    optimized, report = _optimize(model)
+    assert report.rules[RULE].applications == 2
+    rng = np.random.default_rng(3)
+    pasts = [name for name in inputs if name.startswith("past")]
+    shape = inputs[pasts[0]].shape
+    caches = {which: {name: np.zeros((2, shape[1], 0, shape[3]), np.float32) for name in pasts} for which in ("original", "graphopt")}
+    length = 0
+    for seq in (6, 1, 1, 1, 1):
+        length += seq
+        step = {"input_ids": rng.integers(0, 97, (2, seq)).astype(np.int64), "attention_mask": np.ones((2, length), np.int64)}
+        expected = run(model, {**step, **caches["original"]})
+        actual = run(optimized, {**step, **caches["graphopt"]})
+        for e, a in zip(expected, actual, strict=True):
+            np.testing.assert_allclose(a, e, rtol=1e-4, atol=1e-5, err_msg=f"cache length {length}")
+        caches["original"] = dict(zip(pasts, expected[1:], strict=True))
+        caches["graphopt"] = dict(zip(pasts, actual[1:], strict=True))
+    assert caches["graphopt"][pasts[0]].shape[2] == 10
