@@ -71,6 +71,11 @@ def _where_keep(ctx, bias) -> tuple[Any, str | None]:
     visible score (-inf, or at most float16's lowest: what exporters write in either type), else
     (None, why not)."""
     view = ctx.view
+    folded = ctx.array(bias)
+    if folded is not None:  # Where(keep, 0, fill) folded (static shapes): keep is where it is 0
+        if folded.dtype.kind != "f" or not np.all((folded == 0) | (folded <= -65504.0)):
+            return None, "the mask is a constant with values other than 0 and fill <= -65504"
+        return folded == 0, None
     node = view.producer(bias)
     if node is None or view.op_key(node) != ("", "Where"):
         return None, f"the mask comes from {'a graph input' if node is None else view.label(node)}, not Where(keep, 0, fill)"
@@ -104,11 +109,18 @@ def _range(ctx, value) -> tuple[Any, Any] | None:
 
 
 def _positions(ctx, value, axis: int) -> tuple[Any, Any] | None:
-    """(start, length) of a Range moved by Unsqueezes onto `axis` (-1 or -2) of a 4-D tensor of 1s elsewhere."""
+    """(start, length) of a Range moved by Unsqueezes onto `axis` (-1 or -2) of a 4-D tensor of 1s
+    elsewhere, or of such a constant (folded where the shapes are static)."""
     view = ctx.view
     dims = ctx.dims(value)
     if dims is None or len(dims) != 4 or any(static_int(d) != 1 for i, d in enumerate(dims) if i != axis % 4):
         return None
+    const = ctx.array(value)
+    if const is not None:
+        flat = const.reshape(-1)
+        if const.dtype.kind not in "iu" or not flat.size or not np.array_equal(flat, flat[0] + np.arange(flat.size)):
+            return None
+        return int(flat[0]), int(flat.size)
     while (node := view.producer(value)) is not None and view.op_key(node) == ("", "Unsqueeze"):
         value = view.inputs(node)[0]
     found = _range(ctx, value)
@@ -120,6 +132,11 @@ def _is_causal(ctx, keep, past, seq, total, depth: int = 0) -> bool:
     of) kv_pos <= q_pos, kv_pos = 0 .. total - 1 on the last axis, q_pos = past .. past + seq - 1 on
     the one before."""
     view = ctx.view
+    const = keep if isinstance(keep, np.ndarray) else ctx.array(keep)
+    if const is not None:
+        allowed = _causal_constant(past, seq, total)
+        return allowed is not None and const.dtype == np.bool_ and const.ndim >= 2 and const.shape[-2:] == allowed.shape \
+            and not np.any(const & ~allowed)
     node = view.producer(keep)
     if node is None or depth > 16:
         return False
@@ -138,6 +155,14 @@ def _is_causal(ctx, keep, past, seq, total, depth: int = 0) -> bool:
     return False
 
 
+def _causal_constant(past, seq, total) -> np.ndarray | None:
+    """kv_pos <= past + q_pos as a [seq, total] bool array, where the three are static."""
+    p, s, t = static_int(past), static_int(seq), static_int(total)
+    if p is None or s is None or t is None:
+        return None
+    return np.arange(t)[None, :] <= p + np.arange(s)[:, None]
+
+
 def _mask_plan(ctx, bias, past, seq, total) -> tuple[str | None, str | None]:
     """("causal" | "padding", None): the mask is causal alone (GroupQueryAttention's causal = 1
     does all it does) or causal and more (it also goes in as attention_bias); (None, why not)."""
@@ -150,10 +175,16 @@ def _mask_plan(ctx, bias, past, seq, total) -> tuple[str | None, str | None]:
     if not _is_causal(ctx, keep, past, seq, total):
         return None, ("the mask is not known to hide every key after the query's position (kv_pos <= past + q_pos, "
                       "Range-built): GroupQueryAttention's causal = 1 would hide them")
-    node = ctx.view.producer(keep)
-    while node is not None and ctx.view.op_key(node) in (("", "Expand"), ("", "Cast")):
-        node = ctx.view.producer(ctx.view.inputs(node)[0])
-    only_causal = node is not None and ctx.view.op_key(node) in (("", "LessOrEqual"), ("", "GreaterOrEqual"))
+    value, node = keep, None
+    while not isinstance(value, np.ndarray) and (node := ctx.view.producer(value)) is not None \
+            and ctx.view.op_key(node) in (("", "Expand"), ("", "Cast")):
+        value = ctx.view.inputs(node)[0]
+    const = value if isinstance(value, np.ndarray) else ctx.array(value)
+    allowed = _causal_constant(past, seq, total)
+    if const is not None:  # folded: only causal if it is the causal pattern itself, in every leading row
+        only_causal = allowed is not None and const.shape[-2:] == allowed.shape and bool(np.all(const == allowed))
+    else:
+        only_causal = node is not None and ctx.view.op_key(node) in (("", "LessOrEqual"), ("", "GreaterOrEqual"))
     return ("causal" if only_causal else "padding"), None
 
 

@@ -263,3 +263,30 @@ def test_tiny_llama_generates_the_same_over_several_decode_steps() -> None:
         caches["original"] = dict(zip(pasts, expected[1:], strict=True))
         caches["graphopt"] = dict(zip(pasts, actual[1:], strict=True))
     assert caches["graphopt"][pasts[0]].shape[2] == 10
+
+
+def test_static_shapes_fold_the_positions_and_the_rule_still_reads_the_mask() -> None:
+    """With the input shapes pinned (`--input-shape`), constant folding turns the positions and
+    the causal part of the mask into constants: the rule reads them as such (the tiny LLaMA
+    export, a decode step at batch 2 over 5 cached tokens, the last row left-padded)."""
+    pytest.importorskip("transformers")
+    import onnx_ir as ir
+    from architectures import build
+
+    from graphopt.explain import pin_input_shapes
+
+    path, _ = build("smollm-kv", "dynamo")
+    model = onnx.load(str(path))
+    pinned = ir.serde.deserialize_model(model)
+    past = {f"past_{kv}{i}": [2, 2, 5, 16] for i in range(2) for kv in "kv"}
+    pin_input_shapes(pinned, {"input_ids": [2, 1], "attention_mask": [2, 6], **past})  # as `--input-shape` does
+    result, report = _optimize(pinned)
+    assert report.rules[RULE].applications == 2, [m.reason for m in report.rules[RULE].near_misses]
+    optimized = ir.serde.serialize_model(result)
+    rng = np.random.default_rng(5)
+    mask = np.ones((2, 6), np.int64)
+    mask[1, :2] = 0
+    inputs = {"input_ids": rng.integers(0, 97, (2, 1)).astype(np.int64), "attention_mask": mask,
+              **{name: rng.standard_normal(dims).astype(np.float32) for name, dims in past.items()}}
+    for e, a in zip(run(model, inputs), run(optimized, inputs), strict=True):
+        np.testing.assert_allclose(a, e, rtol=1e-4, atol=1e-5)
