@@ -290,3 +290,25 @@ def test_static_shapes_fold_the_positions_and_the_rule_still_reads_the_mask() ->
               **{name: rng.standard_normal(dims).astype(np.float32) for name, dims in past.items()}}
     for e, a in zip(run(model, inputs), run(optimized, inputs), strict=True):
         np.testing.assert_allclose(a, e, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("mask", ["causal_padding", "causal"])
+def test_static_shapes_on_the_decoder_block(mask: str) -> None:
+    """The same on the decoder block, where folding also turns a causal-only mask into one constant
+    (the rule reads it back as the causal pattern and drops it)."""
+    import onnx_ir as ir
+
+    from graphopt.explain import pin_input_shapes
+
+    model = decoder_block(hidden=64, mask=mask)
+    pinned = ir.serde.deserialize_model(model)
+    shapes = {"hidden": [2, 1, 64], "past_key": [2, 2, 7, 16], "past_value": [2, 2, 7, 16]}
+    if mask == "causal_padding":
+        shapes["attention_mask"] = [2, 8]
+    pin_input_shapes(pinned, shapes)
+    result, report = _optimize(pinned)
+    assert report.rules[RULE].applications == 1, [m.reason for m in report.rules[RULE].near_misses]
+    optimized = ir.serde.serialize_model(result)
+    [node] = [n for n in optimized.graph.node if n.op_type == "GroupQueryAttention"]
+    assert (len(node.input) > 10 and node.input[10] != "") == (mask == "causal_padding")
+    _assert_steps_equal(model, optimized, [(2, 1, 7, 0), (2, 1, 7, 3)] if mask == "causal_padding" else [(2, 1, 7, 0)])

@@ -284,6 +284,12 @@ class SymbolicShapes:
             target = self.tensor(ins[1], d)
             src = self.dims(ins[0], d)
             return None if target is None or src is None else _broadcast([src, target])
+        if op == "Range" and len(ins) == 3:
+            # Range(start, limit, 1) has limit - start elements (positions past .. past + seq: seq)
+            start, limit, delta = (self.tensor(x, d) for x in ins)
+            if start is None or limit is None or delta is None or not (len(start) == len(limit) == len(delta) == 1):
+                return None
+            return [sympy.expand(limit[0] - start[0])] if static_int(delta[0]) == 1 else None
         if op == "Tile":
             src, repeats = self.dims(ins[0], d), self.tensor(ins[1], d)
             return None if src is None or repeats is None or len(repeats) != len(src) else [s * r for s, r in zip(src, repeats)]
