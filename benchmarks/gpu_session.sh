@@ -12,6 +12,8 @@
 #   bash benchmarks/gpu_session.sh placement M,N # the nodes the CUDA provider hands to the CPU, original and graphopt fp32/fp16 (ort_placement.py)
 #   bash benchmarks/gpu_session.sh llm         # LLM prefill + greedy decode with a static KV cache (llm_decode.py), under 4 minutes
 #   bash benchmarks/gpu_session.sh norms cuda  # residual norms fused or not (ort_cpu_norms.py) on the CUDA provider; "norms cpu": 4 CPU threads
+#   bash benchmarks/gpu_session.sh llm-onnx    # decode steps of a 4-layer TinyLlama-shaped export with a KV cache, fp16, CUDA, io-binding:
+#                                              # the export against graphopt's GroupQueryAttention (llm_onnx_decode.py)
 #
 # Every step prints the GPU's name and writes its full results under $OUT; the short tables come last.
 set -uo pipefail
@@ -97,6 +99,11 @@ llm)
   # LLM decode (issue 17): TinyLlama-shaped, fp16, batches 1 and 8; no (batch, variant) starts after 150 s.
   timeout 230 python3 benchmarks/llm_decode.py --out "$OUT/llm_decode.json" > "$OUT/llm_decode.log" 2>&1
   tail -16 "$OUT/llm_decode.log"
+  ;;
+llm-onnx)
+  timeout 540 python3 benchmarks/llm_onnx_decode.py --out "$OUT" --device cuda --dtype fp16 --layers "${2:-4}" \
+    --batch 1,8 --prompt 128 --steps 64 > "$OUT/llm_onnx_decode.log" 2>&1
+  tail -20 "$OUT/llm_onnx_decode.log"
   ;;
 *)
   echo "unknown step $step" >&2; exit 2

@@ -200,6 +200,9 @@ _CASES: dict[str, tuple[list[np.ndarray | None], dict[str, Any], int]] = {
     "QuickGelu": ([_rand(2, 3, 8)], {}, 1),
     "RotaryEmbedding": ([_rand(1, 2, 4, 8), np.arange(4, dtype=np.int64).reshape(1, 4), _rand(16, 4), _rand(16, 4)], {}, 1),
     "GemmActivation": ([_rand(3, 8), _rand(16, 8), _rand(16)], {"activation": "Relu", "transB": 1}, 1),
+    # a decode step: q [2, 1, 4 heads * 8], k / v [2, 1, 2 kv heads * 8], past [2, 2, 5, 8], seqlens_k = 5, total = 6
+    "GroupQueryAttention": ([_rand(2, 1, 32), _rand(2, 1, 16), _rand(2, 1, 16), _rand(2, 2, 5, 8), _rand(2, 2, 5, 8),
+                             np.array([5, 5], np.int32), np.array(6, np.int32)], {"num_heads": 4, "kv_num_heads": 2}, 3),
 }
 
 
@@ -214,7 +217,7 @@ def test_declared_inference_matches_onnxruntimes_output_shapes(name: str) -> Non
     assert op is not None and op.infer is not None
     names = [f"in{i}" for i in range(len(arrays))]
     outputs = [f"out{i}" for i in range(num_outputs)]
-    elem = {np.dtype(np.float32): F, np.dtype(np.int64): TensorProto.INT64}
+    elem = {np.dtype(np.float32): F, np.dtype(np.int64): TensorProto.INT64, np.dtype(np.int32): TensorProto.INT32}
     proto = make_model(
         [helper.make_node(name, names, outputs, domain=GRAPHOPT_DOMAIN, **attrs)],
         [helper.make_tensor_value_info(n, elem[a.dtype], a.shape) for n, a in zip(names, arrays, strict=True)],

@@ -116,8 +116,9 @@ EXPECTED_FUSIONS = {
     # name-exporter: {fused op: count}
     "whisper-encoder-dynamo": {"Attention|MultiHeadAttention": 2, "SkipLayerNormalization": 4},
     "whisper-decoder-kv-dynamo": {"Attention|MultiHeadAttention": 2, "SkipLayerNormalization": 7},
-    "smollm-kv-dynamo": {"Attention|MultiHeadAttention": 2, "SkipSimplifiedLayerNormalization": 4, "RotaryEmbedding": 4},
-    "phi2-kv-dynamo": {"Attention|MultiHeadAttention": 2, "RotaryEmbedding": 4},
+    # attention over the KV cache: GroupQueryAttention (gqa.pdll), with the presents as its outputs
+    "smollm-kv-dynamo": {"GroupQueryAttention": 2, "SkipSimplifiedLayerNormalization": 4},  # rotary inside the op (do_rotary)
+    "phi2-kv-dynamo": {"GroupQueryAttention": 2, "RotaryEmbedding": 4},
     "gpt-neox-dynamo": {"Attention|MultiHeadAttention": 2, "RotaryEmbedding": 4},
     "gpt-neox-torchscript": {"Attention|MultiHeadAttention": 2, "SkipLayerNormalization": 2},
     "t5-dynamo": {"Attention|MultiHeadAttention": 6, "SkipSimplifiedLayerNormalization": 10},

@@ -284,6 +284,15 @@ class SymbolicShapes:
             target = self.tensor(ins[1], d)
             src = self.dims(ins[0], d)
             return None if target is None or src is None else _broadcast([src, target])
+        if op == "Range" and len(ins) == 3:
+            # Range(start, limit, 1) has limit - start elements (positions past .. past + seq: seq)
+            start, limit, delta = (self.tensor(x, d) for x in ins)
+            if start is None or limit is None or delta is None or not (len(start) == len(limit) == len(delta) == 1):
+                return None
+            return [sympy.expand(limit[0] - start[0])] if static_int(delta[0]) == 1 else None
+        if op == "Tile":
+            src, repeats = self.dims(ins[0], d), self.tensor(ins[1], d)
+            return None if src is None or repeats is None or len(repeats) != len(src) else [s * r for s, r in zip(src, repeats)]
         if op == "Concat":
             parts = [self.dims(x, d) for x in ins]
             if any(p is None for p in parts) or not parts:
@@ -369,7 +378,8 @@ class SymbolicShapes:
                 return None
             known = sympy.Mul(*[x for x in out if x is not None])
             total = sympy.Mul(*src)
-            out[out.index(None)] = total / known
+            # cancel: batch*4*(past+seq)*16 / (16*past + 16*seq) is 4*batch, which dims_equal must see.
+            out[out.index(None)] = sympy.cancel(total / known)
         return out  # type: ignore[return-value]
 
     # ---------------------------------------------------------------- contents of a shape tensor

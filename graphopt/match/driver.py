@@ -310,7 +310,10 @@ def _target_problem(view: GraphView, target: Target, new_nodes: list[Any], preci
                 replaced = [(*view.op_key(m), _first_dtype(view, m)) for m in matched]
             reason = precision.fusion_problem(target, domain, op_type, dtype, view.opset(""), replaced)
         if reason is None:  # the kernel's own limits (activations, shapes), where the target lists them
-            shapes = [view.shape(v) if v is not None else None for v in view.inputs(node)]
+            inputs = list(view.inputs(node))
+            while inputs and inputs[-1] is None:  # trailing omitted inputs are left out, as the lowering does
+                inputs.pop()
+            shapes = [view.shape(v) if v is not None else None for v in inputs]
             reason = target.contract_problem(domain, op_type, view.attrs(node), shapes)
         if reason is None and not any(view.op_key(m) == (domain, op_type) for m in matched):
             # new to the graph here: not if slower than what it replaces, nor if the target's

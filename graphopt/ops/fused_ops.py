@@ -80,6 +80,38 @@ def _cuda_bias_split_gelu(attrs: Mapping[str, Any], shapes: Sequence[Any]) -> st
     return None
 
 
+def _cpu_gqa(attrs: Mapping[str, Any], shapes: Sequence[Any]) -> str | None:
+    """contrib_ops/cpu/bert/group_query_attention.cc: do_rotary needs "head_size shall be a multiple
+    of 16"; "batch_size must be 1 when sequence_length > 1
+    and past context is given" (a run-time error) unless query_seqlens is given. Refused where the
+    shapes say it will happen; with symbolic dims prefill (no past) and one-token steps still run."""
+    query = shapes[0] if shapes else None
+    past = shapes[3] if len(shapes) > 3 else None
+    head = past[3] if past is not None and len(past) == 4 else None
+    if attrs.get("do_rotary") == 1 and (not isinstance(head, int) or head % 16):
+        return f"the CPU GroupQueryAttention kernel rotates (do_rotary) heads of a multiple of 16 only, not {head}"
+    if len(shapes) > 16:
+        return None  # query_seqlens given: batched chunks run (causal = 1)
+    if query is None or past is None or len(query) != 3 or len(past) != 4:
+        return None
+    batch, seq, past_len = query[0], query[1], past[2]
+    if all(isinstance(d, int) for d in (batch, seq, past_len)) and batch > 1 and seq > 1 and past_len > 0:
+        return f"the CPU GroupQueryAttention kernel takes several new tokens over a past only at batch 1 (batch {batch}, {seq} tokens, past {past_len})"
+    return None
+
+
+def _cuda_gqa(attrs: Mapping[str, Any], shapes: Sequence[Any]) -> str | None:
+    """contrib_ops/cuda/bert/group_query_attention.cc: attention_bias is refused at run time
+    ("not supported in GroupQueryAttention cuda kernel"; onnxruntime builds that take it run it
+    unfused), and query_seqlens (input 16) is newer than the onnxruntime-gpu builds in use.
+    (`shapes` ends at the last input given: trailing omitted inputs are left out.)"""
+    if len(shapes) > 10 and shapes[10] is not None:
+        return "the CUDA GroupQueryAttention kernel takes no attention_bias (a mask that pads)"
+    if len(shapes) > 16:
+        return "the CUDA GroupQueryAttention kernels in use take no query_seqlens"
+    return None
+
+
 # --------------------------------------------------------------------------- shape inference
 
 
@@ -99,6 +131,19 @@ def _mha(ctx: InferContext) -> list[list[Any] | None]:
     """[batch, seq] of the query, the value's hidden size."""
     q, v = ctx.shape(0), ctx.shape(2)
     return [None if q is None or v is None or len(q) != 3 or len(v) != 3 else [q[0], q[1], v[2]]]
+
+
+def _gqa(ctx: InferContext) -> list[list[Any] | None]:
+    """output [batch, seq, num_heads * head_size] (head_size from past_key); present_key and
+    present_value [batch, kv_heads, past + seq, head_size] (separate past and present buffers)."""
+    q, past = ctx.shape(0), ctx.shape(3)
+    heads = ctx.attr("num_heads")
+    if q is None or past is None or len(q) != 3 or len(past) != 4 or not isinstance(heads, int):
+        return [None, None, None]
+    total = None if q[1] is None or past[2] is None else past[2] + q[1]
+    present = [past[0], past[1], total, past[3]]
+    head = past[3]
+    return [[q[0], q[1], None if head is None else heads * head], present, list(present)]
 
 
 def _packed_attention(ctx: InferContext) -> list[list[Any] | None]:
@@ -180,6 +225,27 @@ FUSED_OPS: tuple[OpSpec, ...] = (
         infer=_packed_attention,
         # com.microsoft.Attention(input, weights, bias, mask_index, past, attention_bias)
         lowerings=_ort(Lowering(MS_DOMAIN, "Attention", inputs=(0, 1, 2, None, None, 3))),
+    ),
+    OpSpec(
+        "graphopt", "GroupQueryAttention",
+        "attention of q [batch, seq, heads * head] over past + new k, v ([batch, seq, kv_heads * head] new, "
+        "[batch, kv_heads, past, head] past), query heads grouped over the kv heads; present = past + new",
+        inputs=(Input("query"), Input("key"), Input("value"), Input("past_key"), Input("past_value"), Input("seqlens_k"),
+                Input("total_sequence_length"), Input("cos_cache", optional=True), Input("sin_cache", optional=True),
+                Input("position_ids", optional=True), Input("attention_bias", optional=True), Input("head_sink", optional=True),
+                Input("k_scale", optional=True), Input("v_scale", optional=True), Input("q_norm_weight", optional=True),
+                Input("k_norm_weight", optional=True), Input("query_seqlens", optional=True)),
+        outputs=(Output("output"), Output("present_key", dtype=3), Output("present_value", dtype=4)),
+        attributes=(Attribute("num_heads", "INT"), Attribute("kv_num_heads", "INT"), Attribute("scale", "FLOAT"),
+                    Attribute("causal", "INT", 1), Attribute("local_window_size", "INT", -1),
+                    Attribute("do_rotary", "INT", 0), Attribute("rotary_interleaved", "INT", 0)),
+        infer=_gqa,
+        # com.microsoft.GroupQueryAttention, same inputs in the same order. The CUDA kernel is float16 /
+        # bfloat16 only (fp32 models keep graphopt.MultiHeadAttention there: targets.py).
+        lowerings={
+            "ort-cpu": Lowering(MS_DOMAIN, "GroupQueryAttention", contract=_cpu_gqa),
+            "ort-cuda": Lowering(MS_DOMAIN, "GroupQueryAttention", contract=_cuda_gqa),
+        },
     ),
     OpSpec(
         "graphopt", "ScaledDotProductAttention",

@@ -61,6 +61,13 @@ def _apply(node: ir.Node, low: Lowering) -> None:
         for index, value in enumerate(new):
             node.replace_input_with(index, value)
         node.resize_inputs(len(new))
+    # Trailing omitted inputs are dropped: an onnxruntime build whose schema of the op has fewer
+    # inputs (GroupQueryAttention grew to 17) refuses a node that lists more, even empty ones.
+    count = len(node.inputs)
+    while count and node.inputs[count - 1] is None:
+        count -= 1
+    if count < len(node.inputs):
+        node.resize_inputs(count)
     for name, targets in low.rename.items():
         attr = node.attributes.pop(name, None)
         if attr is None:

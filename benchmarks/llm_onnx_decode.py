@@ -1,0 +1,246 @@
+"""Decode steps of a LLaMA-style decoder exported with a KV cache, in onnxruntime with
+io-binding: the export as it is against graphopt's output for the target (GroupQueryAttention
+over the cache) and against graphopt's output without FuseGroupQueryAttention (the
+attention as com.microsoft.MultiHeadAttention over Concat + repeat_kv).
+
+    python benchmarks/llm_onnx_decode.py --out DIR                       # CUDA, float16, batch 1 and 8
+    python benchmarks/llm_onnx_decode.py --out DIR --device cpu --dtype fp32 --layers 2 --hidden 256 --heads 8 --kv-heads 2 --prompt 32 --steps 8
+
+The model: transformers' LlamaModel (no LM head) from a LlamaConfig with random weights
+(--layers, --hidden, --heads, --kv-heads, --intermediate, --vocab), cast to --dtype before the
+export (so the KV cache inputs and outputs are in that type), exported by torch.onnx's dynamo
+exporter with a DynamicCache: inputs input_ids (attention_mask with --attention-mask), past_k<i> / past_v<i>; outputs
+the hidden states and present_k<i> / present_v<i>. With `--source block` it is one attention
+block of tests/llm_decoders.py instead (no transformers needed).
+
+Per variant and batch: prefill (--prompt tokens, empty past) once, then --steps decode steps of
+one token, each step's presents bound as the next step's past (they stay on the device);
+median ms per step over the steps after --warmup. The first decode step's outputs are compared
+with the export's. Output: a table and DIR/llm_onnx_decode.json (device, versions, command).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE.parent / "tests"))
+
+VARIANTS = ("original", "graphopt", "graphopt-no-gqa")
+
+
+def export_llama(path: Path, args: argparse.Namespace) -> None:
+    import torch
+    from architectures import _cache_from, _cache_tensors, _module
+    from transformers import LlamaConfig, LlamaModel
+
+    cfg = LlamaConfig(num_hidden_layers=args.layers, hidden_size=args.hidden, num_attention_heads=args.heads,
+                      num_key_value_heads=args.kv_heads, intermediate_size=args.intermediate, vocab_size=args.vocab,
+                      max_position_embeddings=4096, attn_implementation="sdpa")
+    dtype = torch.float16 if args.dtype == "fp16" else torch.float32
+    model = LlamaModel(cfg).eval().to(dtype)
+    layers, head = args.layers, args.hidden // args.heads
+
+    def forward(m: Any, input_ids: Any, attention_mask: Any, *past: Any) -> Any:
+        out = m(input_ids=input_ids, attention_mask=attention_mask, past_key_values=_cache_from(layers, list(past), cfg),
+                use_cache=True, return_dict=True)
+        return (out.last_hidden_state, *_cache_tensors(out.past_key_values))
+
+    def forward_causal(m: Any, input_ids: Any, *past: Any) -> Any:
+        return forward(m, input_ids, None, *past)
+
+    names = ["input_ids", "attention_mask"] + [f"past_{kv}{i}" for i in range(layers) for kv in "kv"]
+    batch, seq, past = 2, 3, 4
+    example = [torch.randint(0, args.vocab, (batch, seq)), torch.ones(batch, past + seq, dtype=torch.int64)]
+    if not args.attention_mask:  # transformers builds a causal mask from the cache position alone
+        names.pop(1)
+        example.pop(1)
+    example += [torch.randn(batch, args.kv_heads, past, head, dtype=dtype) for _ in range(2 * layers)]
+    dims = {d: torch.export.Dim(d) for d in ("batch", "seq", "total", "past")}
+    shapes: dict[str, Any] = {"input_ids": {0: dims["batch"], 1: dims["seq"]}}
+    if args.attention_mask:
+        shapes["attention_mask"] = {0: dims["batch"], 1: dims["total"]}
+    shapes |= {n: {0: dims["batch"], 2: dims["past"]} for n in names if n.startswith("past")}
+    outputs = ["hidden"] + [f"present_{kv}{i}" for i in range(layers) for kv in "kv"]
+    with torch.no_grad():
+        torch.onnx.export(_module(forward if args.attention_mask else forward_causal, model, names), tuple(example), str(path), dynamo=True, input_names=names,
+                          output_names=outputs, dynamic_shapes=shapes, optimize=True)
+
+
+def build(args: argparse.Namespace, folder: Path) -> tuple[Path, dict[str, str]]:
+    """The model file, and the variants' files."""
+    import onnx
+
+    import graphopt
+
+    source = folder / "original.onnx"
+    if args.source == "block":
+        from llm_decoders import decoder_block
+
+        onnx.save(decoder_block(hidden=args.hidden, heads=args.heads, kv_heads=args.kv_heads,
+                                dtype=np.float16 if args.dtype == "fp16" else np.float32), str(source))
+    else:
+        export_llama(source, args)
+    files = {"original": str(source)}
+    target = "ort-cuda" if args.device == "cuda" else "ort-cpu"
+    for variant, disable in (("graphopt", ()), ("graphopt-no-gqa", ("FuseGroupQueryAttention",))):
+        report = graphopt.optimize_file(source, folder / f"{variant}.onnx", target=target, disable=list(disable))
+        files[variant] = str(folder / f"{variant}.onnx")
+        fused = report.rules["FuseGroupQueryAttention"].applications if "FuseGroupQueryAttention" in report.rules else 0
+        print(f"{variant}: --target {target}, FuseGroupQueryAttention x{fused}", flush=True)
+    return source, files
+
+
+class Stepper:
+    """One onnxruntime session with io-binding; the presents of a step are the next step's past."""
+
+    def __init__(self, path: str, device: str, threads: int) -> None:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        if threads:
+            options.intra_op_num_threads = threads
+        providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
+        self.session = ort.InferenceSession(path, options, providers=providers)
+        self.device = device
+        self.inputs = {i.name: i for i in self.session.get_inputs()}
+        self.outputs = [o.name for o in self.session.get_outputs()]
+        self.ort = ort
+
+    def value(self, array: np.ndarray) -> Any:
+        return self.ort.OrtValue.ortvalue_from_numpy(array, self.device, 0)
+
+    def step(self, feeds: dict[str, Any]) -> tuple[dict[str, Any], float]:
+        binding = self.session.io_binding()
+        for name, value in feeds.items():
+            if name in self.inputs:
+                binding.bind_ortvalue_input(name, value)
+        for name in self.outputs:
+            binding.bind_output(name, self.device)
+        start = time.perf_counter()
+        self.session.run_with_iobinding(binding)
+        binding.synchronize_outputs()
+        elapsed = time.perf_counter() - start
+        return dict(zip(self.outputs, binding.get_outputs(), strict=True)), elapsed
+
+
+def _past_names(stepper: Stepper) -> list[tuple[str, str]]:
+    """(past input, present output) pairs, in order."""
+    pasts = [n for n in stepper.inputs if n.startswith("past")]
+    presents = [n for n in stepper.outputs if n.startswith("present")]
+    return list(zip(pasts, presents, strict=True))
+
+
+def run_variant(path: str, args: argparse.Namespace, batch: int) -> dict[str, Any]:
+    stepper = Stepper(path, args.device, args.threads)
+    rng = np.random.default_rng(0)
+    pairs = _past_names(stepper)
+    past_meta = stepper.inputs[pairs[0][0]]
+    kv_heads, head = past_meta.shape[1], past_meta.shape[3]
+    float_type = np.float16 if "float16" in past_meta.type else np.float32
+    first_input = "input_ids" if "input_ids" in stepper.inputs else "hidden"
+
+    def tokens(seq: int) -> np.ndarray:
+        if first_input == "input_ids":
+            return rng.integers(0, args.vocab, (batch, seq)).astype(np.int64)
+        return rng.standard_normal((batch, seq, args.hidden)).astype(float_type)
+
+    empty = np.zeros((batch, kv_heads, 0, head), float_type)
+    feeds = {first_input: stepper.value(tokens(args.prompt)), "attention_mask": stepper.value(np.ones((batch, args.prompt), np.int64))}
+    feeds |= {p: stepper.value(empty) for p, _ in pairs}
+    outs, prefill_s = stepper.step(feeds)
+    times: list[float] = []
+    first = None
+    total = args.prompt
+    for i in range(args.steps):
+        total += 1
+        feeds = {first_input: stepper.value(tokens(1)), "attention_mask": stepper.value(np.ones((batch, total), np.int64))}
+        feeds |= {p: outs[o] for p, o in pairs}
+        outs, elapsed = stepper.step(feeds)
+        if i == 0:
+            first = outs[stepper.outputs[0]].numpy()
+        if i >= args.warmup:
+            times.append(elapsed)
+    return {"prefill_ms": prefill_s * 1e3, "decode_ms": statistics.median(times) * 1e3 if times else None,
+            "first_output": first}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--source", choices=("export", "block"), default="export")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--dtype", choices=("fp16", "fp32"), default="fp16")
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--hidden", type=int, default=2048)
+    parser.add_argument("--heads", type=int, default=32)
+    parser.add_argument("--kv-heads", type=int, default=4)
+    parser.add_argument("--intermediate", type=int, default=5632)
+    parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--batch", default="1,8")
+    parser.add_argument("--prompt", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=64)
+    parser.add_argument("--warmup", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--attention-mask", action="store_true",
+                        help="export with an attention_mask input (a padding mask: no GroupQueryAttention on ort-cuda, whose kernel takes no attention_bias)")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    import onnxruntime as ort
+
+    device_name = platform.processor() or platform.machine()
+    if args.device == "cuda":
+        try:
+            import subprocess
+
+            device_name = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, check=False).stdout.strip()
+        except OSError:
+            pass
+    source, files = build(args, args.out)
+    rows = []
+    for batch in [int(b) for b in args.batch.split(",")]:
+        reference = None
+        for variant in VARIANTS:
+            try:
+                result = run_variant(files[variant], args, batch)
+            except Exception as error:  # noqa: BLE001 - a variant that fails is a row with its error
+                rows.append({"variant": variant, "batch": batch, "error": str(error).splitlines()[0][:200]})
+                print(f"{variant} batch {batch}: {rows[-1]['error']}", flush=True)
+                continue
+            out = result.pop("first_output")
+            if reference is None:
+                reference = out
+            result["max_abs_diff_vs_original"] = float(np.max(np.abs(out.astype(np.float64) - reference.astype(np.float64))))
+            rows.append({"variant": variant, "batch": batch, **result})
+            print(f"{variant} batch {batch}: prefill {result['prefill_ms']:.2f} ms, decode {result['decode_ms']:.3f} ms/step, "
+                  f"diff {result['max_abs_diff_vs_original']:.3g}", flush=True)
+    record = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"), "device": device_name, "onnxruntime": ort.__version__,
+        "command": " ".join(["python", "benchmarks/llm_onnx_decode.py", *(argv if argv is not None else sys.argv[1:])]),
+        "args": {k: str(v) for k, v in vars(args).items()}, "results": rows,
+    }
+    (args.out / "llm_onnx_decode.json").write_text(json.dumps(record, indent=1))
+    print(f"\n{device_name}, onnxruntime {ort.__version__}, {args.source} {args.dtype}, prompt {args.prompt}, {args.steps} steps")
+    print(f"{'variant':<18}{'batch':>6}{'prefill ms':>12}{'decode ms/step':>16}{'diff':>10}")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['variant']:<18}{r['batch']:>6}  error: {r['error'][:80]}")
+        else:
+            print(f"{r['variant']:<18}{r['batch']:>6}{r['prefill_ms']:>12.2f}{r['decode_ms']:>16.3f}{r['max_abs_diff_vs_original']:>10.2g}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
