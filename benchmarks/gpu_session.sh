@@ -43,7 +43,7 @@ decisions)
     cp "$OUT/cost_table.json" /tmp/measured_cost_table.json
     python3 benchmarks/decisions_bench.py --merge "$OUT/cost_table.json" --into graphopt/decisions/cost_table.json
   fi
-  timeout 330 python3 benchmarks/zoo_bench.py --device cuda --jobs 12 --runs 10 --rounds 3 --warmup 5 --shard "${2:-1/2}" \
+  timeout 330 python3 benchmarks/zoo_bench.py --device cuda --jobs 12 --runs 10 --rounds 8 --warmup 5 --shard "${2:-1/2}" \
     --out "$OUT/zoo_bench-1.json" > "$OUT/zoo-1.log" 2>&1
   tail -40 "$OUT/zoo-1.log"
   ;;
@@ -59,7 +59,7 @@ precision)
   ;;
 zoo)
   shard=${2:-2/2}
-  timeout 450 python3 benchmarks/zoo_bench.py --device cuda --jobs 12 --runs 10 --rounds 3 --warmup 5 --shard "$shard" \
+  timeout 450 python3 benchmarks/zoo_bench.py --device cuda --jobs 12 --runs 10 --rounds 8 --warmup 5 --shard "$shard" \
     --out "$OUT/zoo_bench-${shard%/*}.json" > "$OUT/zoo-${shard%/*}.log" 2>&1
   tail -60 "$OUT/zoo-${shard%/*}.log"
   ;;
@@ -75,7 +75,7 @@ profile)
 cpu)
   shard=${2:-1/1}
   lscpu | grep -m1 "Model name"
-  timeout 560 python3 benchmarks/zoo_bench.py --device cpu --threads 4 --jobs 12 --runs 10 --rounds 3 --warmup 3 --shard "$shard" \
+  timeout 560 python3 benchmarks/zoo_bench.py --device cpu --threads 4 --jobs 12 --runs 10 --rounds 8 --warmup 3 --shard "$shard" \
     --out "$OUT/zoo_bench-cpu-${shard%/*}.json" > "$OUT/zoo-cpu-${shard%/*}.log" 2>&1
   tail -60 "$OUT/zoo-cpu-${shard%/*}.log"
   ;;
