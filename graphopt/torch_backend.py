@@ -47,7 +47,7 @@ from graphopt.errors import GraphoptError
 from graphopt.ir.fx_view import FxView, is_neutral
 from graphopt.match.driver import DriverOptions, RuleSet
 from graphopt.ops import torch_lowering
-from graphopt.passes import fx_passes
+from graphopt.passes import fx_gqa, fx_passes
 from graphopt.pipeline import GraphKind, Pipeline
 from graphopt.report.model import Alternative, DecisionRecord, GraphSummary, Report
 from graphopt.torch_cudagraphs import CudaGraphReplay, cuda_graphs_refusal
@@ -221,7 +221,7 @@ def graphopt_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, optio
 
 
 #: Passes whose changes inductor would not make itself (the rest, folding and dead code, it does).
-_PASSES_INDUCTOR_LACKS = ("layout", "pad_gemms")
+_PASSES_INDUCTOR_LACKS = ("layout", "pad_gemms", "unrepeat_kv")
 
 
 def adds_to_inductor(report: Report) -> bool:
@@ -339,7 +339,8 @@ def optimize_fx(gm: fx.GraphModule, fake_mode: Any, rules: RuleSet, target: Any,
     pipeline.run_passes([
         ("merge_rsqrt", lambda: fx_passes.merge_rsqrt(gm)),
         ("merge_log1p", lambda: fx_passes.merge_log1p(gm)),
-        ("lowering", lambda: torch_lowering.lower_neutral_nodes(gm, fake_mode, new_constant, view.const_array, view.device)),
+        ("lowering", lambda: torch_lowering.lower_neutral_nodes(gm, fake_mode, new_constant, view.const_array, view.device, target)),
+        ("unrepeat_kv", lambda: fx_gqa.unrepeat_kv(gm)),
         # What the lowerings built from constants (rotary caches in their torch form) folds too.
         ("constant_folding", lambda: fx_passes.fold_constants(gm, new_constant, opts.fold_size_limit)),
         ("views_to_reshapes", lambda: fx_passes.views_to_reshapes(gm)),
