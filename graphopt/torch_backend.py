@@ -177,6 +177,8 @@ def graphopt_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, optio
         aten_gm, frozen = gm, []
     if frozen:
         report.warnings.append(f"{len(frozen)} parameters and buffers frozen into constants (changing them after compiling has no effect)")
+    # graphopt's own cost (tracing, freezing, the rules and passes), apart from the compile of the result.
+    report.times_s["graphopt"] = time.perf_counter() - started
 
     if opts.inductor and aten_gm is not gm and not adds_to_inductor(report):
         # Nothing graphopt did here is something inductor lacks: inductor gets dynamo's graph
@@ -205,7 +207,8 @@ def graphopt_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, optio
             compiled = _faster_of(compiled, gm, list(example_inputs), opts, report)
 
     index = _register(report, aten_gm)
-    LOG.info("graph %d: %s; %.2f s", index, report.one_line(), time.perf_counter() - started)
+    LOG.info("graph %d: %s; graphopt %.2f s, %s %.2f s", index, report.one_line(), report.times_s["graphopt"],
+             "inductor" if opts.inductor else "the rest", report.times_s.get("leftovers", 0.0))
     if opts.report:
         path = _indexed_path(opts.report, index)
         report.output_path = str(path)
