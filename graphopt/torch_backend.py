@@ -47,7 +47,7 @@ from graphopt.errors import GraphoptError
 from graphopt.ir.fx_view import FxView, is_neutral
 from graphopt.match.driver import DriverOptions, RuleSet
 from graphopt.ops import torch_lowering
-from graphopt.passes import fx_gqa, fx_passes
+from graphopt.passes import fx_gqa, fx_pack, fx_passes
 from graphopt.pipeline import GraphKind, Pipeline
 from graphopt.report.model import Alternative, DecisionRecord, GraphSummary, Report
 from graphopt.torch_cudagraphs import CudaGraphReplay, cuda_graphs_refusal
@@ -224,7 +224,7 @@ def graphopt_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, optio
 
 
 #: Passes whose changes inductor would not make itself (the rest, folding and dead code, it does).
-_PASSES_INDUCTOR_LACKS = ("layout", "pad_gemms", "unrepeat_kv")
+_PASSES_INDUCTOR_LACKS = ("layout", "pad_gemms", "unrepeat_kv", "pack_projections")
 
 
 def adds_to_inductor(report: Report) -> bool:
@@ -347,6 +347,7 @@ def optimize_fx(gm: fx.GraphModule, fake_mode: Any, rules: RuleSet, target: Any,
         # What the lowerings built from constants (rotary caches in their torch form) folds too.
         ("constant_folding", lambda: fx_passes.fold_constants(gm, new_constant, opts.fold_size_limit)),
         ("views_to_reshapes", lambda: fx_passes.views_to_reshapes(gm)),
+        ("pack_projections", lambda: fx_pack.pack_projections(gm, new_constant, fake_mode)),
     ])
     if _wants_channels_last(gm, opts.layout):
         pipeline.run_pass("layout", lambda: fx_passes.to_channels_last(gm, new_constant))

@@ -3,7 +3,8 @@
 
 * default (inductor, no CUDA graphs: kernels "none"): RMSNorm, rotary and SwiGLU fuse and
   lower to their ATen-only forms (graphopt.ops.torch_aten_forms), repeat_kv goes (SDPA
-  enable_gqa); inductor is handed that graph with no torch.ops.graphopt call in it;
+  enable_gqa), q/k/v and gate/up are one GEMM each (fx_pack); inductor is handed that
+  graph with no torch.ops.graphopt call in it;
 * reduce-overhead (inductor with CUDA graphs: kernels "inductor", only the custom ops
   measured faster than inductor's code, none of which is in a LLaMA block): the same;
 * inductor=False: the same rules onto graphopt's custom kernels, attention included.
@@ -30,6 +31,9 @@ pytestmark = pytest.mark.usefixtures("graphopt_never_falls_back")  # tests/conft
 #: One decoder layer (4 query heads on 2 key/value heads), the final norm; the rewrites per rule.
 ATEN_FORMS = {"FuseRMSNorm": 3, "FuseSkipRMSNorm": 2, "FuseRotaryEmbedding": 2, "FuseSwiGLU": 1, "DropNoOpReshape": 1}
 WITH_KERNELS = ATEN_FORMS | {"FuseScaledDotProductAttention": 1}
+#: The passes inductor would not do itself, and their changes: repeat_kv before the one
+#: attention; q, k, v packed (two GEMMs fewer) and gate, up (one fewer).
+PASSES = {"unrepeat_kv": 1, "pack_projections": 3}
 
 
 @pytest.fixture(autouse=True)
@@ -52,6 +56,10 @@ def _ids(batch: int = 2, seq: int = 16) -> torch.Tensor:
 
 def _applied(report: Any) -> dict[str, int]:
     return {name: stats.applications for name, stats in report.rules.items() if stats.applications}
+
+
+def _passes(report: Any) -> dict[str, int]:
+    return {name: report.passes[name].changes for name in PASSES}
 
 
 def _calls(gm: Any) -> Counter[str]:
@@ -92,6 +100,7 @@ def _assert_aten_forms_only(gm: Any) -> None:
     (sdpa,) = [n for n in gm.graph.nodes if n.target is torch.ops.aten.scaled_dot_product_attention.default]
     assert sdpa.kwargs.get("enable_gqa") is True  # ... SDPA reads the 2 key/value heads in groups
     assert calls["aten.silu.default"] == 1 and calls["aten.rsqrt.default"] == 3  # SwiGLU, the 3 RMSNorms in fp32
+    assert calls["aten.matmul.default"] == 4  # q|k|v, o, gate|up, down: packed projections
 
 
 def test_default_mode_rewrites_to_aten_forms_and_hands_inductor_no_custom_op(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -100,7 +109,7 @@ def test_default_mode_rewrites_to_aten_forms_and_hands_inductor_no_custom_op(mon
     report = last_report()
     assert report is not None and report.target == "torch-aten"
     assert _applied(report) == ATEN_FORMS
-    assert report.passes["unrepeat_kv"].changes == 1
+    assert _passes(report) == PASSES
     assert not [d for d in report.decisions if d.kind == "graph"]  # not handed over as dynamo captured it
     assert seen and seen[-1] is last_graph()  # inductor was given graphopt's graph ...
     _assert_aten_forms_only(seen[-1])  # ... with the ATen forms, no custom op
@@ -112,7 +121,7 @@ def test_reduce_overhead_mode_gets_the_same_rewrites(monkeypatch: pytest.MonkeyP
     report = last_report()
     assert report is not None and report.target == "torch+inductor"
     assert _applied(report) == ATEN_FORMS
-    assert report.passes["unrepeat_kv"].changes == 1
+    assert _passes(report) == PASSES
     _assert_aten_forms_only(seen[-1])
 
 
@@ -121,11 +130,12 @@ def test_without_inductor_the_rules_run_on_graphopt_kernels() -> None:
     report = last_report()
     assert report is not None and report.target == "torch"
     assert _applied(report) == WITH_KERNELS
-    assert report.passes["unrepeat_kv"].changes == 1
+    assert _passes(report) == PASSES
     graph = last_graph()
     assert _custom_calls(graph) == Counter({"graphopt.rms_norm.default": 3, "graphopt.rotary.default": 2,
                                             "graphopt.swiglu.default": 1, "graphopt.attention.default": 1})
     assert "aten.expand.default" not in _calls(graph)  # graphopt::attention reads grouped heads itself
+    assert _calls(graph)["aten.matmul.default"] == 4
 
 
 def test_kernels_all_with_inductor_does_hand_it_custom_ops(monkeypatch: pytest.MonkeyPatch) -> None:
