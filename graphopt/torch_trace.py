@@ -151,7 +151,8 @@ def _inline_number(node: fx.Node, number: float | int) -> None:
             continue
         if user.target is aten._local_scalar_dense.default:
             for reader in list(user.users):
-                reader.args, reader.kwargs = fx.node.map_arg((reader.args, reader.kwargs), lambda a: number if a is user else a)  # type: ignore[arg-type,return-value]
+                reader.args, reader.kwargs = fx.node.map_arg(  # type: ignore[assignment]
+                    (reader.args, reader.kwargs), lambda a, read=user: number if a is read else a)  # type: ignore[misc]
             if not user.users:
                 user.graph.erase_node(user)
         elif user.target in _NUMBER_OPERAND_OPS and not user.kwargs:
