@@ -227,9 +227,20 @@ def graphopt_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, optio
 _PASSES_INDUCTOR_LACKS = ("layout", "pad_gemms", "unrepeat_kv", "pack_projections")
 
 
+#: Rules whose rewrites inductor makes itself: views, reshapes and transposes are free in its
+#: IR, copies and no-op casts vanish, static shapes are known to it. Alone they are no reason
+#: to hand inductor graphopt's traced copy instead of dynamo's graph (BERT's and ViT's
+#: default-mode rewrites were only these: reshape clean-ups).
+RULES_INDUCTOR_DOES = frozenset({
+    "CollapseReshapes", "DropNoOpReshape", "DropReshapeRoundTrip", "ComposeTransposes", "DropIdentityTranspose",
+    "UnflattenBatchedTranspose", "DropPassThrough", "DropInferenceDropout", "DropSingleInputConcat", "DropNoOpCast",
+    "FoldStaticShape", "FoldGatherOfStaticDims", "FoldSliceOfStaticDims", "RangeOfScalars",
+})
+
+
 def adds_to_inductor(report: Report) -> bool:
     """Whether graphopt did anything to this graph that inductor would not do on its own."""
-    return report.total_rewrites > 0 or any(
+    return any(stats.applications for name, stats in report.rules.items() if name not in RULES_INDUCTOR_DOES) or any(
         report.passes[name].changes for name in _PASSES_INDUCTOR_LACKS if name in report.passes
     )
 
