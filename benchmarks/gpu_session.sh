@@ -6,6 +6,8 @@
 #   bash benchmarks/gpu_session.sh decisions   # measure the cost table (decisions_bench.py), merge it, then the zoo's first half
 #   bash benchmarks/gpu_session.sh zoo 2/2     # the zoo's second half (or 1/1 for all)
 #   bash benchmarks/gpu_session.sh torch       # torch.compile: graphopt against inductor on the issue-15 models
+#   bash benchmarks/gpu_session.sh torch-modes M  # one model (llama, t5, convnext): default, reduce-overhead, max-autotune, each against inductor's
+#   bash benchmarks/gpu_session.sh torch-cost M,N # graphopt's passes against inductor's compile time (torch_compile_cost.py)
 #   bash benchmarks/gpu_session.sh profile M,N # the ops onnxruntime runs and the kernels they launch, per variant (ort_profile.py)
 #   bash benchmarks/gpu_session.sh cpu 1/1     # the zoo on onnxruntime's CPU provider (the GPU machine's 16 cores, 4 threads a session)
 #
@@ -60,6 +62,17 @@ torch)
   timeout 300 python3 benchmarks/torch_compile.py --models "${2:-llama,convnext}" --variants inductor,graphopt+inductor \
     --out "$OUT/torch_compile.json" > "$OUT/torch.log" 2>&1
   tail -20 "$OUT/torch.log"
+  ;;
+torch-modes)
+  timeout 560 python3 benchmarks/torch_compile.py --models "${2:-llama}" \
+    --variants inductor,graphopt+inductor,inductor-ro,graphopt+inductor-ro,inductor-ma,graphopt+inductor-ma \
+    --out "$OUT/torch_compile-modes-${2:-llama}.json" > "$OUT/torch-modes.log" 2>&1
+  tail -20 "$OUT/torch-modes.log"
+  ;;
+torch-cost)
+  timeout 560 python3 benchmarks/torch_compile_cost.py --models "${2:-llama,t5,convnext}" \
+    --out "$OUT/torch_compile_cost.json" > "$OUT/torch-cost.log" 2>&1
+  grep -A12 "^model " "$OUT/torch-cost.log"
   ;;
 *)
   echo "unknown step $step" >&2; exit 2
