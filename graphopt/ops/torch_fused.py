@@ -20,7 +20,7 @@ from graphopt.ops.torch_canonical import emit_canonical, emit_swish
 from graphopt.ops.torch_custom_ops import custom_op_problem, graphopt_op
 from graphopt.pattern.native import RewriteDeclined
 
-__all__ = ["GRAPHOPT", "GraphoptLowering", "LoweringFn"]
+__all__ = ["GRAPHOPT", "GraphoptLowering", "LoweringFn", "RotaryApply", "rotary_with", "norm_stats"]
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -39,8 +39,14 @@ class GraphoptLowering:
     #: Why the ATen ops it emits have no derivative (None: they have one); such a lowering is
     #: left out where gradients flow.
     no_gradient: str | None = None
+    #: The same op as ATen ops only (graphopt.ops.torch_aten_forms), for where no custom op
+    #: may run (kernels="none": a custom op is a fusion barrier for inductor); None: none.
+    aten: LoweringFn | None = None
 
-    def problem(self, training: bool) -> str | None:
+    def problem(self, training: bool, aten_only: bool = False) -> str | None:
+        """Why this lowering cannot be used (None: it can); `aten_only`: its ATen form."""
+        if aten_only:
+            return None if self.aten is not None else f"graphopt.{self.op_type} has no ATen-only form"
         if training and self.no_gradient:
             return self.no_gradient
         for qualname in self.custom_ops:
@@ -117,7 +123,7 @@ def _packed_attention(b: FxBuilder, args: list[Any], attrs: dict[str, Any], want
     return _mha(b, [q, k, v, arg(args, 3)], attrs, wanted)
 
 
-def _norm_stats(b: FxBuilder, total: Any, rms: bool) -> tuple[Any, Any]:
+def norm_stats(b: FxBuilder, total: Any, rms: bool) -> tuple[Any, Any]:
     """Mean and 1/std over the last axis with the kept dim ([batch, seq, 1]), as the ONNX ops return them (f32 math)."""
     x = b.call(prims.convert_element_type.default, total, torch.float32)
     mean = b.call(aten.mean.dim, x, [-1], True)
@@ -137,7 +143,7 @@ def _skip_layer_norm(b: FxBuilder, args: list[Any], attrs: dict[str, Any], wante
     out, total = b.item(both, 0), b.item(both, 1)
     outputs: list[Any] = [out, None, None, total]
     if wanted & {1, 2}:
-        mean, var = _norm_stats(b, total, rms=False)
+        mean, var = norm_stats(b, total, rms=False)
         outputs[1] = mean
         outputs[2] = b.call(aten.rsqrt.default, b.call(aten.add.Tensor, var, eps))
     return outputs
@@ -161,7 +167,7 @@ def _skip_rms_norm(b: FxBuilder, args: list[Any], attrs: dict[str, Any], wanted:
     out, total = b.item(both, 0), b.item(both, 1)
     outputs: list[Any] = [out, None, None, total]
     if wanted & {1, 2}:
-        mean, var = _norm_stats(b, total, rms=True)
+        mean, var = norm_stats(b, total, rms=True)
         outputs[1] = mean
         outputs[2] = b.call(aten.rsqrt.default, b.call(aten.add.Tensor, var, eps))
     return outputs
@@ -208,11 +214,14 @@ def _geglu(b: FxBuilder, args: list[Any], attrs: dict[str, Any], wanted: set[int
     return [b.call(graphopt_op("geglu"), gate, up, False)]
 
 
-@_lowers("RotaryEmbedding", ("graphopt::rotary",))
-def _rotary(b: FxBuilder, args: list[Any], attrs: dict[str, Any], wanted: set[int]) -> list[Any]:
+#: apply(builder, x [batch, heads, seq, head], cos, sin [batch or 1, seq, rotary], interleaved) -> the rotated x.
+RotaryApply = Callable[[FxBuilder, Any, Any, Any, bool], Any]
+
+
+def rotary_with(b: FxBuilder, args: list[Any], attrs: dict[str, Any], apply: RotaryApply) -> list[Any]:
     """graphopt.RotaryEmbedding(x, position_ids or offset, cos_cache, sin_cache), caches
-    [positions, rotary / 2] as onnxruntime takes them -> graphopt::rotary on the HF form
-    cos, sin [batch or 1, seq, rotary] (the half-width rows picked, then repeated)."""
+    [positions, rotary / 2] as onnxruntime takes them -> `apply` on the HF form cos, sin
+    [batch or 1, seq, rotary] (the half-width rows picked, then repeated)."""
     x, positions, cos_cache, sin_cache = (b.tensor(a) for a in args[:4])
     interleaved = bool(int(attrs.get("interleaved", 0)))
     if b.rank(x) not in (3, 4) or attrs.get("num_heads") or attrs.get("rotary_embedding_dim"):
@@ -240,10 +249,16 @@ def _rotary(b: FxBuilder, args: list[Any], attrs: dict[str, Any], wanted: set[in
             return b.call(aten.repeat_interleave.self_int, rows, 2, -1)
         return b.call(aten.cat.default, [rows, rows], -1)
 
-    out = b.call(graphopt_op("rotary"), x, hf_form(cos_cache), hf_form(sin_cache), interleaved)
+    out = apply(b, x, hf_form(cos_cache), hf_form(sin_cache), interleaved)
     if hidden_form:
         out = b.call(aten.reshape.default, b.call(aten.permute.default, out, [0, 2, 1, 3]), [batch, length, hidden])
     return [out]
+
+
+@_lowers("RotaryEmbedding", ("graphopt::rotary",))
+def _rotary(b: FxBuilder, args: list[Any], attrs: dict[str, Any], wanted: set[int]) -> list[Any]:
+    """graphopt::rotary on the HF form of the caches (`rotary_with`)."""
+    return rotary_with(b, args, attrs, lambda b, x, cos, sin, interleaved: b.call(graphopt_op("rotary"), x, cos, sin, interleaved))
 
 
 @_lowers("GemmActivation", dtypes=FLOATS | {"f64"}, no_gradient="aten._addmm_activation has no derivative formula")
