@@ -81,9 +81,12 @@ EXPECTED = {
     # Decode: a bool mask from the cache position makes transformers repeat k and v (repeat_kv).
     ("kernels", "decode"): {**_KERNEL_RULES, "FuseGroupedKV": 2, "DropNoOpReshape": 2, "DropPassThrough": 1},
     # With inductor and no CUDA graphs graphopt's kernels stay out (TorchOptions.kernel_policy):
-    # only the RMSNorms become aten.rms_norm.
-    ("inductor", "prefill"): {"FuseRMSNorm": 5, "DropNoOpReshape": 2, "DropPassThrough": 1},
-    ("inductor", "decode"): {"FuseRMSNorm": 5, "DropNoOpReshape": 2, "DropPassThrough": 1},
+    # the norms, rotary and SwiGLU become their ATen-only forms (graphopt/ops/torch_aten_forms.py),
+    # the attention stays SDPA (repeat_kv is taken out by a pass, not a rule).
+    ("inductor", "prefill"): {"FuseRMSNorm": 5, "FuseSkipRMSNorm": 4, "FuseRotaryEmbedding": 4, "FuseSwiGLU": 2,
+                              "DropNoOpReshape": 2, "DropPassThrough": 1},
+    ("inductor", "decode"): {"FuseRMSNorm": 5, "FuseSkipRMSNorm": 4, "FuseRotaryEmbedding": 4, "FuseSwiGLU": 2,
+                             "DropNoOpReshape": 2, "DropPassThrough": 1},
 }
 
 
