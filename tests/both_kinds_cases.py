@@ -159,15 +159,17 @@ def _rotary_batched(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 def _cached_attention(m: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past_k: torch.Tensor, past_v: torch.Tensor,
-                      repeat: Callable[[torch.Tensor, int], torch.Tensor] = _repeat_kv) -> tuple[torch.Tensor, ...]:
+                      repeat: Callable[[torch.Tensor, int], torch.Tensor] = _repeat_kv, masked: bool = True) -> tuple[torch.Tensor, ...]:
     """transformers' LLaMA attention over a DynamicCache, written out: the cache concatenated with
     the new k, v on the sequence axis (the presents, returned), repeat_kv, and the causal mask
-    aligned to the end (key t seen by query s where t <= past + s) as Where(keep, 0, finfo.min)."""
+    aligned to the end (key t seen by query s where t <= past + s) as Where(keep, 0, finfo.min), or
+    none (`masked` False: what transformers passes for one new token)."""
     kc, vc = torch.cat([past_k, k], 2), torch.cat([past_v, v], 2)
     past, seq, group = past_k.shape[2], q.shape[2], q.shape[1] // k.shape[1]
     keep = torch.arange(past + seq)[None, :] <= torch.arange(past, past + seq)[:, None]
     mask = torch.where(keep, 0.0, torch.finfo(q.dtype).min)[None, None]
-    scores = torch.matmul(q, repeat(kc, group).transpose(-1, -2)) / math.sqrt(q.shape[-1]) + mask
+    scores = torch.matmul(q, repeat(kc, group).transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    scores = scores + mask if masked else scores
     return torch.matmul(torch.softmax(scores, dim=-1), repeat(vc, group)), kc, vc
 
 
@@ -353,6 +355,9 @@ CASES: list[Case] = [
          atol=1e-4),
     Case("FuseGroupQueryAttention", fn(_cached_attention), _cache_inputs(2, 4, 4, 2, 6, 8), 1, along=_GQA_ALONG, onnx_target="ort-cpu",
          atol=1e-4, name="mha"),
+    # one new token without a mask (a decode step): causal hides nothing
+    Case("FuseGroupQueryAttention", fn(lambda m, *xs: _cached_attention(m, *xs, masked=False)), _cache_inputs(2, 4, 2, 1, 6, 8), 1,
+         along=_GQA_ALONG, onnx_target="ort-cpu", atol=1e-4, name="decode_unmasked"),
     # the CPU kernel rotates heads of a multiple of 16 only
     Case("FoldRotaryIntoGroupQueryAttention", lambda: Fn(_rotated_cached_attention, **_rotary_at(5, 3, 16)), _cache_inputs(2, 4, 2, 3, 5, 16), 1,
          along=("FuseRotaryEmbedding", *_GQA_ALONG, "FuseGroupQueryAttention"), onnx_target="ort-cpu", atol=1e-4),
@@ -375,6 +380,9 @@ NEGATIVE_CASES: list[Case] = [
     # the kv heads copied as a block (query head i reads kv head i % kv_heads): not GroupQueryAttention's grouping
     Case("FuseGroupQueryAttention", fn(lambda m, *xs: _cached_attention(m, *xs, repeat=_tiled_kv)), _cache_inputs(2, 4, 2, 3, 5, 8), 0,
          along=_GQA_ALONG, onnx_target="ort-cpu", atol=1e-4, name="tiled"),
+    # two new tokens without a mask: each sees the other, which GroupQueryAttention's causal = 1 would hide
+    Case("FuseGroupQueryAttention", fn(lambda m, *xs: _cached_attention(m, *xs, masked=False)), _cache_inputs(2, 4, 2, 2, 6, 8), 0,
+         along=_GQA_ALONG, onnx_target="ort-cpu", atol=1e-4, name="unmasked"),
     # q and k rotated at different positions (k's cos / sin from another offset): one cache pair cannot serve both
     Case("FoldRotaryIntoGroupQueryAttention",
          lambda: Fn(lambda m, q, k, *rest: _cached_attention(m, q * m.cos + _rotate_half(q) * m.sin, k * m.cos2 + _rotate_half(k) * m.sin2, *rest),
