@@ -357,8 +357,8 @@ def _group_norm(b: FxBuilder, args: list[Any], attrs: dict[str, Any], wanted: se
 def _rotate_positions(b: FxBuilder, x: Any, cos_cache: Any, sin_cache: Any, start: Any, seq: Any, interleaved: bool) -> Any:
     """x [batch, heads, seq, head] rotated at positions start .. start + seq - 1 of the caches
     [rows, head / 2], as onnxruntime's do_rotary does, in ATen ops (inductor fuses them)."""
-    cos = b.call(aten.slice.Tensor, b.tensor(cos_cache, like=x), 0, start, start + seq)
-    sin = b.call(aten.slice.Tensor, b.tensor(sin_cache, like=x), 0, start, start + seq)
+    cos = b.call(aten.narrow.default, b.tensor(cos_cache, like=x), 0, start, seq)  # start, seq: sym_size nodes where dynamic
+    sin = b.call(aten.narrow.default, b.tensor(sin_cache, like=x), 0, start, seq)
     if interleaved:  # pairs (x0, x1), (x2, x3), ...: rotated as (x0 c - x1 s, x1 c + x0 s)
         cos, sin = (b.call(aten.repeat_interleave.self_int, c, 2, -1) for c in (cos, sin))
         pairs = b.call(aten.unflatten.int, x, -1, [-1, 2])
