@@ -367,3 +367,68 @@ def _group_norm(b: FxBuilder, args: list[Any], attrs: dict[str, Any], wanted: se
     if activation not in (0, 1):
         raise RewriteDeclined(f"graphopt.GroupNorm's activation {activation} is none (0) or SiLU (1)")
     return [b.call(aten.silu.default, out) if activation else out]
+
+
+def _rotate_positions(b: FxBuilder, x: Any, cos_cache: Any, sin_cache: Any, start: Any, seq: Any, interleaved: bool) -> Any:
+    """x [batch, heads, seq, head] rotated at positions start .. start + seq - 1 of the caches
+    [rows, head / 2], as onnxruntime's do_rotary does, in ATen ops (inductor fuses them)."""
+    cos = b.call(aten.narrow.default, b.tensor(cos_cache, like=x), 0, start, seq)  # start, seq: sym_size nodes where dynamic
+    sin = b.call(aten.narrow.default, b.tensor(sin_cache, like=x), 0, start, seq)
+    if interleaved:  # pairs (x0, x1), (x2, x3), ...: rotated as (x0 c - x1 s, x1 c + x0 s)
+        cos, sin = (b.call(aten.repeat_interleave.self_int, c, 2, -1) for c in (cos, sin))
+        pairs = b.call(aten.unflatten.int, x, -1, [-1, 2])
+        even, odd = (b.call(aten.select.int, pairs, -1, i) for i in (0, 1))
+        rotated = b.call(aten.flatten.using_ints, b.call(aten.stack.default, [b.call(aten.neg.default, odd), even], -1), -2)
+    else:  # halves: (x1 c - x2 s, x2 c + x1 s)
+        cos, sin = (b.call(aten.cat.default, [c, c], -1) for c in (cos, sin))
+        half = b.size(x, 3) // 2
+        lo, hi = b.call(aten.slice.Tensor, x, 3, 0, half), b.call(aten.slice.Tensor, x, 3, half, 2 * half)
+        rotated = b.call(aten.cat.default, [b.call(aten.neg.default, hi), lo], -1)
+    return b.call(aten.add.Tensor, b.call(aten.mul.Tensor, x, cos), b.call(aten.mul.Tensor, rotated, sin))
+
+
+@_lowers("GroupQueryAttention")
+def _group_query_attention(b: FxBuilder, args: list[Any], attrs: dict[str, Any], wanted: set[int]) -> list[Any]:
+    """graphopt.GroupQueryAttention(q [B, S, N * H], k, v [B, S, KV * H], past k, v [B, KV, P, H], ...)
+    -> (out [B, S, N * H], present k, v [B, KV, P + S, H]) in ATen ops: the presents are the
+    concatenations, the attention is aten.scaled_dot_product_attention with enable_gqa (query head i
+    reads kv head i // (N / KV)) under the causal mask aligned to the end (key t is visible to
+    query s where t <= P + s), the attention_bias added where it is visible. seqlens_k,
+    total_sequence_length and query_seqlens say what the shapes say (the rule writes them so)
+    and are not read. No custom op: inductor fuses around it in every kernel policy."""
+    q3, k3, v3, past_k, past_v = (b.tensor(a) for a in args[:5])
+    cos_cache, sin_cache, position_ids, bias = (arg(args, i) for i in (7, 8, 9, 10))
+    if any(arg(args, i) is not None for i in range(11, 16)):
+        raise RewriteDeclined("graphopt.GroupQueryAttention on torch takes no head_sink, k / v scales or q / k norms")
+    if position_ids is not None or int(attrs.get("causal", 1)) != 1 or int(attrs.get("local_window_size", -1)) != -1:
+        raise RewriteDeclined("graphopt.GroupQueryAttention on torch is causal over the whole cache, positions from the past length")
+    heads, kv_heads = int(attrs["num_heads"]), int(attrs["kv_num_heads"])
+    if b.rank(q3) != 3 or b.rank(past_k) != 4 or not isinstance(head := b.size(past_k, 3), int):
+        raise RewriteDeclined("graphopt.GroupQueryAttention on torch takes q [batch, seq, heads * head] and past k [batch, kv_heads, past, head]")
+    batch, seq, past = b.size(q3, 0), b.size(q3, 1), b.size(past_k, 2)
+
+    def split_heads(x: Any, n: int) -> Any:
+        return b.call(aten.permute.default, b.call(aten.reshape.default, x, [batch, seq, n, head]), [0, 2, 1, 3])
+
+    q, k, v = split_heads(q3, heads), split_heads(b.tensor(k3), kv_heads), split_heads(b.tensor(v3), kv_heads)
+    if int(attrs.get("do_rotary", 0)):
+        if cos_cache is None or sin_cache is None or 2 * b.size(cos_cache, 1) != head:
+            raise RewriteDeclined("graphopt.GroupQueryAttention on torch rotates the whole head with cos / sin caches [rows, head / 2]")
+        interleaved = bool(int(attrs.get("rotary_interleaved", 0)))
+        q = _rotate_positions(b, q, cos_cache, sin_cache, past, seq, interleaved)
+        k = _rotate_positions(b, k, cos_cache, sin_cache, past, seq, interleaved)
+    present_k = b.call(aten.cat.default, [past_k, k], 2)
+    present_v = b.call(aten.cat.default, [past_v, v], 2)
+    total = b.size(present_k, 2)
+    device = b.meta(q3).device
+    kv_pos = b.call(aten.arange.default, total, dtype=torch.int64, device=device)
+    q_pos = b.call(aten.arange.start, past, total, dtype=torch.int64, device=device)
+    keep = b.call(aten.le.Tensor, b.call(aten.unsqueeze.default, kv_pos, 0), b.call(aten.unsqueeze.default, q_pos, 1))
+    mask = keep
+    if bias is not None:  # added where visible; elsewhere the lowest float, as the models write their masks
+        fill = float(torch.finfo(b.meta(q3).dtype).min)
+        mask = b.call(aten.where.ScalarOther, keep, b.tensor(bias, like=q3), fill)
+    out = b.call(aten.scaled_dot_product_attention.default, q, present_k, present_v, mask, 0.0, False,
+                 scale=_scale(attrs), enable_gqa=heads != kv_heads)
+    merged = b.call(aten.reshape.default, b.call(aten.permute.default, out, [0, 2, 1, 3]), [batch, seq, heads * head])
+    return [merged, present_k, present_v]
