@@ -144,3 +144,26 @@ def test_rank_3_mask_whose_first_dim_is_not_the_heads_is_a_near_miss() -> None:
     assert rewrites(report, "FuseAttention") == 0
     reasons = [m.reason for m in report.rules["FuseAttention"].near_misses]
     assert any("the mask has dims [3, 5, 5]" in r for r in reasons), reasons
+
+
+# ----------------------------------------------------------------------------- on FX graphs (the torch backend)
+
+
+def test_fx_attention_with_a_rank_2_causal_mask() -> None:
+    import math
+
+    import torch
+    from both_kinds import Case, run_case
+    from both_kinds_cases import _ATTENTION_ALONG, _PROJECTIONS, fn
+
+    def causal_attention(m, x):  # CLIP's text encoder: a [S, S] causal mask added to [B, N, S, S] scores
+        heads = lambda t: t.reshape(2, 5, 2, 4).transpose(1, 2)  # noqa: E731
+        q, k, v = heads(x @ m.wq + m.bq), heads(x @ m.wk + m.bk), heads(x @ m.wv + m.bv)
+        scores = q @ k.transpose(-1, -2) / math.sqrt(4) + m.causal
+        return (torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(2, 5, 8)
+
+    causal = lambda: torch.full((5, 5), torch.finfo(torch.float32).min).triu(1)  # noqa: E731
+    module = fn(causal_attention, causal=causal, **_PROJECTIONS)
+    outcome = run_case(Case("FuseAttention", module, lambda: (torch.randn(2, 5, 8),), 1, along=_ATTENTION_ALONG, kinds=("fx",), atol=1e-4))
+    assert outcome.fx_problem is None, outcome.fx_problem
+    assert outcome.fx_rewrites == 1
