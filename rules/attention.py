@@ -63,7 +63,9 @@ def attention_shapes(ctx, m: AttentionShapesArgs):
     bias = mask if masking in ("add", "add2") else keep if masking in ("keep", "drop") else None
     if bias is not None:
         db = _mask_dims(ctx, masking, mask, m.mask2, keep)
-        needs = f"onnxruntime needs [batch or 1, heads or 1, {dq[2]}, {dk[3]}] (a lower rank aligned on the right)"
+        needs = f"onnxruntime needs [batch or 1, heads or 1, {dq[2]}, {dk[3]}]"
+        if db is None or len(db) != 4:
+            needs += " (a lower rank aligned on the right)"
         if db is None or not 2 <= len(db) <= 4:
             return f"the mask has dims {db}; {needs}"
         # Added to [B, N, S, L] scores, a mask of rank < 4 broadcasts as if unsqueezed on the
