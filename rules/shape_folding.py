@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import numpy as np
 
+from graphopt.ir.symbolic import SymbolicShapes, dims_equal, static_int
 from graphopt.pattern.native import RewriteDeclined, native_constraint, native_rewrite
 
 
 def _dims(ctx, x, start, end):
+    """x's dims start..end: the recorded ones, and where a recorded dim is not an int, the
+    static size derived through the shape computation when there is one."""
     shape = ctx.shape(x)
+    if shape is None or any(not isinstance(d, int) for d in shape):
+        derived = ctx.dims(x)
+        if derived is not None and (shape is None or len(shape) == len(derived)):
+            recorded = shape if shape is not None else (None,) * len(derived)
+            shape = tuple(d if isinstance(d, int) or static_int(s) is None else static_int(s) for d, s in zip(recorded, derived, strict=True))
     if shape is None:
         return None
     rank = len(shape)
@@ -75,3 +83,54 @@ def sliced_dims(ctx, x, start, end, starts, ends, axes, steps):
     if symbolic:
         raise RewriteDeclined(f"sliced dims {symbolic} are not static")
     return {"value": np.asarray(picked, dtype=np.int64)}
+
+
+def _known_target(ctx, x, target, allowzero):
+    """The constant a Reshape's computed target can be replaced with, or why there is none.
+
+    Static values stay as they are. A symbolic value becomes 0 where the input has the same
+    dim at that axis (0 copies it; not under allowzero), or else -1, which Reshape resolves to
+    the element count over the other dims: the same value for any valid input, provided the
+    other dims cannot be 0 (then -1 is ambiguous, and onnxruntime refuses it) — so they must
+    be static and positive, and there is at most one such value."""
+    if ctx.array(target) is not None:
+        return "the target is a constant already"
+    values = SymbolicShapes(ctx.view).tensor(target)
+    if values is None:
+        return "the target's values are not known"
+    dims = ctx.dims(x)
+    out: list[int | None] = []
+    for i, value in enumerate(values):
+        known = static_int(value)
+        if known is not None:
+            out.append(known)
+        elif not allowzero and dims is not None and i < len(dims) and dims_equal([dims[i]], [value]):
+            out.append(0)
+        else:
+            out.append(None)
+    open_ = [i for i, v in enumerate(out) if v is None]
+    if len(open_) > 1:
+        return f"target values {[values[i] for i in open_]} are not static"
+    if open_:
+        if -1 in out:
+            return f"target value {values[open_[0]]} is not static and the target has a -1 already"
+        for i, v in enumerate(out):
+            copied = static_int(dims[i]) if v == 0 and not allowzero and dims is not None and i < len(dims) else v
+            if i != open_[0] and (copied is None or copied <= 0):
+                return f"target value {values[open_[0]]} would be -1 beside a dim that may be 0 ({values[i]})"
+        out[open_[0]] = -1
+    return out
+
+
+@native_constraint("ReshapeTargetIsKnown")
+def reshape_target_is_known(ctx, x, target, allowzero):
+    found = _known_target(ctx, x, target, allowzero)
+    return found if isinstance(found, str) else True
+
+
+@native_rewrite("KnownReshapeTarget")
+def known_reshape_target(ctx, x, target, allowzero):
+    found = _known_target(ctx, x, target, allowzero)
+    if isinstance(found, str):
+        raise RewriteDeclined(found)
+    return {"value": np.asarray(found, dtype=np.int64)}
