@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from graphopt.ir.symbolic import SymbolicShapes, dims_equal, static_int
+from graphopt.ir.reshape_target import constant_reshape_target
+from graphopt.ir.symbolic import SymbolicShapes, static_int
 from graphopt.pattern.native import RewriteDeclined, native_constraint, native_rewrite
 
 
@@ -86,40 +87,13 @@ def sliced_dims(ctx, x, start, end, starts, ends, axes, steps):
 
 
 def _known_target(ctx, x, target, allowzero):
-    """The constant a Reshape's computed target can be replaced with, or why there is none.
-
-    Static values stay as they are. A symbolic value becomes 0 where the input has the same
-    dim at that axis (0 copies it; not under allowzero), or else -1, which Reshape resolves to
-    the element count over the other dims: the same value for any valid input, provided the
-    other dims cannot be 0 (then -1 is ambiguous, and onnxruntime refuses it) — so they must
-    be static and positive, and there is at most one such value."""
+    """The constant a Reshape's computed target can be replaced with, or why there is none."""
     if ctx.array(target) is not None:
-        return "the target is a constant already"
+        return "the target is a constant (nothing to do)"
     values = SymbolicShapes(ctx.view).tensor(target)
     if values is None:
         return "the target's values are not known"
-    dims = ctx.dims(x)
-    out: list[int | None] = []
-    for i, value in enumerate(values):
-        known = static_int(value)
-        if known is not None:
-            out.append(known)
-        elif not allowzero and dims is not None and i < len(dims) and dims_equal([dims[i]], [value]):
-            out.append(0)
-        else:
-            out.append(None)
-    open_ = [i for i, v in enumerate(out) if v is None]
-    if len(open_) > 1:
-        return f"target values {[values[i] for i in open_]} are not static"
-    if open_:
-        if -1 in out:
-            return f"target value {values[open_[0]]} is not static and the target has a -1 already"
-        for i, v in enumerate(out):
-            copied = static_int(dims[i]) if v == 0 and not allowzero and dims is not None and i < len(dims) else v
-            if i != open_[0] and (copied is None or copied <= 0):
-                return f"target value {values[open_[0]]} would be -1 beside a dim that may be 0 ({values[i]})"
-        out[open_[0]] = -1
-    return out
+    return constant_reshape_target(ctx.dims(x), values, allowzero)
 
 
 @native_constraint("ReshapeTargetIsKnown")
