@@ -96,6 +96,15 @@ def last_two_swapped(ctx, x):
     return {"perm": [*range(rank - 2), rank - 1, rank - 2]}
 
 
+@native_constraint("OneIsAReshape")
+def one_is_a_reshape(ctx, first, second):
+    """Unsqueeze of Unsqueeze (and Squeeze of Squeeze) stay: they are the form in which
+    exporters build attention masks, which the attention rules read."""
+    if {first, second} & {"Reshape", "Flatten"}:
+        return True
+    return f"{second} of {first}: no Reshape to merge into"
+
+
 def _reshape_of_dims(ctx, x, y):
     """The constant Reshape target that turns x into y's dims, or why there is none."""
     dx, dy = ctx.dims(x), ctx.dims(y)

@@ -221,21 +221,38 @@ def test_unsqueeze_of_a_reshape_is_one_reshape() -> None:
         assert_same_outputs(model, optimized, shapes={"x": (n, 128, 128)})
 
 
-def test_squeeze_beside_a_reshape_with_two_symbolic_dims_stays() -> None:
-    # x[N, S, 1] -> Squeeze -> Reshape to [N*S]: one value (N*S), but -1 is fine only if no other dim can be 0:
-    # here the target has no other dim, so it collapses; with [N, S] kept (two symbolic values) it would not.
+def test_two_symbolic_dims_at_new_axes_stay_two_ops() -> None:
+    # x[N, S, 1] -> Reshape [N, S] -> Unsqueeze axis 0 -> [1, N, S]: N and S move to other axes,
+    # so neither is a 0 (copy), and only one could be -1.
     model = make_model(
         [
-            helper.make_node("Squeeze", ["x", "ax"], ["q"]),  # [N, S]
-            helper.make_node("Unsqueeze", ["q", "ax0"], ["y"]),  # [1, N, S]: N and S at new axes
+            helper.make_node("Reshape", ["x", "t"], ["q"]),
+            helper.make_node("Unsqueeze", ["q", "ax0"], ["y"]),
         ],
         [helper.make_tensor_value_info("x", F, ["N", "S", 1])],
         [helper.make_tensor_value_info("y", F, None)],
-        [init("ax", np.array([2], np.int64)), init("ax0", np.array([0], np.int64))],
+        [init("t", np.array([0, 0], np.int64)), init("ax0", np.array([0], np.int64))],
     )
     optimized, report = optimize_with(model, ["CollapseShapeOps"])
     assert rewrites(report, "CollapseShapeOps") == 0
     assert "not static" in report.rules["CollapseShapeOps"].near_misses[0].reason
-    assert op_types(optimized) == ["Squeeze", "Unsqueeze"]
+    assert op_types(optimized) == ["Reshape", "Unsqueeze"]
     for n, s in ((2, 3), (3, 1)):
         assert_same_outputs(model, optimized, shapes={"x": (n, s, 1)})
+
+
+def test_unsqueeze_of_unsqueeze_is_left_to_the_mask_rules() -> None:
+    # Exporters build attention masks as Unsqueeze chains, which the attention rules read.
+    model = make_model(
+        [
+            helper.make_node("Unsqueeze", ["x", "ax0"], ["u"]),
+            helper.make_node("Unsqueeze", ["u", "ax0"], ["y"]),
+        ],
+        [helper.make_tensor_value_info("x", F, [4])],
+        [helper.make_tensor_value_info("y", F, None)],
+        [init("ax0", np.array([0], np.int64))],
+    )
+    optimized, report = optimize_with(model, ["CollapseShapeOps"])
+    assert rewrites(report, "CollapseShapeOps") == 0
+    assert "no Reshape" in report.rules["CollapseShapeOps"].near_misses[0].reason
+    assert op_types(optimized) == ["Unsqueeze", "Unsqueeze"]
