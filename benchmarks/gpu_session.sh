@@ -7,6 +7,8 @@
 #   bash benchmarks/gpu_session.sh precision   # the precision decision's entries (fp16 vs fp32 convolutions, casts included), merged (< 3 min)
 #   bash benchmarks/gpu_session.sh zoo 2/2     # the zoo's second half (or 1/1 for all)
 #   bash benchmarks/gpu_session.sh torch       # torch.compile: graphopt against inductor on the issue-15 models
+#   bash benchmarks/gpu_session.sh torch-modes M  # one model (llama, t5, convnext): default, reduce-overhead, max-autotune, each against inductor's
+#   bash benchmarks/gpu_session.sh torch-cost M,N # graphopt's passes against inductor's compile time (torch_compile_cost.py)
 #   bash benchmarks/gpu_session.sh profile M,N # the ops onnxruntime runs and the kernels they launch, per variant (ort_profile.py)
 #   bash benchmarks/gpu_session.sh cpu 1/1     # the zoo on onnxruntime's CPU provider (the GPU machine's 16 cores, 4 threads a session)
 #   bash benchmarks/gpu_session.sh placement M,N # the nodes the CUDA provider hands to the CPU, original and graphopt fp32/fp16 (ort_placement.py)
@@ -43,7 +45,7 @@ decisions)
     cp "$OUT/cost_table.json" /tmp/measured_cost_table.json
     python3 benchmarks/decisions_bench.py --merge "$OUT/cost_table.json" --into graphopt/decisions/cost_table.json
   fi
-  timeout 330 python3 benchmarks/zoo_bench.py --device cuda --jobs 12 --runs 10 --rounds 3 --warmup 5 --shard "${2:-1/2}" \
+  timeout 330 python3 benchmarks/zoo_bench.py --device cuda --jobs 12 --runs 10 --rounds 8 --warmup 5 --shard "${2:-1/2}" \
     --out "$OUT/zoo_bench-1.json" > "$OUT/zoo-1.log" 2>&1
   tail -40 "$OUT/zoo-1.log"
   ;;
@@ -59,7 +61,7 @@ precision)
   ;;
 zoo)
   shard=${2:-2/2}
-  timeout 450 python3 benchmarks/zoo_bench.py --device cuda --jobs 12 --runs 10 --rounds 3 --warmup 5 --shard "$shard" \
+  timeout 450 python3 benchmarks/zoo_bench.py --device cuda --jobs 12 --runs 10 --rounds 8 --warmup 5 --shard "$shard" \
     --out "$OUT/zoo_bench-${shard%/*}.json" > "$OUT/zoo-${shard%/*}.log" 2>&1
   tail -60 "$OUT/zoo-${shard%/*}.log"
   ;;
@@ -75,7 +77,7 @@ profile)
 cpu)
   shard=${2:-1/1}
   lscpu | grep -m1 "Model name"
-  timeout 560 python3 benchmarks/zoo_bench.py --device cpu --threads 4 --jobs 12 --runs 10 --rounds 3 --warmup 3 --shard "$shard" \
+  timeout 560 python3 benchmarks/zoo_bench.py --device cpu --threads 4 --jobs 12 --runs 10 --rounds 8 --warmup 3 --shard "$shard" \
     --out "$OUT/zoo_bench-cpu-${shard%/*}.json" > "$OUT/zoo-cpu-${shard%/*}.log" 2>&1
   tail -60 "$OUT/zoo-cpu-${shard%/*}.log"
   ;;
@@ -104,6 +106,17 @@ llm-onnx)
   timeout 540 python3 benchmarks/llm_onnx_decode.py --out "$OUT" --device cuda --dtype fp16 --layers "${2:-4}" \
     --batch 1,8 --prompt 128 --steps 64 > "$OUT/llm_onnx_decode.log" 2>&1
   tail -20 "$OUT/llm_onnx_decode.log"
+  ;;
+torch-modes)
+  timeout 560 python3 benchmarks/torch_compile.py --models "${2:-llama}" \
+    --variants inductor,graphopt+inductor,inductor-ro,graphopt+inductor-ro,inductor-ma,graphopt+inductor-ma \
+    --out "$OUT/torch_compile-modes-${2:-llama}.json" > "$OUT/torch-modes.log" 2>&1
+  tail -20 "$OUT/torch-modes.log"
+  ;;
+torch-cost)
+  timeout 560 python3 benchmarks/torch_compile_cost.py --models "${2:-llama,t5,convnext}" \
+    --out "$OUT/torch_compile_cost.json" > "$OUT/torch-cost.log" 2>&1
+  grep -A12 "^model " "$OUT/torch-cost.log"
   ;;
 *)
   echo "unknown step $step" >&2; exit 2

@@ -15,6 +15,8 @@ another (each behind its own torch._dynamo.reset()), and is timed:
   graphopt+inductor-all   the same with every custom kernel (kernels="all")
   graphopt+inductor-ro    graphopt+inductor with mode="reduce-overhead" (CUDA graphs)
   graphopt+inductor-all-ro  graphopt+inductor-all with mode="reduce-overhead"
+  inductor-ma             torch.compile(model, mode="max-autotune")   (autotuned GEMMs, CUDA graphs)
+  graphopt+inductor-ma    graphopt+inductor with mode="max-autotune"
 
 Models (random weights from configs, no hub): BERT-base b8 s128, GPT-2 (LM head) b1 s512,
 ViT-base b8 224x224, ResNet-50 b32 224x224 (torchvision.models.resnet50 when importable, else
@@ -56,9 +58,9 @@ from gpu_profile import kernel_profile  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 VARIANTS = ("eager", "inductor", "inductor-ro", "graphopt", "graphopt-cg", "graphopt+inductor", "graphopt+inductor-tune", "graphopt+inductor-all",
-            "graphopt+inductor-ro", "graphopt+inductor-all-ro")
+            "graphopt+inductor-ro", "graphopt+inductor-all-ro", "inductor-ma", "graphopt+inductor-ma")
 MODELS = ("bert", "gpt2", "vit", "resnet50", "llama", "t5", "convnext")
-CUDA_ONLY = {"inductor-ro", "graphopt-cg", "graphopt+inductor-ro", "graphopt+inductor-all-ro"}
+CUDA_ONLY = {"inductor-ro", "graphopt-cg", "graphopt+inductor-ro", "graphopt+inductor-all-ro", "inductor-ma", "graphopt+inductor-ma"}
 
 
 # --------------------------------------------------------------------------- models
@@ -161,6 +163,8 @@ def compile_variant(model: Any, variant: str) -> Any:
         return torch.compile(model)
     if variant == "inductor-ro":
         return torch.compile(model, mode="reduce-overhead")
+    if variant == "inductor-ma":
+        return torch.compile(model, mode="max-autotune")
     options: dict[str, Any] = {
         "graphopt": {"inductor": False},
         "graphopt-cg": {"inductor": False, "mode": "reduce-overhead"},
@@ -168,6 +172,7 @@ def compile_variant(model: Any, variant: str) -> Any:
         "graphopt+inductor-tune": {"tune": True},
         "graphopt+inductor-all": {"kernels": "all"},
         "graphopt+inductor-ro": {"mode": "reduce-overhead"},
+        "graphopt+inductor-ma": {"mode": "max-autotune"},
         "graphopt+inductor-all-ro": {"kernels": "all", "mode": "reduce-overhead"},
     }[variant]
     _ensure_backend_registered()

@@ -24,7 +24,7 @@ In fp16 the anchors are converted with onnxruntime's ``float16.convert_float_to_
 (``keep_io_types=True``), as their documentation does; graphopt with ``--precision fp16``.
 
 Measurement: after a warm-up, ``--rounds`` rounds each run every variant ``--runs`` times
-(more for fast models: a block lasts at least 50 ms),
+(more for fast models: a block lasts at least 20 ms),
 the variants interleaved in a new order every round, so drift hits all of them alike; the figure is the median of
 all runs. Where graphopt is within the 3 % noise band of the original or of the best
 anchor, or slower than either, those variants are measured again (``--remeasure`` times at most) and the figure
@@ -62,7 +62,7 @@ from zoo import CACHE_DIR, ZooEntry, cached_models, load_inputs  # noqa: E402
 
 NOISE_BAND = 0.03
 #: The shortest block of timed runs of one variant (see bench_one).
-MIN_BLOCK_S = 0.05
+MIN_BLOCK_S = 0.02
 #: tolerance of the output check (max error relative to the output's largest magnitude)
 TOLERANCE = {"fp32": 1e-3, "fp16": 3e-2}
 #: the ORT transformers optimizer's model type per zoo family (by name prefix); others get none

@@ -47,7 +47,7 @@ from graphopt.errors import GraphoptError
 from graphopt.ir.fx_view import FxView, is_neutral
 from graphopt.match.driver import DriverOptions, RuleSet
 from graphopt.ops import torch_lowering
-from graphopt.passes import fx_passes
+from graphopt.passes import fx_gqa, fx_pack, fx_passes
 from graphopt.passes.fx_reinplace import reinplace_input_writes, written_inputs
 from graphopt.pipeline import GraphKind, Pipeline
 from graphopt.report.model import Alternative, DecisionRecord, GraphSummary, Report
@@ -178,6 +178,8 @@ def graphopt_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, optio
         aten_gm, frozen = gm, []
     if frozen:
         report.warnings.append(f"{len(frozen)} parameters and buffers frozen into constants (changing them after compiling has no effect)")
+    # graphopt's own cost (tracing, freezing, the rules and passes), apart from the compile of the result.
+    report.times_s["graphopt"] = time.perf_counter() - started
 
     if opts.inductor and aten_gm is not gm and not adds_to_inductor(report):
         # Nothing graphopt did here is something inductor lacks: inductor gets dynamo's graph
@@ -208,7 +210,8 @@ def graphopt_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, optio
             compiled = _faster_of(compiled, gm, list(example_inputs), opts, report)
 
     index = _register(report, aten_gm)
-    LOG.info("graph %d: %s; %.2f s", index, report.one_line(), time.perf_counter() - started)
+    LOG.info("graph %d: %s; graphopt %.2f s, %s %.2f s", index, report.one_line(), report.times_s["graphopt"],
+             "inductor" if opts.inductor else "the rest", report.times_s.get("leftovers", 0.0))
     if opts.report:
         path = _indexed_path(opts.report, index)
         report.output_path = str(path)
@@ -238,12 +241,23 @@ def _carry_input_sources(aten_gm: fx.GraphModule, dynamo_gm: fx.GraphModule, kep
 
 
 #: Passes whose changes inductor would not make itself (the rest, folding and dead code, it does).
-_PASSES_INDUCTOR_LACKS = ("layout", "pad_gemms")
+_PASSES_INDUCTOR_LACKS = ("layout", "pad_gemms", "unrepeat_kv", "pack_projections")
+
+
+#: Rules whose rewrites inductor makes itself: views, reshapes and transposes are free in its
+#: IR, copies and no-op casts vanish, static shapes are known to it. Alone they are no reason
+#: to hand inductor graphopt's traced copy instead of dynamo's graph (BERT's and ViT's
+#: default-mode rewrites were only these: reshape clean-ups).
+RULES_INDUCTOR_DOES = frozenset({
+    "CollapseReshapes", "DropNoOpReshape", "DropReshapeRoundTrip", "ComposeTransposes", "DropIdentityTranspose",
+    "UnflattenBatchedTranspose", "DropPassThrough", "DropInferenceDropout", "DropSingleInputConcat", "DropNoOpCast",
+    "FoldStaticShape", "FoldGatherOfStaticDims", "FoldSliceOfStaticDims", "RangeOfScalars",
+})
 
 
 def adds_to_inductor(report: Report) -> bool:
     """Whether graphopt did anything to this graph that inductor would not do on its own."""
-    return report.total_rewrites > 0 or any(
+    return any(stats.applications for name, stats in report.rules.items() if name not in RULES_INDUCTOR_DOES) or any(
         report.passes[name].changes for name in _PASSES_INDUCTOR_LACKS if name in report.passes
     )
 
@@ -357,10 +371,12 @@ def optimize_fx(gm: fx.GraphModule, fake_mode: Any, rules: RuleSet, target: Any,
         ("merge_rsqrt", lambda: fx_passes.merge_rsqrt(gm)),
         ("merge_log1p", lambda: fx_passes.merge_log1p(gm)),
         ("lowering", lambda: torch_lowering.lower_neutral_nodes(gm, fake_mode, new_constant, view.const_array, view.device,
-                                                                 cuda_graphs=opts.cuda_graphs())),
+                                                                 cuda_graphs=opts.cuda_graphs(), target=target)),
+        ("unrepeat_kv", lambda: fx_gqa.unrepeat_kv(gm)),
         # What the lowerings built from constants (rotary caches in their torch form) folds too.
         ("constant_folding", lambda: fx_passes.fold_constants(gm, new_constant, opts.fold_size_limit)),
         ("views_to_reshapes", lambda: fx_passes.views_to_reshapes(gm)),
+        ("pack_projections", lambda: fx_pack.pack_projections(gm, new_constant, fake_mode)),
     ])
     if _wants_channels_last(gm, opts.layout):
         pipeline.run_pass("layout", lambda: fx_passes.to_channels_last(gm, new_constant))

@@ -108,13 +108,17 @@ def _functionalized(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _is_module_state(node: fx.Node, value: Any) -> bool:
-    """A parameter or buffer of the compiled module (not a user input)."""
+    """A parameter or buffer of the compiled module (not a user input), or a number attribute
+    of one of its modules (an RMSNorm's eps, a rotary scaling) that dynamo passes as a 0-d
+    tensor input with dynamic=True (unspecialized floats): the rules need it as a constant."""
     if isinstance(value, torch.nn.Parameter):
         return True
     grapharg = node.meta.get("grapharg")
     source = getattr(grapharg, "source", None)
     name = getattr(source, "name", "")
     name = name() if callable(name) else str(name)
+    if getattr(grapharg, "pass_arg_as_tensor", False):
+        return "._modules[" in name or name.startswith("L['self'].")
     return "._buffers[" in name or "._parameters[" in name
 
 
@@ -134,6 +138,27 @@ def _mutated_nodes(graph: fx.Graph) -> set[fx.Node]:
     return written
 
 
+#: Arithmetic whose Tensor operand may be a Python number (a wrapped number: the same type
+#: promotion as the 0-d tensor dynamo passes for an unspecialized float).
+_NUMBER_OPERAND_OPS = (aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.div.Tensor)
+
+
+def _inline_number(node: fx.Node, number: float | int) -> None:
+    """Uses of `node` (a 0-d tensor standing for a Python number) as an arithmetic operand,
+    and of its value read back (aten._local_scalar_dense, a SymFloat), take the number itself."""
+    for user in list(node.users):
+        if user.op != "call_function":
+            continue
+        if user.target is aten._local_scalar_dense.default:
+            for reader in list(user.users):
+                reader.args, reader.kwargs = fx.node.map_arg(  # type: ignore[assignment]
+                    (reader.args, reader.kwargs), lambda a, read=user: number if a is read else a)  # type: ignore[misc]
+            if not user.users:
+                user.graph.erase_node(user)
+        elif user.target in _NUMBER_OPERAND_OPS and not user.kwargs:
+            user.args = tuple(number if a is node else a for a in user.args)
+
+
 def _freeze_module_state(aten_gm: fx.GraphModule, dynamo_gm: fx.GraphModule, example_inputs: Sequence[Any]) -> list[int]:
     """Parameters and buffers the graph does not mutate become constants (get_attr of the
     tensor itself, no copy). Returns the input positions that went."""
@@ -146,8 +171,16 @@ def _freeze_module_state(aten_gm: fx.GraphModule, dynamo_gm: fx.GraphModule, exa
     for i, (node, source, value) in enumerate(zip(placeholders, dynamo_placeholders, example_inputs)):
         if not isinstance(value, torch.Tensor) or node in mutated or not _is_module_state(source, value):
             continue
+        if getattr(source.meta.get("grapharg"), "pass_arg_as_tensor", False) and value.dim() == 0:
+            _inline_number(node, value.item())  # the rules read `var + eps` with eps a number, as ONNX shows it
+            if not node.users:
+                graph.erase_node(node)
+                frozen.append(i)
+                continue
         name = f"_frozen_{i}"
         aten_gm.register_buffer(name, value.detach())
+        if first._erased:  # a value read back from a number inlined above
+            first = next(n for n in graph.nodes if n.op != "placeholder")
         with graph.inserting_before(first):
             constant = graph.get_attr(name)
         constant.meta["val"] = node.meta.get("val")

@@ -39,7 +39,8 @@ class AttentionShapesArgs:
 @native_constraint("AttentionShapes", params=AttentionShapesArgs)
 def attention_shapes(ctx, m: AttentionShapesArgs):
     """q [B, N, S, H], k transposed [B, N, H, L], v [B, N, L, Hv] with static N, H, Hv; Softmax over
-    the last axis; a mask that onnxruntime's attention_bias accepts: [B|1, N|1, S, L]."""
+    the last axis; a mask that onnxruntime's attention_bias accepts: [B|1, N|1, S, L], or of
+    rank 2 or 3 and that once unsqueezed on the left to rank 4."""
     q, masking, mask, keep = m.q, m.masking, m.mask, m.keep
     dq, dk, dv = ctx.dims(q), ctx.dims(m.kt), ctx.dims(m.v)
     if dq is None or dk is None or dv is None:
@@ -61,21 +62,36 @@ def attention_shapes(ctx, m: AttentionShapesArgs):
         return f"the Softmax is over axis {m.axis}, not the last"
     bias = mask if masking in ("add", "add2") else keep if masking in ("keep", "drop") else None
     if bias is not None:
-        db = ctx.dims(bias)
-        if masking == "add2":
-            db = broadcast_dims([db, ctx.dims(m.mask2)])
+        db = _mask_dims(ctx, masking, mask, m.mask2, keep)
+        needs = f"onnxruntime needs [batch or 1, heads or 1, {dq[2]}, {dk[3]}]"
         if db is None or len(db) != 4:
-            return f"the mask has dims {db}; onnxruntime needs [batch or 1, heads or 1, {dq[2]}, {dk[3]}]"
-        ok = (static_int(db[0]) == 1 or dims_equal([db[0]], [dq[0]])) and (
-            static_int(db[1]) == 1 or dims_equal([db[1]], [dq[1]])) and dims_equal(db[2:], [dq[2], dk[3]])
+            needs += " (a lower rank aligned on the right)"
+        if db is None or not 2 <= len(db) <= 4:
+            return f"the mask has dims {db}; {needs}"
+        # Added to [B, N, S, L] scores, a mask of rank < 4 broadcasts as if unsqueezed on the
+        # left to rank 4; the rewrite gives the fused op that unsqueezed mask.
+        d4 = [1] * (4 - len(db)) + list(db)
+        ok = (static_int(d4[0]) == 1 or dims_equal([d4[0]], [dq[0]])) and (
+            static_int(d4[1]) == 1 or dims_equal([d4[1]], [dq[1]])) and dims_equal(d4[2:], [dq[2], dk[3]])
         if not ok:
-            return f"the mask has dims {list(db)}; onnxruntime needs [batch or 1, heads or 1, {dq[2]}, {dk[3]}]"
+            return f"the mask has dims {list(db)}; {needs}"
         for added in (mask, m.mask2) if masking in ("add", "add2") else ():
             if added is not None and ctx.dtype(added) != ctx.dtype(q):
                 return f"the mask is {ctx.dtype(added)}, q is {ctx.dtype(q)}"
         if masking in ("keep", "drop") and ctx.dtype(keep) != "bool":
             return f"the Where condition is {ctx.dtype(keep)}, not bool"
     return True
+
+
+def _mask_dims(ctx, masking, mask, mask2, keep):
+    """The dims of the bias the fused op gets: the added mask (two added masks broadcast
+    together), or the Where condition (made an additive mask of its shape)."""
+    if masking in ("keep", "drop"):
+        return ctx.dims(keep)
+    dims = ctx.dims(mask)
+    if masking == "add2":
+        dims = broadcast_dims([dims, ctx.dims(mask2)])
+    return dims
 
 
 def _is_finite(ctx, value, depth: int = 0) -> bool:
@@ -160,6 +176,7 @@ class AttentionMatch:
     guard: Tag  # isnan: Where(IsNaN(p), 0, p) after the Softmax; none
     masking: Tag  # add, add2, keep, drop, none
     mask: Value
+    mask2: Value
     keep: Value
     fill: Value
 
@@ -175,6 +192,9 @@ class AttentionPlan:
     zero: Value  # 0 in q's dtype
     guard: Tag  # keep or drop: whether the output keeps the NaN guard
     mask: Tag  # used or nothing: whether the fused op needs the mask at all
+    mask_rank: Tag  # four, or lower: the mask is unsqueezed on the left to rank 4 (onnxruntime's attention_bias)
+    mask_axes: Value  # the Unsqueeze axes (opset >= 13: an input)
+    mask_axes_attr: Attr  # the same axes (opset < 13: an attribute)
 
 
 @native_rewrite("AttentionParams", params=AttentionMatch, results=AttentionPlan)
@@ -194,6 +214,8 @@ def attention_params(ctx, m: AttentionMatch) -> AttentionPlan:
     heads, v_head_size = static_int(q_dims[1]), static_int(v_dims[3])  # checked static by AttentionShapes
     # Two added masks may overflow to -inf together (finfo.min + a negative bias).
     mask_finite = m.masking == "none" or (m.masking != "add2" and _is_finite(ctx, m.mask if m.masking == "add" else m.fill))
+    mask_dims = None if m.masking == "none" else _mask_dims(ctx, m.masking, m.mask, m.mask2, m.keep)
+    missing = 0 if mask_dims is None else 4 - len(mask_dims)  # rank checked in 2..4 by AttentionShapes
     return AttentionPlan(
         scale=float(scale),
         heads=int(heads),  # type: ignore[arg-type]
@@ -203,6 +225,9 @@ def attention_params(ctx, m: AttentionMatch) -> AttentionPlan:
         # The output keeps the NaN guard unless no row can be fully masked.
         guard="keep" if m.guard == "isnan" and not mask_finite else "drop",
         mask="nothing" if _masks_nothing(ctx, m.masking, m.mask, m.keep) else "used",
+        mask_rank="lower" if missing > 0 else "four",
+        mask_axes=np.arange(missing, dtype=np.int64),
+        mask_axes_attr=list(range(missing)),
     )
 
 

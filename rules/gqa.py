@@ -166,6 +166,8 @@ def _causal_constant(past, seq, total) -> np.ndarray | None:
 def _mask_plan(ctx, bias, past, seq, total) -> tuple[str | None, str | None]:
     """("causal" | "padding", None): the mask is causal alone (GroupQueryAttention's causal = 1
     does all it does) or causal and more (it also goes in as attention_bias); (None, why not)."""
+    if bias is None and static_int(seq) == 1:  # one query at the last position: causal hides nothing (a decode step)
+        return "causal", None
     if bias is None:
         return None, ("the attention has no mask: bidirectional over the cache, while GroupQueryAttention "
                       "runs several new tokens over a past at batch > 1 only with causal = 1")
@@ -252,11 +254,20 @@ def gqa_plan(ctx, k_new, past_k, bias):
 # ----------------------------------------------------------------------------- rotary into the op
 
 
+def _same_constant(ctx, a, b) -> bool:
+    x, y = ctx.array(a), ctx.array(b)
+    return x is not None and y is not None and x.dtype == y.dtype and x.shape == y.shape and bool(np.array_equal(x, y))
+
+
 @native_constraint("RotaryFoldable")
-def rotary_foldable(ctx, q4, k4, qpos, kpos, cos, sin, past_k):
+def rotary_foldable(ctx, q4, k4, qpos, kpos, cos, sin, kcos, ksin, past_k):
     """q [B, N, S, H] and k [B, KV, S, H] rotated from offset 0 (a one-element position 0: token s
-    reads cache row s) by one cos / sin pair of [rows, H / 2]. Padded with `past` rows in front,
-    row past + s is row s, whatever the number of rows."""
+    reads cache row s) by one cos / sin pair of [rows, H / 2] (k's the same values as q's, or
+    constants equal to them: the FX graph holds one constant per FuseRotaryEmbedding rewrite).
+    Padded with `past` rows in front, row past + s is row s, whatever the number of rows."""
+    for name, q_cache, k_cache in (("cos", cos, kcos), ("sin", sin, ksin)):
+        if q_cache is not k_cache and not _same_constant(ctx, q_cache, k_cache):
+            return f"q and k are rotated by different {name} caches"
     for name, pos in (("q", qpos), ("k", kpos)):
         if ctx.ints(pos) != [0]:
             return f"the rotary of {name} reads its cache at positions {ctx.ints(pos)}, not from offset 0"

@@ -158,6 +158,38 @@ def _rotary_batched(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return x * cos + _rotate_half(x) * sin
 
 
+def _cached_attention(m: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past_k: torch.Tensor, past_v: torch.Tensor,
+                      repeat: Callable[[torch.Tensor, int], torch.Tensor] = _repeat_kv, masked: bool = True) -> tuple[torch.Tensor, ...]:
+    """transformers' LLaMA attention over a DynamicCache, written out: the cache concatenated with
+    the new k, v on the sequence axis (the presents, returned), repeat_kv, and the causal mask
+    aligned to the end (key t seen by query s where t <= past + s) as Where(keep, 0, finfo.min), or
+    none (`masked` False: what transformers passes for one new token)."""
+    kc, vc = torch.cat([past_k, k], 2), torch.cat([past_v, v], 2)
+    past, seq, group = past_k.shape[2], q.shape[2], q.shape[1] // k.shape[1]
+    keep = torch.arange(past + seq)[None, :] <= torch.arange(past, past + seq)[:, None]
+    mask = torch.where(keep, 0.0, torch.finfo(q.dtype).min)[None, None]
+    scores = torch.matmul(q, repeat(kc, group).transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    scores = scores + mask if masked else scores
+    return torch.matmul(torch.softmax(scores, dim=-1), repeat(vc, group)), kc, vc
+
+
+def _rotated_cached_attention(m: nn.Module, q: torch.Tensor, k: torch.Tensor, *rest: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The new q and k rotated (half form) at their positions past .. past + seq - 1, then `_cached_attention`."""
+    return _cached_attention(m, q * m.cos + _rotate_half(q) * m.sin, k * m.cos + _rotate_half(k) * m.sin, *rest)
+
+
+def _rotary_at(past: int, seq: int, head: int) -> dict[str, torch.Tensor]:
+    """cos / sin [1, 1, seq, head] of positions past .. past + seq - 1 (what the model computes for the new tokens)."""
+    inv = 1.0 / (10000 ** (torch.arange(0, head, 2).float() / head))
+    emb = torch.outer(torch.arange(past, past + seq).float(), inv).repeat(1, 2)
+    return {"cos": emb.cos()[None, None], "sin": emb.sin()[None, None]}
+
+
+def _cache_inputs(batch: int, heads: int, kv_heads: int, seq: int, past: int, head: int) -> Callable[[], tuple[torch.Tensor, ...]]:
+    """q [batch, heads, seq, head], new k, v [batch, kv_heads, seq, head], past k, v [batch, kv_heads, past, head]."""
+    return rands((batch, heads, seq, head), *[(batch, kv_heads, seq, head)] * 2, *[(batch, kv_heads, past, head)] * 2)
+
+
 def _self_attention(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """Two-head self-attention whose q, k and v are x @ w + b projections of one input (BERT's form)."""
     batch, seq, hidden = x.shape
@@ -185,6 +217,8 @@ def _gpt2_attention(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
 _PROJECTIONS = {name: const(8, 8) if name.startswith("w") else const(8) for name in ("wq", "bq", "wk", "bk", "wv", "bv")}
 #: the canonical rules that cancel FuseAttention's layout adapters against the projections' reshapes
 _ATTENTION_ALONG = ("FuseAttention", "ComposeTransposes", "DropIdentityTranspose", "DropNoOpReshape", "CollapseReshapes")
+#: FuseAttention makes the graphopt.MultiHeadAttention gqa.pdll's rules start from; ComposeTransposes folds k^T into its adapter
+_GQA_ALONG = ("FuseAttention", "ComposeTransposes")
 
 
 class ConvBnOfWeights(nn.Module):
@@ -315,6 +349,18 @@ CASES: list[Case] = [
     Case("FuseGroupedKV", fn(lambda m, q, k, v: F.scaled_dot_product_attention(q, _repeat_kv(k, 2), _repeat_kv(v, 2))),
          rands((2, 4, 5, 4), (2, 2, 5, 4), (2, 2, 5, 4)), 1, along=("FuseScaledDotProductAttention", "DropPassThrough"), opset=23,
          exporter="dynamo"),
+    # gqa.pdll: attention over Concat(past, new) k / v -> graphopt.GroupQueryAttention (ort-cpu: com.microsoft's, with
+    # query_seqlens: 3 new tokens over a past of 5 at batch 2; torch: aten SDPA with enable_gqa over the concatenations)
+    Case("FuseGroupQueryAttention", fn(_cached_attention), _cache_inputs(2, 4, 2, 3, 5, 8), 1, along=_GQA_ALONG, onnx_target="ort-cpu",
+         atol=1e-4),
+    Case("FuseGroupQueryAttention", fn(_cached_attention), _cache_inputs(2, 4, 4, 2, 6, 8), 1, along=_GQA_ALONG, onnx_target="ort-cpu",
+         atol=1e-4, name="mha"),
+    # one new token without a mask (a decode step): causal hides nothing
+    Case("FuseGroupQueryAttention", fn(lambda m, *xs: _cached_attention(m, *xs, masked=False)), _cache_inputs(2, 4, 2, 1, 6, 8), 1,
+         along=_GQA_ALONG, onnx_target="ort-cpu", atol=1e-4, name="decode_unmasked"),
+    # the CPU kernel rotates heads of a multiple of 16 only
+    Case("FoldRotaryIntoGroupQueryAttention", lambda: Fn(_rotated_cached_attention, **_rotary_at(5, 3, 16)), _cache_inputs(2, 4, 2, 3, 5, 16), 1,
+         along=("FuseRotaryEmbedding", *_GQA_ALONG, "FuseGroupQueryAttention"), onnx_target="ort-cpu", atol=1e-4),
     # rotary.pdll
     Case("FuseRotaryEmbedding", lambda: Fn(_rotary, **dict(zip(("cos", "sin"), _rotary_caches(5, 8))))
          , rand(2, 2, 5, 8), 1, onnx_target="ort-cpu"),
@@ -331,6 +377,18 @@ NEGATIVE_CASES: list[Case] = [
     Case("FuseGroupedKV", fn(lambda m, q, k, v: F.scaled_dot_product_attention(q, _tiled_kv(k, 2), _tiled_kv(v, 2))),
          rands((2, 4, 5, 4), (2, 2, 5, 4), (2, 2, 5, 4)), 0, along=("FuseScaledDotProductAttention", "DropPassThrough"), opset=23,
          exporter="dynamo", name="tiled"),
+    # the kv heads copied as a block (query head i reads kv head i % kv_heads): not GroupQueryAttention's grouping
+    Case("FuseGroupQueryAttention", fn(lambda m, *xs: _cached_attention(m, *xs, repeat=_tiled_kv)), _cache_inputs(2, 4, 2, 3, 5, 8), 0,
+         along=_GQA_ALONG, onnx_target="ort-cpu", atol=1e-4, name="tiled"),
+    # two new tokens without a mask: each sees the other, which GroupQueryAttention's causal = 1 would hide
+    Case("FuseGroupQueryAttention", fn(lambda m, *xs: _cached_attention(m, *xs, masked=False)), _cache_inputs(2, 4, 2, 2, 6, 8), 0,
+         along=_GQA_ALONG, onnx_target="ort-cpu", atol=1e-4, name="unmasked"),
+    # q and k rotated at different positions (k's cos / sin from another offset): one cache pair cannot serve both
+    Case("FoldRotaryIntoGroupQueryAttention",
+         lambda: Fn(lambda m, q, k, *rest: _cached_attention(m, q * m.cos + _rotate_half(q) * m.sin, k * m.cos2 + _rotate_half(k) * m.sin2, *rest),
+                    **_rotary_at(5, 3, 16), **{f"{n}2": t for n, t in _rotary_at(4, 3, 16).items()}),
+         _cache_inputs(2, 4, 2, 3, 5, 16), 0, along=("FuseRotaryEmbedding", *_GQA_ALONG, "FuseGroupQueryAttention"), onnx_target="ort-cpu",
+         atol=1e-4, name="k_other_positions"),
     Case("FuseHardSigmoid", fn(lambda m, x: F.relu6(x + 3) / 5), wide(2, 8), 0, name="divided_by_5"),
     Case("FuseHardSigmoid", fn(lambda m, x: (lambda c: (c / 6, c))(F.relu6(x + 3))), wide(2, 8), 0, name="clip_used_twice"),
     Case("FuseHardSwish", fn(lambda m, x: x * F.relu6(x + 2) / 6), wide(2, 8), 0, name="offset_2"),

@@ -86,7 +86,7 @@ def cuda_placement_problems(model: onnx.ModelProto) -> list[str]:
 
 def test_opset11_clip_stays_fp32_between_fp16_convs() -> None:
     original = conv_relu6_conv(11)
-    optimized, report = graphopt.optimize(original, target="ort-cuda", precision="fp16")
+    optimized, report = graphopt.optimize(original, target="ort-cuda", precision="fp16", precision_convs="low")
     nodes = {n.name: n for n in optimized.graph.node}
     types = elem_types(optimized)
     clip = nodes["relu6"]
@@ -114,7 +114,7 @@ def test_opset11_clip_stays_fp32_between_fp16_convs() -> None:
 def test_opset13_clip_converts_to_fp16() -> None:
     """Clip-13 has a float16 CUDA kernel: converted like the convolutions, no Casts in between."""
     original = conv_relu6_conv(13)
-    optimized, report = graphopt.optimize(original, target="ort-cuda", precision="fp16")
+    optimized, report = graphopt.optimize(original, target="ort-cuda", precision="fp16", precision_convs="low")
     types = elem_types(optimized)
     clip = next(n for n in optimized.graph.node if n.op_type == "Clip")
     assert (types[clip.input[0]], types[clip.output[0]]) == (F16, F16)
@@ -148,7 +148,7 @@ def test_the_text_report_names_the_kept_node(capsys: pytest.CaptureFixture[str])
 
     from graphopt.report.render import print_summary
 
-    _, report = graphopt.optimize(conv_relu6_conv(11), target="ort-cuda", precision="fp16")
+    _, report = graphopt.optimize(conv_relu6_conv(11), target="ort-cuda", precision="fp16", precision_convs="low")
     print_summary(report, Console(width=300, no_color=True))
     out = capsys.readouterr().out
     assert "kept in fp32: relu6 (Clip):" in out and NO_F16_CLIP in out
@@ -209,7 +209,7 @@ def test_a_models_own_mish_is_left_to_convert() -> None:
     """Only a new Mish is refused: one the model has stays, and converts to float16 (onnxruntime expands it)."""
     model = make_model([helper.make_node("Mish", ["x"], ["y"])], [helper.make_tensor_value_info("x", F, [2, 8])],
                        [helper.make_tensor_value_info("y", F, [2, 8])], opset=18)
-    optimized, report = graphopt.optimize(ir.serde.deserialize_model(model), target="ort-cuda", precision="fp16")
+    optimized, report = graphopt.optimize(ir.serde.deserialize_model(model), target="ort-cuda", precision="fp16", precision_convs="low")
     [mish] = [n for n in optimized.graph if n.op_type == "Mish"]
     assert mish.inputs[0].dtype == ir.DataType.FLOAT16 and report.precision_conversion.kept_for_kernel == []
 

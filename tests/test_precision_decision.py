@@ -134,9 +134,9 @@ def test_fp32_faster_only_within_the_noise_margin_keeps_fp16_as_asked() -> None:
 
 
 def test_no_entry_converts_as_asked() -> None:
-    # The shipped table (no precision entries yet), and a table whose entry is for another class.
+    # An empty table, and a table whose entry is for another class.
     other = {**SMALL_B1, "batch": ["bN"]}
-    for table in (None, precision_table(FP16_SLOWER, match=other)):
+    for table in (CostTable(), precision_table(FP16_SLOWER, match=other)):
         out, report = fp16(cnn(), cost_table=table)
         decision = the_decision(report)
         assert (decision.chosen, decision.basis) == ("fp16", "no_entry") and "no measured entry" in decision.reason
@@ -248,3 +248,24 @@ def test_the_command_line_forces_it_and_the_summary_lists_the_nodes(tmp_path: Pa
     for bad in (["--precision-convs", "fp32"], ["--precision", "fp16", "--precision-convs", "half"]):
         done = run_cli("optimize", src, "-o", tmp_path / "bad.onnx", "--target", "ort-cuda", *bad)
         assert done.returncode == 2 and done.stderr.count("error:") == 1 and "--precision-convs" in done.stderr
+
+
+def test_fused_activations_stay_float32_with_the_convolutions() -> None:
+    # x * Sigmoid(x) after each convolution becomes graphopt's QuickGelu before the precision step:
+    # a fused op, but an elementwise one, so it stays with the float32 convolutions and no Casts
+    # appear between them (tf-efficientnet came out with 82 Casts when it did not).
+    model = cnn()
+    graph = model.graph
+    for relu in [n for n in graph.node if n.op_type == "Relu"]:
+        src, dst = relu.input[0], relu.output[0]
+        index = list(graph.node).index(relu)
+        graph.node.remove(relu)
+        graph.node.insert(index, helper.make_node("Mul", [src, src + "_sig"], [dst], name=relu.name + "_mul"))
+        graph.node.insert(index, helper.make_node("Sigmoid", [src], [src + "_sig"], name=relu.name + "_sigmoid"))
+    out, report = fp16(model, cost_table=precision_table(FP16_SLOWER))
+    assert the_decision(report).chosen == "fp32"
+    assert [n.op_type for n in out.graph.node].count("QuickGelu") == 2
+    assert "Cast" not in [n.op_type for n in out.graph.node]
+    assert weight_types(out, "Conv") == ["FLOAT", "FLOAT"]
+    x = rand(1, 3, 16, 16)
+    np.testing.assert_allclose(run_cpu(out, x), run_cpu(model, x), rtol=1e-5, atol=1e-5)

@@ -255,8 +255,11 @@ def test_modes_and_kernel_policy() -> None:
     # With inductor, "auto" keeps only the custom kernels measured faster than inductor's code.
     with_inductor = torch_lowering.torch_target(kernels="inductor")
     assert set(with_inductor.lowerings) - set(torch_lowering.PREFERRED_OVER_INDUCTOR) == {
-        op for op, low in torch_lowering.GRAPHOPT.items() if not low.custom_ops
+        op for op, low in torch_lowering.GRAPHOPT.items() if not low.custom_ops or low.aten is not None
     }
+    # ... the ops with an ATen-only form run as it (no custom op: inductor fuses it with its neighbours).
+    assert {op for op in with_inductor.lowerings if torch_lowering.uses_aten_form(with_inductor, op)} == {
+        "RotaryEmbedding", "RMSNorm", "SkipRMSNorm", "SwiGLU"} - set(torch_lowering.PREFERRED_OVER_INDUCTOR)
     assert "SkipLayerNorm" in torch_lowering.torch_target(kernels="all").lowerings
     # mode="reduce-overhead" without inductor means CUDA graphs; on CPU inputs that is reported, not fatal.
     model = nn.Linear(4, 4)

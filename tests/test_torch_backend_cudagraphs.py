@@ -9,6 +9,7 @@ capture runs in benchmarks/torch_compile.py (variant graphopt-cg) on the GPU mac
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -17,6 +18,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from graphopt.torch_backend import CudaGraphReplay, cuda_graphs_refusal
+from graphopt.torch_cudagraphs import context_lost
 
 
 class _Graph:
@@ -32,6 +34,9 @@ class _Graph:
 
 class _Stream:
     def wait_stream(self, other: _Stream) -> None:
+        pass
+
+    def synchronize(self) -> None:
         pass
 
 
@@ -207,3 +212,63 @@ def test_without_written_inputs_the_caller_keeps_its_tensors_unchanged() -> None
     cache, step = torch.zeros(4, 2), torch.zeros(1, dtype=torch.long)
     runner(cache, step, torch.ones(1, 2))
     assert step.item() == 0 and cache.abs().sum() == 0
+
+
+def test_every_warm_up_starts_from_the_callers_values() -> None:
+    """A cache with room for one call: each warm-up writes at the caller's step, not one further
+    (on one copy of the counter the second warm-up wrote past the end: a device-side assert on
+    the GPU). Before the fix this capture failed and the graph ran without CUDA graphs."""
+    cuda, calls = FakeCuda(), []
+    seen_steps: list[int] = []
+    write = _cache_write(cuda, calls)
+
+    def fn(cache: torch.Tensor, step: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor]:
+        if cuda.capturing is None:
+            seen_steps.append(int(step))
+        return write(cache, step, x)
+
+    runner = CudaGraphReplay(fn, cuda=cuda, written=frozenset({0, 1}))
+    cache, step = torch.zeros(1, 2), torch.zeros(1, dtype=torch.long)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        (out,) = runner(cache, step, torch.full((1, 2), 5.0))
+    assert runner.failed is None and runner.graph.replays == 1
+    assert seen_steps == [0] * CudaGraphReplay.warmup_calls, "every warm-up saw the caller's counter"
+    assert step.item() == 1
+    torch.testing.assert_close(cache, torch.full((1, 2), 5.0))
+    torch.testing.assert_close(out, torch.full((2,), 5.0))
+
+
+def test_an_error_that_loses_the_cuda_context_is_raised_not_followed_by_a_fallback() -> None:
+    calls: list[str] = []
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        calls.append("run")
+        raise RuntimeError("CUDA error: device-side assert triggered")
+
+    runner = CudaGraphReplay(fn, cuda=FakeCuda())
+    with pytest.raises(RuntimeError, match="no fallback") as raised:
+        runner(torch.ones(2))
+    assert "device-side assert" in str(raised.value.__cause__)
+    assert calls == ["run"], "nothing ran after the error (the fallback would fail in another op)"
+    assert context_lost(RuntimeError("CUDA error: an illegal memory access was encountered"))
+    assert not context_lost(RuntimeError("CUDA error: operation not permitted when stream is capturing"))
+
+
+def test_a_written_input_sharing_memory_with_another_is_not_captured() -> None:
+    """Checked before any warm-up: captured at the caller's memory, the written input would be
+    read through the other input's copy, which no replay updates."""
+    calls: list[str] = []
+
+    def fn(step: torch.Tensor, seen: torch.Tensor) -> tuple[torch.Tensor]:
+        calls.append("run")
+        step.add_(1)
+        return (seen * 10,)
+
+    runner = CudaGraphReplay(fn, cuda=FakeCuda(), written=frozenset({0}))
+    steps = torch.zeros(2, dtype=torch.long)
+    with pytest.warns(RuntimeWarning, match="shares memory"):
+        (out,) = runner(steps[:1], steps[1:])
+    assert calls == ["run"] and runner.graph is None and runner.failed is not None
+    (out,) = runner(steps[:1], steps[:1])
+    assert calls == ["run", "run"] and out.item() == 20 and steps[0].item() == 2

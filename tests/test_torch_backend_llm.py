@@ -12,6 +12,7 @@ hands inductor. benchmarks/llm_decode.py runs the real thing on the GPU.
 
 from __future__ import annotations
 
+import copy
 import inspect
 import warnings
 from collections import Counter
@@ -81,9 +82,12 @@ EXPECTED = {
     # Decode: a bool mask from the cache position makes transformers repeat k and v (repeat_kv).
     ("kernels", "decode"): {**_KERNEL_RULES, "FuseGroupedKV": 2, "DropNoOpReshape": 2, "DropPassThrough": 1},
     # With inductor and no CUDA graphs graphopt's kernels stay out (TorchOptions.kernel_policy):
-    # only the RMSNorms become aten.rms_norm.
-    ("inductor", "prefill"): {"FuseRMSNorm": 5, "DropNoOpReshape": 2, "DropPassThrough": 1},
-    ("inductor", "decode"): {"FuseRMSNorm": 5, "DropNoOpReshape": 2, "DropPassThrough": 1},
+    # the norms, rotary and SwiGLU become their ATen-only forms (graphopt/ops/torch_aten_forms.py),
+    # the attention stays SDPA (repeat_kv is taken out by a pass, not a rule).
+    ("inductor", "prefill"): {"FuseRMSNorm": 5, "FuseSkipRMSNorm": 4, "FuseRotaryEmbedding": 4, "FuseSwiGLU": 2,
+                              "DropNoOpReshape": 2, "DropPassThrough": 1},
+    ("inductor", "decode"): {"FuseRMSNorm": 5, "FuseSkipRMSNorm": 4, "FuseRotaryEmbedding": 4, "FuseSwiGLU": 2,
+                             "DropNoOpReshape": 2, "DropPassThrough": 1},
 }
 
 
@@ -161,6 +165,44 @@ def test_static_cache_generation_default_mode_hands_inductor_the_mutations(monke
     decode_calls = _calls(handed[-1])
     assert decode_calls["aten.index_copy.default"] == 4 and decode_calls["aten.index_copy_.default"] == 0
     assert decode_calls["aten.copy_.default"] >= 4  # the 4 caches (and the layers' position counters) written back
+
+
+# --------------------------------------------------------------------------- DynamicCache: GroupQueryAttention
+
+
+def test_a_dynamic_cache_decode_step_becomes_group_query_attention_with_rotary_inside() -> None:
+    """Eager attention over a DynamicCache (torch.cat of the cache and the new k / v, repeat_kv, the
+    scores written out; one new token, so transformers passes no mask): FuseAttention, then
+    FuseGroupQueryAttention and FoldRotaryIntoGroupQueryAttention on both layers. graphopt.GroupQueryAttention
+    lowers to ATen ops: the concatenations (the presents the cache keeps) and aten SDPA with enable_gqa
+    over them, the rotary applied before; the logits and the updated cache are eager's."""
+    model = _tiny_llama()
+    model.config._attn_implementation = "eager"
+    key = _cache_kwarg()
+    ids = torch.randint(0, 100, (1, 6), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        cache = transformers.DynamicCache(config=model.config)
+        token = model(input_ids=ids, use_cache=True, **{key: cache}).logits[:, -1].argmax(-1, keepdim=True)
+        compiled_cache = copy.deepcopy(cache)
+        expected = model(input_ids=token, use_cache=True, **{key: cache}).logits
+        torch_backend.clear_reports()
+        torch._dynamo.reset()
+        forward = torch.compile(model.forward, backend="graphopt", fullgraph=True, dynamic=False, options={"inductor": False})
+        got = forward(input_ids=token, use_cache=True, **{key: compiled_cache}).logits
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    for layer, compiled_layer in zip(cache.layers, compiled_cache.layers, strict=True):
+        torch.testing.assert_close(compiled_layer.keys, layer.keys, atol=1e-5, rtol=1e-5)  # the rotated keys, appended
+        torch.testing.assert_close(compiled_layer.values, layer.values, atol=1e-5, rtol=1e-5)
+    applied = _applied(torch_reports()[-1])
+    assert (applied.get("FuseGroupQueryAttention"), applied.get("FoldRotaryIntoGroupQueryAttention")) == (2, 2)
+    graph = torch_backend.last_graph()
+    assert graph is not None
+    attention = [n for n in graph.graph.nodes if str(n.target) == "aten.scaled_dot_product_attention.default"]
+    assert len(attention) == 2 and all(n.kwargs.get("enable_gqa") for n in attention)
+    assert _calls(graph)["graphopt.attention.default"] == 0 and _calls(graph)["graphopt.rotary.default"] == 0
+    # k and v reach SDPA with their 2 kv heads: the repeat_kv copies are gone
+    assert all(n.args[1].meta["val"].shape[1] == 2 and n.args[2].meta["val"].shape[1] == 2 for n in attention)
 
 
 # --------------------------------------------------------------------------- FuseGroupedKV alone

@@ -112,3 +112,35 @@ def test_tune_is_an_option_that_takes_a_bool() -> None:
 
     with pytest.raises(GraphoptError, match="'tune' takes True or False"):
         backend.TorchOptions.parse({"tune": "yes"})
+
+
+class ReshapeTwice(nn.Module):
+    """Only reshape clean-ups for graphopt (CollapseReshapes): views inductor handles itself."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sin(x.reshape(2, 12).reshape(4, 6)) * 2
+
+
+def test_a_graph_with_only_rewrites_inductor_makes_itself_goes_as_dynamo_captured_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = _spy_inductor(monkeypatch)
+    captured: list[Any] = []
+    real_backend = backend.graphopt_backend
+
+    def capture(gm: Any, inputs: Any, **kwargs: Any) -> Any:
+        captured.append(gm)
+        return real_backend(gm, inputs, **kwargs)
+
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(ReshapeTwice(), backend=capture)(x), ReshapeTwice()(x))
+    report = last_report()
+    assert report is not None and report.rules["CollapseReshapes"].applications == 1  # graphopt did rewrite ...
+    assert set(n for n, s in report.rules.items() if s.applications) <= backend.RULES_INDUCTOR_DOES
+    (decision,) = [d for d in report.decisions if d.kind == "graph"]  # ... yet inductor gets dynamo's graph
+    assert decision.chosen == "inductor" and seen[-1] is captured[-1]
+
+
+def test_rules_inductor_makes_itself_are_rules_of_the_library() -> None:
+    from graphopt.api import builtin_rules
+
+    assert backend.RULES_INDUCTOR_DOES <= {r.name for r in builtin_rules()}

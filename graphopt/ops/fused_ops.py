@@ -323,17 +323,17 @@ FUSED_OPS: tuple[OpSpec, ...] = (
         lowerings={"ort-cuda": Lowering(MS_DOMAIN, "GroupNorm", contract=_cuda_group_norm)},
     ),
     OpSpec("graphopt", "Gelu", "x * 0.5 * (1 + erf(x / sqrt(2)))", inputs=_X, outputs=_Y, infer=_like_first,
-           lowerings=_ort(Lowering(MS_DOMAIN, "Gelu"))),
+           lowerings=_ort(Lowering(MS_DOMAIN, "Gelu")), facts=facts("elementwise")),
     OpSpec(
         "graphopt", "FastGelu", "the tanh approximation of GELU of X (+ bias)",
-        inputs=(Input("X"), Input("bias", optional=True)), outputs=_Y, infer=_like_first,
+        inputs=(Input("X"), Input("bias", optional=True)), outputs=_Y, infer=_like_first, facts=facts("same_shape"),
         lowerings=_ort(Lowering(MS_DOMAIN, "FastGelu")),
     ),
     OpSpec("graphopt", "BiasGelu", "erf GELU of A + B (B: a bias of A's last dim)", inputs=(Input("A"), Input("B")), outputs=(Output("C"),),
-           infer=_like_first, lowerings=_ort(Lowering(MS_DOMAIN, "BiasGelu"))),
+           infer=_like_first, lowerings=_ort(Lowering(MS_DOMAIN, "BiasGelu")), facts=facts("same_shape")),
     OpSpec(
         "graphopt", "QuickGelu", "x * Sigmoid(alpha * x) (SiLU at alpha = 1)",
-        inputs=_X, outputs=_Y, attributes=(Attribute("alpha", "FLOAT", 1.702),), infer=_like_first,
+        inputs=_X, outputs=_Y, attributes=(Attribute("alpha", "FLOAT", 1.702),), infer=_like_first, facts=facts("elementwise"),
         lowerings={
             **_ort(Lowering(MS_DOMAIN, "QuickGelu")),
             # opset 24 Swish(x) = x * Sigmoid(alpha * x), whose alpha defaults to 1.0: written always.

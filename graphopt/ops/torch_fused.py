@@ -20,7 +20,7 @@ from graphopt.ops.torch_canonical import emit_canonical, emit_swish
 from graphopt.ops.torch_custom_ops import custom_op_problem, graphopt_op
 from graphopt.pattern.native import RewriteDeclined
 
-__all__ = ["GRAPHOPT", "GraphoptLowering", "LoweringFn"]
+__all__ = ["GRAPHOPT", "GraphoptLowering", "LoweringFn", "RotaryApply", "rotary_with", "norm_stats"]
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -39,8 +39,14 @@ class GraphoptLowering:
     #: Why the ATen ops it emits have no derivative (None: they have one); such a lowering is
     #: left out where gradients flow.
     no_gradient: str | None = None
+    #: The same op as ATen ops only (graphopt.ops.torch_aten_forms), for where no custom op
+    #: may run (kernels="none": a custom op is a fusion barrier for inductor); None: none.
+    aten: LoweringFn | None = None
 
-    def problem(self, training: bool) -> str | None:
+    def problem(self, training: bool, aten_only: bool = False) -> str | None:
+        """Why this lowering cannot be used (None: it can); `aten_only`: its ATen form."""
+        if aten_only:
+            return None if self.aten is not None else f"graphopt.{self.op_type} has no ATen-only form"
         if training and self.no_gradient:
             return self.no_gradient
         for qualname in self.custom_ops:
@@ -117,7 +123,7 @@ def _packed_attention(b: FxBuilder, args: list[Any], attrs: dict[str, Any], want
     return _mha(b, [q, k, v, arg(args, 3)], attrs, wanted)
 
 
-def _norm_stats(b: FxBuilder, total: Any, rms: bool) -> tuple[Any, Any]:
+def norm_stats(b: FxBuilder, total: Any, rms: bool) -> tuple[Any, Any]:
     """Mean and 1/std over the last axis with the kept dim ([batch, seq, 1]), as the ONNX ops return them (f32 math)."""
     x = b.call(prims.convert_element_type.default, total, torch.float32)
     mean = b.call(aten.mean.dim, x, [-1], True)
@@ -137,7 +143,7 @@ def _skip_layer_norm(b: FxBuilder, args: list[Any], attrs: dict[str, Any], wante
     out, total = b.item(both, 0), b.item(both, 1)
     outputs: list[Any] = [out, None, None, total]
     if wanted & {1, 2}:
-        mean, var = _norm_stats(b, total, rms=False)
+        mean, var = norm_stats(b, total, rms=False)
         outputs[1] = mean
         outputs[2] = b.call(aten.rsqrt.default, b.call(aten.add.Tensor, var, eps))
     return outputs
@@ -161,7 +167,7 @@ def _skip_rms_norm(b: FxBuilder, args: list[Any], attrs: dict[str, Any], wanted:
     out, total = b.item(both, 0), b.item(both, 1)
     outputs: list[Any] = [out, None, None, total]
     if wanted & {1, 2}:
-        mean, var = _norm_stats(b, total, rms=True)
+        mean, var = norm_stats(b, total, rms=True)
         outputs[1] = mean
         outputs[2] = b.call(aten.rsqrt.default, b.call(aten.add.Tensor, var, eps))
     return outputs
@@ -208,11 +214,14 @@ def _geglu(b: FxBuilder, args: list[Any], attrs: dict[str, Any], wanted: set[int
     return [b.call(graphopt_op("geglu"), gate, up, False)]
 
 
-@_lowers("RotaryEmbedding", ("graphopt::rotary",))
-def _rotary(b: FxBuilder, args: list[Any], attrs: dict[str, Any], wanted: set[int]) -> list[Any]:
+#: apply(builder, x [batch, heads, seq, head], cos, sin [batch or 1, seq, rotary], interleaved) -> the rotated x.
+RotaryApply = Callable[[FxBuilder, Any, Any, Any, bool], Any]
+
+
+def rotary_with(b: FxBuilder, args: list[Any], attrs: dict[str, Any], apply: RotaryApply) -> list[Any]:
     """graphopt.RotaryEmbedding(x, position_ids or offset, cos_cache, sin_cache), caches
-    [positions, rotary / 2] as onnxruntime takes them -> graphopt::rotary on the HF form
-    cos, sin [batch or 1, seq, rotary] (the half-width rows picked, then repeated)."""
+    [positions, rotary / 2] as onnxruntime takes them -> `apply` on the HF form cos, sin
+    [batch or 1, seq, rotary] (the half-width rows picked, then repeated)."""
     x, positions, cos_cache, sin_cache = (b.tensor(a) for a in args[:4])
     interleaved = bool(int(attrs.get("interleaved", 0)))
     if b.rank(x) not in (3, 4) or attrs.get("num_heads") or attrs.get("rotary_embedding_dim"):
@@ -240,10 +249,16 @@ def _rotary(b: FxBuilder, args: list[Any], attrs: dict[str, Any], wanted: set[in
             return b.call(aten.repeat_interleave.self_int, rows, 2, -1)
         return b.call(aten.cat.default, [rows, rows], -1)
 
-    out = b.call(graphopt_op("rotary"), x, hf_form(cos_cache), hf_form(sin_cache), interleaved)
+    out = apply(b, x, hf_form(cos_cache), hf_form(sin_cache), interleaved)
     if hidden_form:
         out = b.call(aten.reshape.default, b.call(aten.permute.default, out, [0, 2, 1, 3]), [batch, length, hidden])
     return [out]
+
+
+@_lowers("RotaryEmbedding", ("graphopt::rotary",))
+def _rotary(b: FxBuilder, args: list[Any], attrs: dict[str, Any], wanted: set[int]) -> list[Any]:
+    """graphopt::rotary on the HF form of the caches (`rotary_with`)."""
+    return rotary_with(b, args, attrs, lambda b, x, cos, sin, interleaved: b.call(graphopt_op("rotary"), x, cos, sin, interleaved))
 
 
 @_lowers("GemmActivation", dtypes=FLOATS | {"f64"}, no_gradient="aten._addmm_activation has no derivative formula")
@@ -352,3 +367,68 @@ def _group_norm(b: FxBuilder, args: list[Any], attrs: dict[str, Any], wanted: se
     if activation not in (0, 1):
         raise RewriteDeclined(f"graphopt.GroupNorm's activation {activation} is none (0) or SiLU (1)")
     return [b.call(aten.silu.default, out) if activation else out]
+
+
+def _rotate_positions(b: FxBuilder, x: Any, cos_cache: Any, sin_cache: Any, start: Any, seq: Any, interleaved: bool) -> Any:
+    """x [batch, heads, seq, head] rotated at positions start .. start + seq - 1 of the caches
+    [rows, head / 2], as onnxruntime's do_rotary does, in ATen ops (inductor fuses them)."""
+    cos = b.call(aten.narrow.default, b.tensor(cos_cache, like=x), 0, start, seq)  # start, seq: sym_size nodes where dynamic
+    sin = b.call(aten.narrow.default, b.tensor(sin_cache, like=x), 0, start, seq)
+    if interleaved:  # pairs (x0, x1), (x2, x3), ...: rotated as (x0 c - x1 s, x1 c + x0 s)
+        cos, sin = (b.call(aten.repeat_interleave.self_int, c, 2, -1) for c in (cos, sin))
+        pairs = b.call(aten.unflatten.int, x, -1, [-1, 2])
+        even, odd = (b.call(aten.select.int, pairs, -1, i) for i in (0, 1))
+        rotated = b.call(aten.flatten.using_ints, b.call(aten.stack.default, [b.call(aten.neg.default, odd), even], -1), -2)
+    else:  # halves: (x1 c - x2 s, x2 c + x1 s)
+        cos, sin = (b.call(aten.cat.default, [c, c], -1) for c in (cos, sin))
+        half = b.size(x, 3) // 2
+        lo, hi = b.call(aten.slice.Tensor, x, 3, 0, half), b.call(aten.slice.Tensor, x, 3, half, 2 * half)
+        rotated = b.call(aten.cat.default, [b.call(aten.neg.default, hi), lo], -1)
+    return b.call(aten.add.Tensor, b.call(aten.mul.Tensor, x, cos), b.call(aten.mul.Tensor, rotated, sin))
+
+
+@_lowers("GroupQueryAttention")
+def _group_query_attention(b: FxBuilder, args: list[Any], attrs: dict[str, Any], wanted: set[int]) -> list[Any]:
+    """graphopt.GroupQueryAttention(q [B, S, N * H], k, v [B, S, KV * H], past k, v [B, KV, P, H], ...)
+    -> (out [B, S, N * H], present k, v [B, KV, P + S, H]) in ATen ops: the presents are the
+    concatenations, the attention is aten.scaled_dot_product_attention with enable_gqa (query head i
+    reads kv head i // (N / KV)) under the causal mask aligned to the end (key t is visible to
+    query s where t <= P + s), the attention_bias added where it is visible. seqlens_k,
+    total_sequence_length and query_seqlens say what the shapes say (the rule writes them so)
+    and are not read. No custom op: inductor fuses around it in every kernel policy."""
+    q3, k3, v3, past_k, past_v = (b.tensor(a) for a in args[:5])
+    cos_cache, sin_cache, position_ids, bias = (arg(args, i) for i in (7, 8, 9, 10))
+    if any(arg(args, i) is not None for i in range(11, 16)):
+        raise RewriteDeclined("graphopt.GroupQueryAttention on torch takes no head_sink, k / v scales or q / k norms")
+    if position_ids is not None or int(attrs.get("causal", 1)) != 1 or int(attrs.get("local_window_size", -1)) != -1:
+        raise RewriteDeclined("graphopt.GroupQueryAttention on torch is causal over the whole cache, positions from the past length")
+    heads, kv_heads = int(attrs["num_heads"]), int(attrs["kv_num_heads"])
+    if b.rank(q3) != 3 or b.rank(past_k) != 4 or not isinstance(head := b.size(past_k, 3), int):
+        raise RewriteDeclined("graphopt.GroupQueryAttention on torch takes q [batch, seq, heads * head] and past k [batch, kv_heads, past, head]")
+    batch, seq, past = b.size(q3, 0), b.size(q3, 1), b.size(past_k, 2)
+
+    def split_heads(x: Any, n: int) -> Any:
+        return b.call(aten.permute.default, b.call(aten.reshape.default, x, [batch, seq, n, head]), [0, 2, 1, 3])
+
+    q, k, v = split_heads(q3, heads), split_heads(b.tensor(k3), kv_heads), split_heads(b.tensor(v3), kv_heads)
+    if int(attrs.get("do_rotary", 0)):
+        if cos_cache is None or sin_cache is None or 2 * b.size(cos_cache, 1) != head:
+            raise RewriteDeclined("graphopt.GroupQueryAttention on torch rotates the whole head with cos / sin caches [rows, head / 2]")
+        interleaved = bool(int(attrs.get("rotary_interleaved", 0)))
+        q = _rotate_positions(b, q, cos_cache, sin_cache, past, seq, interleaved)
+        k = _rotate_positions(b, k, cos_cache, sin_cache, past, seq, interleaved)
+    present_k = b.call(aten.cat.default, [past_k, k], 2)
+    present_v = b.call(aten.cat.default, [past_v, v], 2)
+    total = b.size(present_k, 2)
+    device = b.meta(q3).device
+    kv_pos = b.call(aten.arange.default, total, dtype=torch.int64, device=device)
+    q_pos = b.call(aten.arange.start, past, total, dtype=torch.int64, device=device)
+    keep = b.call(aten.le.Tensor, b.call(aten.unsqueeze.default, kv_pos, 0), b.call(aten.unsqueeze.default, q_pos, 1))
+    mask = keep
+    if bias is not None:  # added where visible; elsewhere the lowest float, as the models write their masks
+        fill = float(torch.finfo(b.meta(q3).dtype).min)
+        mask = b.call(aten.where.ScalarOther, keep, b.tensor(bias, like=q3), fill)
+    out = b.call(aten.scaled_dot_product_attention.default, q, present_k, present_v, mask, 0.0, False,
+                 scale=_scale(attrs), enable_gqa=heads != kv_heads)
+    merged = b.call(aten.reshape.default, b.call(aten.permute.default, out, [0, 2, 1, 3]), [batch, seq, heads * head])
+    return [merged, present_k, present_v]

@@ -26,6 +26,7 @@ import torch.fx as fx
 
 from graphopt.ir.fx_values import InlineConst, is_neutral, neutral_op
 from graphopt.ops import registry
+from graphopt.ops import torch_aten_forms as torch_aten_forms  # attaches the ATen-only forms to GRAPHOPT
 from graphopt.ops.fx_builder import ALL_DTYPES, FxBuilder, first_line
 from graphopt.ops.targets import Lowering, Target
 from graphopt.ops.torch_canonical import CANONICAL, emit_canonical
@@ -46,6 +47,8 @@ __all__ = [
     "ensure_kernels",
     "unavailable_graphopt_ops",
     "PREFERRED_OVER_INDUCTOR",
+    "ATEN_FORM",
+    "uses_aten_form",
 ]
 
 
@@ -58,8 +61,10 @@ def neutral_node(b: FxBuilder, op_type: str, args: list[Any], attrs: dict[str, A
     inputs = [b.tensor(a) if isinstance(a, InlineConst) else a for a in args]
     evaluating = FxBuilder(None, b.fake_mode, evaluate=True)
     fake_inputs = [b.meta(x) if x is not None else None for x in inputs]
+    # Shapes only: the custom op's form where it is registered, else the ATen form (same outputs).
+    fn = lowering.fn if lowering.problem(False) is None or lowering.aten is None else lowering.aten
     try:
-        outs = lowering.fn(evaluating, fake_inputs, attrs, set(range(num_outputs)))
+        outs = fn(evaluating, fake_inputs, attrs, set(range(num_outputs)))
     except RewriteDeclined:
         raise
     except Exception as error:  # the custom op's shape checks refuse these inputs
@@ -82,9 +87,11 @@ def lower_neutral_nodes(
     const_array: Callable[[Any], Any] | None = None,
     device: torch.device | str = "cpu",
     cuda_graphs: bool = False,
+    target: Target | None = None,
 ) -> int:
     """Replace every neutral graphopt node by the torch ops it runs on; returns how many.
-    `cuda_graphs`: the graph will replay as a CUDA graph (FxBuilder.cuda_graphs)."""
+    `cuda_graphs`: the graph will replay as a CUDA graph (FxBuilder.cuda_graphs). Where `target`
+    lowers an op to its ATen-only form (`ATEN_FORM`), that form."""
     graph = gm.graph
     lowered = 0
     for node in list(graph.nodes):
@@ -96,7 +103,10 @@ def lower_neutral_nodes(
         wanted = {int(u.args[1]) for u in projections} if multi else {0}  # type: ignore[arg-type]
         with graph.inserting_before(node):
             b = FxBuilder(graph, fake_mode, constant=constant, const_array=const_array, device=device, cuda_graphs=cuda_graphs)
-            outs = GRAPHOPT[op_type].fn(b, list(node.args), dict(node.meta.get("graphopt_attrs", {})), wanted)
+            lowering = GRAPHOPT[op_type]
+            fn = lowering.aten if target is not None and uses_aten_form(target, op_type) else lowering.fn
+            assert fn is not None
+            outs = fn(b, list(node.args), dict(node.meta.get("graphopt_attrs", {})), wanted)
         if multi:
             for user in projections:
                 user.replace_all_uses_with(outs[int(user.args[1])])  # type: ignore[arg-type]
@@ -111,6 +121,16 @@ def lower_neutral_nodes(
 # --------------------------------------------------------------------------- the target
 
 
+#: The target op name of a graphopt op lowered to its ATen-only form (graphopt.ops.torch_aten_forms).
+ATEN_FORM = "aten::{}"
+
+
+def uses_aten_form(target: Target, op_type: str) -> bool:
+    """Whether `target` runs graphopt.<op_type> as its ATen-only form (no custom op)."""
+    lowering, low = GRAPHOPT.get(op_type), target.lowerings.get(op_type)
+    return lowering is not None and low is not None and bool(lowering.custom_ops) and low.op_type == ATEN_FORM.format(op_type)
+
+
 #: graphopt ops whose custom kernels beat what inductor generates for the ops they replace,
 #: measured on the GPU (the fact `torch_beats_inductor`, declared with the op in
 #: graphopt/ops/fused_ops.py with its measurement): with inductor and kernels="auto" only
@@ -123,17 +143,19 @@ def torch_target(training: bool = False, kernels: str = "all") -> Target:
     the graphopt ops whose custom ops are registered (and, for training, differentiable).
 
     `kernels`: "all" uses every registered custom op; "none" none of them (graphopt ops that
-    lower to ATen only stay); "inductor" only those in PREFERRED_OVER_INDUCTOR."""
+    lower to ATen only stay, and those with an ATen-only form run as it); "inductor" only
+    those in PREFERRED_OVER_INDUCTOR (the others as "none")."""
     if kernels not in ("all", "none", "inductor"):
         raise ValueError(f"kernels must be 'all', 'none' or 'inductor', not {kernels!r}")
     kernel_table: dict[tuple[str, str], frozenset[str]] = {("", op): ALL_DTYPES for op in CANONICAL}
     lowerings: dict[str, Any] = {}
     for op_type, lowering in GRAPHOPT.items():
-        if lowering.custom_ops and (kernels == "none" or (kernels == "inductor" and op_type not in PREFERRED_OVER_INDUCTOR)):
+        no_kernel = kernels == "none" or (kernels == "inductor" and op_type not in PREFERRED_OVER_INDUCTOR)
+        # A custom op that may not run, or cannot: the op's ATen-only form, where it has one.
+        aten_only = bool(lowering.custom_ops) and (no_kernel or lowering.problem(training) is not None)
+        if lowering.problem(training, aten_only) is not None:
             continue
-        if lowering.problem(training) is not None:
-            continue
-        torch_op = lowering.custom_ops[0] if lowering.custom_ops else f"aten::{op_type}"
+        torch_op = lowering.custom_ops[0] if lowering.custom_ops and not aten_only else ATEN_FORM.format(op_type)
         lowerings[op_type] = Lowering("torch", torch_op)
         kernel_table[("torch", torch_op)] = lowering.dtypes
     name = "torch" + ("-train" if training else "") + {"all": "", "none": "-aten", "inductor": "+inductor"}[kernels]

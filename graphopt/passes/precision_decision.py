@@ -46,6 +46,7 @@ import numpy as np
 import onnx_ir as ir
 
 from graphopt.decisions import DecisionPoint, conv_worlds, signature_of
+from graphopt.ops.registry import has_fact
 from graphopt.ops.targets import Target
 from graphopt.passes._common import ONNX_DOMAINS
 from graphopt.passes.precision_plan import PrecisionPlan, _is_heavy
@@ -92,7 +93,9 @@ def joins_region(node: ir.Node) -> bool:
     if key in _HEADS:
         rank = _rank(node.inputs[0]) if node.inputs else None
         return rank is not None and rank <= 2
-    return not _is_heavy(*key)
+    # fused activations (QuickGelu, Gelu, FastGelu, BiasGelu) are no heavier than the ops they replace
+    fused_activation = key[0] not in ONNX_DOMAINS and (has_fact(*key, "elementwise") or has_fact(*key, "same_shape"))
+    return fused_activation or not _is_heavy(*key)
 
 
 def _seeds(model: ir.Model, target: Target, plan: PrecisionPlan) -> list[ir.Node]:
