@@ -206,16 +206,38 @@ def _run_pipeline(model: ir.Model, rules: RuleSet, target: Any, report: Report, 
     def tag(pass_name: str) -> Any:
         return tag_new_nodes(model, pass_name)  # nodes a pass makes say so (graphopt.ir.provenance)
 
-    if options.shape_inference is True or (options.shape_inference == "auto" and not _fully_typed(model)):
+    inferred = options.shape_inference is True or (options.shape_inference == "auto" and not _fully_typed(model))
+    if inferred:
         say("shape inference")
         run_pass(report, "shape_inference", lambda: passes.infer_shapes(model), tag)
+    # Whether the graph may have changed since shapes were last inferred: rules and
+    # folding of a sweep change it; the first sweep's rules run on freshly inferred shapes.
+    stale = [not inferred]
+
+    def fold_constants() -> int:
+        folded = passes.fold_constants(view, size_limit_bytes=options.fold_size_limit)
+        stale[0] = stale[0] or folded > 0
+        return folded
+
+    def refine_shapes() -> int:
+        # Folding may have made the shapes behind a Shape or Size static.
+        changed, stale[0] = stale[0], True
+        if not changed or options.shape_inference is False:
+            return 0
+        from graphopt.ir.symbolic import forget_derived_shapes
+
+        refined = passes.refine_shapes(model)
+        forget_derived_shapes(view)  # the symbolic dims cached from the old shapes
+        return refined
+
     view = OnnxView(model)
     kind = GraphKind(
         view=view,
         fold=[
             ("inline_constant_ifs", lambda: passes.inline_constant_ifs(view)),
             ("cse", lambda: passes.eliminate_common_subexpressions(view)),
-            ("constant_folding", lambda: passes.fold_constants(view, size_limit_bytes=options.fold_size_limit)),
+            ("constant_folding", fold_constants),
+            ("shape_refinement", refine_shapes),
         ],
         tag=tag,
     )

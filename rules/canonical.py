@@ -6,8 +6,9 @@ import math
 
 import numpy as np
 
+from graphopt.ir.reshape_target import constant_reshape_target
 from graphopt.ir.symbolic import SymbolicShapes, dims_equal, static_int
-from graphopt.pattern.native import native_constraint, native_rewrite
+from graphopt.pattern.native import RewriteDeclined, native_constraint, native_rewrite
 
 
 @native_constraint("SomeRangeInputIsAOneElementVector")
@@ -93,3 +94,34 @@ def is_batched_last_two_transpose(ctx, x, flat, out):
 def last_two_swapped(ctx, x):
     rank = len(ctx.dims(x))  # type: ignore[arg-type]
     return {"perm": [*range(rank - 2), rank - 1, rank - 2]}
+
+
+@native_constraint("OneIsAReshape")
+def one_is_a_reshape(ctx, first, second):
+    """Unsqueeze of Unsqueeze (and Squeeze of Squeeze) stay: they are the form in which
+    exporters build attention masks, which the attention rules read."""
+    if {first, second} & {"Reshape", "Flatten"}:
+        return True
+    return f"{second} of {first}: no Reshape to merge into"
+
+
+def _reshape_of_dims(ctx, x, y):
+    """The constant Reshape target that turns x into y's dims, or why there is none."""
+    dx, dy = ctx.dims(x), ctx.dims(y)
+    if dx is None or dy is None:
+        return "the dims are not known"
+    return constant_reshape_target(dx, dy)
+
+
+@native_constraint("ReshapeOfDimsIsKnown")
+def reshape_of_dims_is_known(ctx, x, y):
+    found = _reshape_of_dims(ctx, x, y)
+    return found if isinstance(found, str) else True
+
+
+@native_rewrite("ReshapeOfDims")
+def reshape_of_dims(ctx, x, y):
+    found = _reshape_of_dims(ctx, x, y)
+    if isinstance(found, str):
+        raise RewriteDeclined(found)
+    return {"value": np.asarray(found, dtype=np.int64)}

@@ -65,3 +65,11 @@ def same_static_dims(ctx, x, y):
 def not_graph_output(ctx, y):
     """Dropping a node whose output is a graph output would only put an Identity in its place."""
     return "its output is a graph output" if ctx.view.is_graph_output(y) else True
+
+
+@native_constraint("AllZero")
+def all_zero(ctx, pads):
+    values = ctx.array(pads)
+    if values is None:
+        return "the pads are not constant"
+    return True if not values.any() else f"pads {values.reshape(-1).tolist()} are not all 0"

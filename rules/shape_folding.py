@@ -4,11 +4,20 @@ from __future__ import annotations
 
 import numpy as np
 
+from graphopt.ir.reshape_target import constant_reshape_target
+from graphopt.ir.symbolic import SymbolicShapes, static_int
 from graphopt.pattern.native import RewriteDeclined, native_constraint, native_rewrite
 
 
 def _dims(ctx, x, start, end):
+    """x's dims start..end: the recorded ones, and where a recorded dim is not an int, the
+    static size derived through the shape computation when there is one."""
     shape = ctx.shape(x)
+    if shape is None or any(not isinstance(d, int) for d in shape):
+        derived = ctx.dims(x)
+        if derived is not None and (shape is None or len(shape) == len(derived)):
+            recorded = shape if shape is not None else (None,) * len(derived)
+            shape = tuple(d if isinstance(d, int) or static_int(s) is None else static_int(s) for d, s in zip(recorded, derived, strict=True))
     if shape is None:
         return None
     rank = len(shape)
@@ -75,3 +84,27 @@ def sliced_dims(ctx, x, start, end, starts, ends, axes, steps):
     if symbolic:
         raise RewriteDeclined(f"sliced dims {symbolic} are not static")
     return {"value": np.asarray(picked, dtype=np.int64)}
+
+
+def _known_target(ctx, x, target, allowzero):
+    """The constant a Reshape's computed target can be replaced with, or why there is none."""
+    if ctx.array(target) is not None:
+        return "the target is a constant (nothing to do)"
+    values = SymbolicShapes(ctx.view).tensor(target)
+    if values is None:
+        return "the target's values are not known"
+    return constant_reshape_target(ctx.dims(x), values, allowzero)
+
+
+@native_constraint("ReshapeTargetIsKnown")
+def reshape_target_is_known(ctx, x, target, allowzero):
+    found = _known_target(ctx, x, target, allowzero)
+    return found if isinstance(found, str) else True
+
+
+@native_rewrite("KnownReshapeTarget")
+def known_reshape_target(ctx, x, target, allowzero):
+    found = _known_target(ctx, x, target, allowzero)
+    if isinstance(found, str):
+        raise RewriteDeclined(found)
+    return {"value": np.asarray(found, dtype=np.int64)}

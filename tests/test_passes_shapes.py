@@ -160,3 +160,46 @@ def test_sequence_values_keep_sequence_types() -> None:
     infer_shapes(model)
     assert isinstance(value(model, "one").type, ir.SequenceType)
     assert isinstance(value(model, "y").type, ir.TensorType)
+
+
+def _reshape_read_by_shape(domain_of_gelu: str) -> ir.Model:
+    """y = Reshape(x, t) with t a constant now, but y annotated with unknown dims (as the first
+    inference left it while t was still computed); Shape(Gelu(y)) reads it."""
+    t = numpy_helper.from_array(np.array([6, 4], np.int64), "t")
+    model = to_ir(make_model(
+        [
+            helper.make_node("Reshape", ["x", "t"], ["y"]),
+            helper.make_node("FastGelu", ["y"], ["g"], domain=domain_of_gelu),
+            helper.make_node("Relu", ["y"], ["r"]),
+            helper.make_node("Shape", ["r"], ["s"]),
+        ],
+        [helper.make_tensor_value_info("x", F, [2, 3, 4])],
+        [helper.make_tensor_value_info("s", I64, None), helper.make_tensor_value_info("g", F, None)],
+        [t],
+        value_info=[helper.make_tensor_value_info("y", F, ["unk__1", "unk__2"]), helper.make_tensor_value_info("r", F, ["unk__1", "unk__2"])],
+    ))
+    return model
+
+
+def test_refine_shapes_makes_what_a_shape_reads_static() -> None:
+    model = _reshape_read_by_shape("com.microsoft")
+    assert shapes.refine_shapes(model) == 1  # r, which Shape reads
+    assert dims(value(model, "y")) == [6, 4] and dims(value(model, "r")) == [6, 4]
+    assert shapes.refine_shapes(model) == 0  # nothing left that a Shape reads unknown
+
+
+def test_refine_shapes_does_nothing_without_a_shape_reading_unknown_dims() -> None:
+    model = _reshape_read_by_shape("com.microsoft")
+    shapes.refine_shapes(model)
+    value(model, "y").shape = ir.Shape([None, None])  # read by Relu and FastGelu, not by a Shape
+    assert shapes.refine_shapes(model) == 0
+    assert dims(value(model, "y")) == [None, None]  # inference did not run
+
+
+def test_a_domain_the_model_does_not_import_does_not_stop_inference() -> None:
+    # graphopt's own ops live in the model until lowering, without an opset import.
+    model = _reshape_read_by_shape("graphopt")
+    assert "graphopt" not in model.opset_imports
+    assert shapes.refine_shapes(model) == 1
+    assert dims(value(model, "r")) == [6, 4]
+    assert "graphopt" not in model.opset_imports  # only the copy onnx read had it

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import onnx
 from rule_testing import TensorProto, assert_same_outputs, helper, init, make_model, op_types, optimize_with, rewrites
 
 F = TensorProto.FLOAT
@@ -115,3 +116,32 @@ def test_squeeze_reshape_to_another_shape_stays() -> None:
         [init("axes", np.array([2, 3], np.int64)), init("shape", np.array([1, 1, 4, 1], np.int64))], opset=13)
     optimized, report = optimize_with(model, ["DropReshapeRoundTrip"])
     assert rewrites(report, "DropReshapeRoundTrip") == 0 and op_types(optimized) == ["Squeeze", "Reshape"]
+
+
+def _pad_model(pads: list[int], mode: str = "constant") -> onnx.ModelProto:
+    return make_model(
+        [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Pad", ["r", "pads"], ["p"], mode=mode),
+         helper.make_node("Relu", ["p"], ["y"])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 4, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [init("pads", np.array(pads, np.int64))],
+    )
+
+
+def test_pad_by_zero_is_dropped_in_every_mode() -> None:
+    # Swin's window padding once its remainder folds to 0.
+    for mode in ("constant", "reflect", "edge"):
+        model = _pad_model([0] * 8, mode)
+        optimized, report = optimize_with(model, ["DropZeroPad"])
+        assert rewrites(report, "DropZeroPad") == 1
+        assert op_types(optimized) == ["Relu", "Relu"]
+        assert_same_outputs(model, optimized)
+
+
+def test_pad_by_one_stays() -> None:
+    model = _pad_model([0, 0, 0, 0, 0, 1, 1, 0])
+    optimized, report = optimize_with(model, ["DropZeroPad"])
+    assert rewrites(report, "DropZeroPad") == 0
+    assert "not all 0" in report.rules["DropZeroPad"].near_misses[0].reason
+    assert op_types(optimized) == ["Relu", "Pad", "Relu"]
+    assert_same_outputs(model, optimized)

@@ -166,3 +166,30 @@ def test_drop_no_op_reshape_asks_the_recorded_shapes_first_then_the_symbolic_dim
     unrecorded = reshape_model(None)
     assert OnnxView(unrecorded).shape(unrecorded.graph.node(1).outputs[0]) is None
     assert run(unrecorded, shape_inference=False).applications == 1
+
+
+def test_reduce_prod_and_max_of_gathered_dims() -> None:
+    # tf2onnx's einsum: the product of the leading dims, and the batch as Max of two broadcast batches.
+    nodes = [
+        helper.make_node("Shape", ["x"], ["sh"]),
+        helper.make_node("Gather", ["sh", "lead"], ["g"], axis=0),
+        helper.make_node("ReduceProd", ["g"], ["p"], keepdims=1),
+        helper.make_node("Shape", ["z"], ["shz"]),
+        helper.make_node("Gather", ["shz", "i0"], ["gz"], axis=0),
+        helper.make_node("Gather", ["sh", "i0"], ["gx"], axis=0),
+        helper.make_node("Max", ["gx", "gz"], ["m"]),
+        helper.make_node("Min", ["g", "ten"], ["lo"]),
+        helper.make_node("ReduceProd", ["g", "ax1"], ["bad"], keepdims=1),
+        helper.make_node("Concat", ["p", "m", "lo", "bad"], ["t"], axis=0),
+    ]
+    inits = [init("lead", np.array([0, 1])), init("i0", np.array([0])), init("ten", np.array([10])), init("ax1", np.array([1]))]
+    model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4, 8]),
+                               helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 3])],
+                       [helper.make_tensor_value_info("t", TensorProto.INT64, None)], inits, opset=18)
+    sym, v = _shapes(model)
+    batch = _sym("batch")
+    assert sym.tensor(v["p"]) == [4 * batch]
+    assert sym.tensor(v["m"]) == [batch]  # Max(batch, 1) with batch >= 1
+    assert sym.tensor(v["lo"]) == [sympy.Min(batch, 10), 4]
+    assert sym.tensor(v["bad"]) is None  # axis 1 of a 1-D tensor: not a product we know
+    assert sym.tensor(v["t"]) is None

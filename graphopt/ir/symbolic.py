@@ -34,7 +34,7 @@ from graphopt._lazy_sympy import sympy
 from graphopt.ir.view import GraphView
 from graphopt.ops.registry import InferContext, has_fact, spec
 
-__all__ = ["Dim", "dim_from_text", "value_dims", "shape_tensor", "dims_equal", "static_int", "broadcast_dims", "SymbolicShapes"]
+__all__ = ["Dim", "dim_from_text", "forget_derived_shapes", "value_dims", "shape_tensor", "dims_equal", "static_int", "broadcast_dims", "SymbolicShapes"]
 
 # A dim: a sympy expression (sympy ships no type hints, so Any for mypy).
 Dim: TypeAlias = Any
@@ -476,6 +476,22 @@ class SymbolicShapes:
             if not len(cond) == len(yes) == len(no) == size:  # type: ignore[arg-type]
                 return None
             return [x if static_int(k) == 1 else y for k, x, y in zip(cond, yes, no, strict=True)]  # type: ignore[arg-type]
+        if op in ("ReduceProd", "ReduceSum"):
+            # tf2onnx flattens leading dims as ReduceProd(Gather(Shape(x), axes)).
+            data = self.tensor(ins[0], d)
+            axes = _axes(view, node, ins, 1)
+            if data is None or axes not in (None, [0], [-1]) or (axes is None and view.attr(node, "noop_with_empty_axes") == 1):
+                return None
+            return [sympy.Mul(*data) if op == "ReduceProd" else sympy.Add(*data)]
+        if op in ("Max", "Min"):
+            parts = [self.tensor(x, d) for x in ins]
+            if not parts or any(p is None for p in parts):
+                return None
+            size = max(len(p) for p in parts)  # type: ignore[arg-type]
+            if any(len(p) not in (1, size) for p in parts):  # type: ignore[arg-type]
+                return None
+            pick = sympy.Max if op == "Max" else sympy.Min
+            return [pick(*[p[i] if len(p) > 1 else p[0] for p in parts]) for i in range(size)]  # type: ignore[index,arg-type]
         if op in ("Add", "Sub", "Mul", "Div"):
             a, b = self.tensor(ins[0], d), self.tensor(ins[1], d)
             if a is None or b is None:
@@ -564,6 +580,12 @@ def _broadcast(shapes: Sequence[list[Dim] | None]) -> list[Dim] | None:
         named = [x for x in non_one if not _opaque(x)]
         out.append(ints[0] if ints else named[0] if named else non_one[0])
     return out
+
+
+def forget_derived_shapes(view: GraphView) -> None:
+    """Drop what was derived on `view`: after shape inference ran again, the recorded shapes
+    it fell back to may say more than the dims cached from them."""
+    view.__dict__.pop("_symbolic_shapes_cache", None)
 
 
 def value_dims(view: GraphView, value: Any) -> list[Dim] | None:

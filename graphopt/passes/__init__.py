@@ -8,7 +8,7 @@ from graphopt.passes.constant_folding import DEFAULT_SIZE_LIMIT_BYTES, fold_cons
 from graphopt.passes.control_flow import inline_constant_ifs
 from graphopt.passes.cse import eliminate_common_subexpressions
 from graphopt.passes.dce import eliminate_dead_code
-from graphopt.passes.shapes import infer_shapes
+from graphopt.passes.shapes import infer_shapes, refine_shapes
 
 __all__ = [
     "DEFAULT_SIZE_LIMIT_BYTES",
@@ -17,4 +17,5 @@ __all__ = [
     "eliminate_common_subexpressions",
     "eliminate_dead_code",
     "infer_shapes",
+    "refine_shapes",
 ]

@@ -13,6 +13,12 @@ merged back by value name. Our additions:
 * the count of values whose type or shape got more precise.
 
 Only value types and shapes change; nodes and initializers stay as they were.
+
+`refine_shapes` runs inference again between rule sweeps, where it can make a Shape or
+Size static: the first inference cannot see through shape arithmetic that onnx's data
+propagation does not follow (ReduceProd, Max, Pad or Resize to computed sizes ...), so
+everything downstream keeps unknown dims until constant folding has turned that
+arithmetic into constants.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from onnx_ir.passes.common import _c_api_utils  # onnx-ir's helper for calling o
 from graphopt.ir.onnx_view import OnnxView
 from graphopt.passes._common import as_model, record, subgraphs
 
-__all__ = ["infer_shapes"]
+__all__ = ["infer_shapes", "refine_shapes"]
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +63,43 @@ def infer_shapes(model: ir.Model | OnnxView, *, data_prop: bool = True, stats: A
     return changed
 
 
+def refine_shapes(model: ir.Model | OnnxView, *, stats: Any = None) -> int:
+    """Infer again when a Shape or Size reads a value with a dim that is not static.
+
+    Returns how many such values got more precise dims (what lets the next rules fold a
+    Shape, or a Gather of its dims). Values that only gained a shape — outputs of nodes
+    a rewrite made — are not counted: the sweep that made them already counts as a change.
+    """
+    started = time.perf_counter()
+    model = as_model(model)
+    pending = {value: _dims(value) for value in _values_read_by_shape_ops(model)}
+    if not pending:
+        record(stats, 0, started)
+        return 0
+    infer_shapes(model)
+    changed = sum(1 for value, dims in pending.items() if _dims(value) != dims)
+    record(stats, changed, started)
+    return changed
+
+
+def _dims(value: ir.Value) -> tuple[int | str | None, ...] | None:
+    if value.shape is None:
+        return None
+    return tuple(d if isinstance(d, int) else d.value for d in value.shape)
+
+
+def _values_read_by_shape_ops(model: ir.Model) -> list[ir.Value]:
+    """Inputs of Shape and Size nodes whose shape has an unknown rank or a dim that is not an int."""
+    found = []
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+        if node.op_type not in ("Shape", "Size") or node.domain not in ("", "ai.onnx") or not node.inputs:
+            continue
+        value = node.inputs[0]
+        if value is not None and (value.shape is None or not value.shape.is_static()):
+            found.append(value)
+    return found
+
+
 def _infer_into(model: ir.Model, data_prop: bool) -> None:
     """onnx's shape inference, merged into the model by name.
 
@@ -67,6 +110,7 @@ def _infer_into(model: ir.Model, data_prop: bool) -> None:
     """
 
     def run(proto: onnx.ModelProto) -> onnx.ModelProto:
+        _import_every_domain(proto)
         return onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=data_prop)
 
     inferred = ir.serde.deserialize_model(_c_api_utils.call_onnx_api(run, model))
@@ -80,6 +124,25 @@ def _infer_into(model: ir.Model, data_prop: bool) -> None:
                 value.type = new.type
             if new.shape is not None:
                 value.shape = new.shape
+
+
+def _import_every_domain(proto: onnx.ModelProto) -> None:
+    """Give each node domain the model does not import an opset import (on the copy onnx reads):
+    onnx refuses a model with, for example, graphopt's own ops that lowering has not yet
+    replaced, where non-strict inference would only skip them."""
+    imported = {opset.domain for opset in proto.opset_import}
+    stack = [proto.graph]
+    missing: set[str] = set()
+    while stack:
+        graph = stack.pop()
+        for node in graph.node:
+            if node.domain not in imported and node.domain != "ai.onnx":
+                missing.add(node.domain)
+            for attr in node.attribute:
+                stack.extend([attr.g] if attr.HasField("g") else list(attr.graphs))
+    for function in proto.functions:
+        missing.update(node.domain for node in function.node if node.domain not in imported and node.domain != "ai.onnx")
+    proto.opset_import.extend(onnx.helper.make_opsetid(domain, 1) for domain in sorted(missing) if domain)
 
 
 def _values(model: ir.Model) -> Iterator[ir.Value]:
