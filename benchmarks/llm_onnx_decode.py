@@ -104,11 +104,14 @@ def build(args: argparse.Namespace, folder: Path) -> tuple[Path, dict[str, str]]
 class Stepper:
     """One onnxruntime session with io-binding; the presents of a step are the next step's past."""
 
-    def __init__(self, path: str, device: str, threads: int) -> None:
+    def __init__(self, path: str, device: str, threads: int, profile_prefix: str | None = None) -> None:
         import onnxruntime as ort
 
         options = ort.SessionOptions()
         options.log_severity_level = 3
+        if profile_prefix:
+            options.enable_profiling = True
+            options.profile_file_prefix = profile_prefix
         if threads:
             options.intra_op_num_threads = threads
         providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
@@ -142,8 +145,8 @@ def _past_names(stepper: Stepper) -> list[tuple[str, str]]:
     return list(zip(pasts, presents, strict=True))
 
 
-def run_variant(path: str, args: argparse.Namespace, batch: int) -> dict[str, Any]:
-    stepper = Stepper(path, args.device, args.threads)
+def run_variant(path: str, args: argparse.Namespace, batch: int, profile_prefix: str | None = None) -> dict[str, Any]:
+    stepper = Stepper(path, args.device, args.threads, profile_prefix)
     rng = np.random.default_rng(0)
     pairs = _past_names(stepper)
     past_meta = stepper.inputs[pairs[0][0]]
@@ -172,8 +175,35 @@ def run_variant(path: str, args: argparse.Namespace, batch: int) -> dict[str, An
             first = outs[stepper.outputs[0]].numpy()
         if i >= args.warmup:
             times.append(elapsed)
-    return {"prefill_ms": prefill_s * 1e3, "decode_ms": statistics.median(times) * 1e3 if times else None,
-            "first_output": first}
+    result = {"prefill_ms": prefill_s * 1e3, "decode_ms": statistics.median(times) * 1e3 if times else None,
+              "first_output": first}
+    if profile_prefix:
+        result["profile"] = summarize_profile(stepper.session.end_profiling(), len(times))
+    return result
+
+
+def summarize_profile(path: str, last_runs: int, top: int = 12) -> dict[str, Any]:
+    """onnxruntime's profile of the session, over its last `last_runs` runs (the timed decode
+    steps): per op type and provider, the node time per step (host-side on CUDA: a kernel
+    launch, unless the node waits for the device or copies to the host) and nodes per step."""
+    events = json.loads(Path(path).read_text())
+    runs = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "Session" and e.get("name") == "model_run")
+    windows = runs[-last_runs:] if last_runs else []
+    per_op: dict[str, list[float]] = {}
+    for e in events:
+        if e.get("cat") != "Node" or not e.get("name", "").endswith("_kernel_time"):
+            continue
+        if not any(lo <= e["ts"] <= hi for lo, hi in windows):
+            continue
+        key = f"{e['args'].get('op_name', '?')}@{e['args'].get('provider', '?').replace('ExecutionProvider', '')}"
+        slot = per_op.setdefault(key, [0.0, 0])
+        slot[0] += e["dur"]
+        slot[1] += 1
+    steps = max(len(windows), 1)
+    ops = sorted(({"op": k, "us_per_step": v[0] / steps, "nodes_per_step": v[1] / steps} for k, v in per_op.items()),
+                 key=lambda r: -r["us_per_step"])
+    return {"file": path, "steps": len(windows), "run_us_per_step": sum(hi - lo for lo, hi in windows) / steps,
+            "node_us_per_step": sum(r["us_per_step"] for r in ops), "top": ops[:top]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -193,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--warmup", type=int, default=8)
     parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--profile", action="store_true",
+                        help="run each variant once more with onnxruntime's profiler; its top ops per decode step go to the table and the JSON")
     parser.add_argument("--attention-mask", action="store_true",
                         help="export with an attention_mask input (a padding mask: no GroupQueryAttention on ort-cuda, whose kernel takes no attention_bias)")
     args = parser.parse_args(argv)
@@ -226,6 +258,12 @@ def main(argv: list[str] | None = None) -> int:
             rows.append({"variant": variant, "batch": batch, **result})
             print(f"{variant} batch {batch}: prefill {result['prefill_ms']:.2f} ms, decode {result['decode_ms']:.3f} ms/step, "
                   f"diff {result['max_abs_diff_vs_original']:.3g}", flush=True)
+            if args.profile:  # a second run: the profiler's own cost stays out of the timed one
+                profile = run_variant(files[variant], args, batch, str(args.out / f"ort_profile_{variant}_b{batch}"))["profile"]
+                rows[-1]["profile"] = profile
+                print(f"  profiled: run {profile['run_us_per_step']:.0f} us/step, nodes {profile['node_us_per_step']:.0f} us/step; top ops:")
+                for op in profile["top"][:8]:
+                    print(f"    {op['op']:<40}{op['us_per_step']:>10.0f} us/step{op['nodes_per_step']:>6.0f} nodes")
     record = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S"), "device": device_name, "onnxruntime": ort.__version__,
         "command": " ".join(["python", "benchmarks/llm_onnx_decode.py", *(argv if argv is not None else sys.argv[1:])]),
