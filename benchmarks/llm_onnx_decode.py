@@ -37,6 +37,11 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parent / "tests"))
 
 VARIANTS = ("original", "graphopt", "graphopt-no-gqa")
+# graphopt's rules each variant turns off; the last two bisect a slow graphopt variant
+# (MultiHeadAttention without RotaryEmbedding; no attention rewrite at all)
+DISABLED = {"graphopt": (), "graphopt-no-gqa": ("FuseGroupQueryAttention",),
+            "graphopt-no-gqa-no-rope": ("FuseGroupQueryAttention", "FuseRotaryEmbedding"),
+            "graphopt-no-attention": ("FuseGroupQueryAttention", "FuseRotaryEmbedding", "FuseAttention")}
 
 
 def export_llama(path: Path, args: argparse.Namespace) -> None:
@@ -77,7 +82,7 @@ def export_llama(path: Path, args: argparse.Namespace) -> None:
                           output_names=outputs, dynamic_shapes=shapes, optimize=True)
 
 
-def build(args: argparse.Namespace, folder: Path) -> tuple[Path, dict[str, str]]:
+def build(args: argparse.Namespace, folder: Path, variants: tuple[str, ...] = VARIANTS) -> tuple[Path, dict[str, str]]:
     """The model file, and the variants' files."""
     import onnx
 
@@ -93,7 +98,10 @@ def build(args: argparse.Namespace, folder: Path) -> tuple[Path, dict[str, str]]
         export_llama(source, args)
     files = {"original": str(source)}
     target = "ort-cuda" if args.device == "cuda" else "ort-cpu"
-    for variant, disable in (("graphopt", ()), ("graphopt-no-gqa", ("FuseGroupQueryAttention",))):
+    for variant in variants:
+        if variant == "original":
+            continue
+        disable = DISABLED[variant]
         report = graphopt.optimize_file(source, folder / f"{variant}.onnx", target=target, disable=list(disable))
         files[variant] = str(folder / f"{variant}.onnx")
         fused = report.rules["FuseGroupQueryAttention"].applications if "FuseGroupQueryAttention" in report.rules else 0
@@ -223,11 +231,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--warmup", type=int, default=8)
     parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help=f"comma-separated, of original,{','.join(DISABLED)} (default: %(default)s)")
     parser.add_argument("--profile", action="store_true",
                         help="run each variant once more with onnxruntime's profiler; its top ops per decode step go to the table and the JSON")
     parser.add_argument("--attention-mask", action="store_true",
                         help="export with an attention_mask input (a padding mask: no GroupQueryAttention on ort-cuda, whose kernel takes no attention_bias)")
     args = parser.parse_args(argv)
+    variants = tuple(v.strip() for v in args.variants.split(","))
+    unknown = [v for v in variants if v != "original" and v not in DISABLED]
+    if unknown or variants[:1] != ("original",):
+        print(f"error: --variants must start with original and name only original,{','.join(DISABLED)}; got {args.variants}", file=sys.stderr)
+        return 2
     args.out.mkdir(parents=True, exist_ok=True)
 
     import onnxruntime as ort
@@ -240,11 +255,11 @@ def main(argv: list[str] | None = None) -> int:
             device_name = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, check=False).stdout.strip()
         except OSError:
             pass
-    source, files = build(args, args.out)
+    source, files = build(args, args.out, variants)
     rows = []
     for batch in [int(b) for b in args.batch.split(",")]:
         reference = None
-        for variant in VARIANTS:
+        for variant in variants:
             try:
                 result = run_variant(files[variant], args, batch)
             except Exception as error:  # noqa: BLE001 - a variant that fails is a row with its error
@@ -271,12 +286,12 @@ def main(argv: list[str] | None = None) -> int:
     }
     (args.out / "llm_onnx_decode.json").write_text(json.dumps(record, indent=1))
     print(f"\n{device_name}, onnxruntime {ort.__version__}, {args.source} {args.dtype}, prompt {args.prompt}, {args.steps} steps")
-    print(f"{'variant':<18}{'batch':>6}{'prefill ms':>12}{'decode ms/step':>16}{'diff':>10}")
+    print(f"{'variant':<26}{'batch':>6}{'prefill ms':>12}{'decode ms/step':>16}{'diff':>10}")
     for r in rows:
         if "error" in r:
-            print(f"{r['variant']:<18}{r['batch']:>6}  error: {r['error'][:80]}")
+            print(f"{r['variant']:<26}{r['batch']:>6}  error: {r['error'][:80]}")
         else:
-            print(f"{r['variant']:<18}{r['batch']:>6}{r['prefill_ms']:>12.2f}{r['decode_ms']:>16.3f}{r['max_abs_diff_vs_original']:>10.2g}")
+            print(f"{r['variant']:<26}{r['batch']:>6}{r['prefill_ms']:>12.2f}{r['decode_ms']:>16.3f}{r['max_abs_diff_vs_original']:>10.2g}")
     return 0
 
 
