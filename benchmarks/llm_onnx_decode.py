@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parent / "tests"))
 
@@ -187,6 +188,13 @@ def run_variant(path: str, args: argparse.Namespace, batch: int, profile_prefix:
               "first_output": first}
     if profile_prefix:
         result["profile"] = summarize_profile(stepper.session.end_profiling(), len(times))
+        if args.device == "cuda":  # GPU time against wall time: a device-bound step, or one that waits on the host
+            try:
+                from gpu_profile import kernel_profile
+
+                result["profile"]["kernels"] = kernel_profile(lambda: stepper.step(feeds), runs=5, top=10)
+            except Exception as error:  # noqa: BLE001 - the kernel list is extra information, never fatal
+                result["profile"]["kernels"] = {"error": str(error).splitlines()[0][:200]}
     return result
 
 
@@ -279,6 +287,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  profiled: run {profile['run_us_per_step']:.0f} us/step, nodes {profile['node_us_per_step']:.0f} us/step; top ops:")
                 for op in profile["top"][:8]:
                     print(f"    {op['op']:<40}{op['us_per_step']:>10.0f} us/step{op['nodes_per_step']:>6.0f} nodes")
+                kernels = profile.get("kernels", {})
+                if "gpu_ms_per_run" in kernels:
+                    print(f"  GPU kernels: {kernels['kernels_per_run']} per step, {kernels['gpu_ms_per_run']:.3f} ms per step; top:")
+                    for k in kernels["top"][:5]:
+                        print(f"    {k['ms_per_run']:>8.3f} ms x{k['calls_per_run']:<5} {k['name'][:90]}")
+                elif kernels:
+                    print(f"  GPU kernels: {kernels.get('error')}")
     record = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S"), "device": device_name, "onnxruntime": ort.__version__,
         "command": " ".join(["python", "benchmarks/llm_onnx_decode.py", *(argv if argv is not None else sys.argv[1:])]),
