@@ -49,7 +49,21 @@ def test_bisecting_variants_and_profile(tmp_path: Path) -> None:
     assert _ops(tmp_path / "graphopt-no-attention.onnx")["MultiHeadAttention"] == 0
 
 
-def test_unknown_variant_is_one_error_line(tmp_path: Path) -> None:
-    run = _bench("--out", str(tmp_path), "--source", "block", "--device", "cpu", "--variants", "original,graphopt-fast")
-    assert run.returncode == 2
-    assert run.stderr.strip().count("\n") == 0 and run.stderr.startswith("error: ")
+def test_bad_variants_are_one_error_line(tmp_path: Path) -> None:
+    for variants in ("original,graphopt-fast", "graphopt,graphopt-no-gqa"):  # unknown; no original to compare with
+        run = _bench("--out", str(tmp_path), "--source", "block", "--device", "cpu", "--variants", variants)
+        assert run.returncode == 2, variants
+        assert run.stderr.strip().count("\n") == 0 and run.stderr.startswith("error: "), run.stderr
+
+
+def test_original_last_and_repeated_is_still_the_reference(tmp_path: Path) -> None:
+    """Variants run one after another in one process; the original again at the end shows whether
+    a later variant's time is the process's state rather than its graph."""
+    run = _bench("--out", str(tmp_path), "--source", "block", "--device", "cpu", "--dtype", "fp32", "--hidden", "64", "--heads", "4",
+                 "--kv-heads", "2", "--batch", "1", "--prompt", "8", "--steps", "3", "--warmup", "1", "--threads", "1",
+                 "--variants", "graphopt,original,original")
+    assert run.returncode == 0, run.stderr
+    rows = json.loads((tmp_path / "llm_onnx_decode.json").read_text())["results"]
+    assert [r["variant"] for r in rows] == ["graphopt", "original", "original"]
+    assert rows[1]["max_abs_diff_vs_original"] == 0.0 and rows[2]["max_abs_diff_vs_original"] == 0.0
+    assert 0 < rows[0]["max_abs_diff_vs_original"] < 1e-4  # graphopt's output against the original's, not against itself
