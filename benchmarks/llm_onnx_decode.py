@@ -17,6 +17,13 @@ Per variant and batch: prefill (--prompt tokens, empty past) once, then --steps 
 one token, each step's presents bound as the next step's past (they stay on the device);
 median ms per step over the steps after --warmup. The first decode step's outputs are compared
 with the export's. Output: a table and DIR/llm_onnx_decode.json (device, versions, command).
+
+--variants picks and orders the variants (repeats allowed: the original again at the end tells a
+process-state effect from a graph's); graphopt-no-gqa-no-rope and graphopt-no-attention turn
+graphopt's rules off one more at a time, to bisect a slow variant. --profile runs each variant
+once more with onnxruntime's profiler (DIR/ort_profile_*.json): per op type and provider, the
+node time per timed step; on CUDA also the GPU kernels of one decode step (CUPTI), so a step
+whose GPU time is far below its wall time is waiting on the host.
 """
 
 from __future__ import annotations
@@ -33,10 +40,16 @@ from typing import Any
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parent / "tests"))
 
 VARIANTS = ("original", "graphopt", "graphopt-no-gqa")
+# graphopt's rules each variant turns off; the last two bisect a slow graphopt variant
+# (MultiHeadAttention without RotaryEmbedding; no attention rewrite at all)
+DISABLED = {"graphopt": (), "graphopt-no-gqa": ("FuseGroupQueryAttention",),
+            "graphopt-no-gqa-no-rope": ("FuseGroupQueryAttention", "FuseRotaryEmbedding"),
+            "graphopt-no-attention": ("FuseGroupQueryAttention", "FuseRotaryEmbedding", "FuseAttention")}
 
 
 def export_llama(path: Path, args: argparse.Namespace) -> None:
@@ -77,7 +90,7 @@ def export_llama(path: Path, args: argparse.Namespace) -> None:
                           output_names=outputs, dynamic_shapes=shapes, optimize=True)
 
 
-def build(args: argparse.Namespace, folder: Path) -> tuple[Path, dict[str, str]]:
+def build(args: argparse.Namespace, folder: Path, variants: tuple[str, ...] = VARIANTS) -> tuple[Path, dict[str, str]]:
     """The model file, and the variants' files."""
     import onnx
 
@@ -93,7 +106,10 @@ def build(args: argparse.Namespace, folder: Path) -> tuple[Path, dict[str, str]]
         export_llama(source, args)
     files = {"original": str(source)}
     target = "ort-cuda" if args.device == "cuda" else "ort-cpu"
-    for variant, disable in (("graphopt", ()), ("graphopt-no-gqa", ("FuseGroupQueryAttention",))):
+    for variant in variants:
+        if variant == "original":
+            continue
+        disable = DISABLED[variant]
         report = graphopt.optimize_file(source, folder / f"{variant}.onnx", target=target, disable=list(disable))
         files[variant] = str(folder / f"{variant}.onnx")
         fused = report.rules["FuseGroupQueryAttention"].applications if "FuseGroupQueryAttention" in report.rules else 0
@@ -104,11 +120,14 @@ def build(args: argparse.Namespace, folder: Path) -> tuple[Path, dict[str, str]]
 class Stepper:
     """One onnxruntime session with io-binding; the presents of a step are the next step's past."""
 
-    def __init__(self, path: str, device: str, threads: int) -> None:
+    def __init__(self, path: str, device: str, threads: int, profile_prefix: str | None = None) -> None:
         import onnxruntime as ort
 
         options = ort.SessionOptions()
         options.log_severity_level = 3
+        if profile_prefix:
+            options.enable_profiling = True
+            options.profile_file_prefix = profile_prefix
         if threads:
             options.intra_op_num_threads = threads
         providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
@@ -142,8 +161,8 @@ def _past_names(stepper: Stepper) -> list[tuple[str, str]]:
     return list(zip(pasts, presents, strict=True))
 
 
-def run_variant(path: str, args: argparse.Namespace, batch: int) -> dict[str, Any]:
-    stepper = Stepper(path, args.device, args.threads)
+def run_variant(path: str, args: argparse.Namespace, batch: int, profile_prefix: str | None = None) -> dict[str, Any]:
+    stepper = Stepper(path, args.device, args.threads, profile_prefix)
     rng = np.random.default_rng(0)
     pairs = _past_names(stepper)
     past_meta = stepper.inputs[pairs[0][0]]
@@ -172,8 +191,42 @@ def run_variant(path: str, args: argparse.Namespace, batch: int) -> dict[str, An
             first = outs[stepper.outputs[0]].numpy()
         if i >= args.warmup:
             times.append(elapsed)
-    return {"prefill_ms": prefill_s * 1e3, "decode_ms": statistics.median(times) * 1e3 if times else None,
-            "first_output": first}
+    result = {"prefill_ms": prefill_s * 1e3, "decode_ms": statistics.median(times) * 1e3 if times else None,
+              "first_output": first}
+    if profile_prefix:
+        result["profile"] = summarize_profile(stepper.session.end_profiling(), len(times))
+        if args.device == "cuda":  # GPU time against wall time: a device-bound step, or one that waits on the host
+            try:
+                from gpu_profile import kernel_profile
+
+                result["profile"]["kernels"] = kernel_profile(lambda: stepper.step(feeds), runs=5, top=10)
+            except Exception as error:  # noqa: BLE001 - the kernel list is extra information, never fatal
+                result["profile"]["kernels"] = {"error": str(error).splitlines()[0][:200]}
+    return result
+
+
+def summarize_profile(path: str, last_runs: int, top: int = 12) -> dict[str, Any]:
+    """onnxruntime's profile of the session, over its last `last_runs` runs (the timed decode
+    steps): per op type and provider, the node time per step (host-side on CUDA: a kernel
+    launch, unless the node waits for the device or copies to the host) and nodes per step."""
+    events = json.loads(Path(path).read_text())
+    runs = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "Session" and e.get("name") == "model_run")
+    windows = runs[-last_runs:] if last_runs else []
+    per_op: dict[str, list[float]] = {}
+    for e in events:
+        if e.get("cat") != "Node" or not e.get("name", "").endswith("_kernel_time"):
+            continue
+        if not any(lo <= e["ts"] <= hi for lo, hi in windows):
+            continue
+        key = f"{e['args'].get('op_name', '?')}@{e['args'].get('provider', '?').replace('ExecutionProvider', '')}"
+        slot = per_op.setdefault(key, [0.0, 0])
+        slot[0] += e["dur"]
+        slot[1] += 1
+    steps = max(len(windows), 1)
+    ops = sorted(({"op": k, "us_per_step": v[0] / steps, "nodes_per_step": v[1] / steps} for k, v in per_op.items()),
+                 key=lambda r: -r["us_per_step"])
+    return {"file": path, "steps": len(windows), "run_us_per_step": sum(hi - lo for lo, hi in windows) / steps,
+            "node_us_per_step": sum(r["us_per_step"] for r in ops), "top": ops[:top]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -193,9 +246,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--warmup", type=int, default=8)
     parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help=f"comma-separated, of original,{','.join(DISABLED)} (default: %(default)s)")
+    parser.add_argument("--profile", action="store_true",
+                        help="run each variant once more with onnxruntime's profiler; its top ops per decode step go to the table and the JSON")
     parser.add_argument("--attention-mask", action="store_true",
                         help="export with an attention_mask input (a padding mask: no GroupQueryAttention on ort-cuda, whose kernel takes no attention_bias)")
     args = parser.parse_args(argv)
+    variants = tuple(v.strip() for v in args.variants.split(","))
+    unknown = [v for v in variants if v != "original" and v not in DISABLED]
+    if unknown or "original" not in variants:
+        print(f"error: --variants must include original and name only original,{','.join(DISABLED)} (in any order, repeats allowed); "
+              f"got {args.variants}", file=sys.stderr)
+        return 2
     args.out.mkdir(parents=True, exist_ok=True)
 
     import onnxruntime as ort
@@ -208,11 +271,11 @@ def main(argv: list[str] | None = None) -> int:
             device_name = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, check=False).stdout.strip()
         except OSError:
             pass
-    source, files = build(args, args.out)
+    source, files = build(args, args.out, variants)
     rows = []
     for batch in [int(b) for b in args.batch.split(",")]:
-        reference = None
-        for variant in VARIANTS:
+        outputs: list[tuple[dict[str, Any], np.ndarray]] = []
+        for index, variant in enumerate(variants):
             try:
                 result = run_variant(files[variant], args, batch)
             except Exception as error:  # noqa: BLE001 - a variant that fails is a row with its error
@@ -220,12 +283,26 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{variant} batch {batch}: {rows[-1]['error']}", flush=True)
                 continue
             out = result.pop("first_output")
-            if reference is None:
-                reference = out
-            result["max_abs_diff_vs_original"] = float(np.max(np.abs(out.astype(np.float64) - reference.astype(np.float64))))
             rows.append({"variant": variant, "batch": batch, **result})
-            print(f"{variant} batch {batch}: prefill {result['prefill_ms']:.2f} ms, decode {result['decode_ms']:.3f} ms/step, "
-                  f"diff {result['max_abs_diff_vs_original']:.3g}", flush=True)
+            outputs.append((rows[-1], out))
+            print(f"{variant} batch {batch}: prefill {result['prefill_ms']:.2f} ms, decode {result['decode_ms']:.3f} ms/step", flush=True)
+            if args.profile:  # a second run: the profiler's own cost stays out of the timed one
+                profile = run_variant(files[variant], args, batch, str(args.out / f"ort_profile_{index}_{variant}_b{batch}"))["profile"]
+                rows[-1]["profile"] = profile
+                print(f"  profiled: run {profile['run_us_per_step']:.0f} us/step, nodes {profile['node_us_per_step']:.0f} us/step; top ops:")
+                for op in profile["top"][:8]:
+                    print(f"    {op['op']:<40}{op['us_per_step']:>10.0f} us/step{op['nodes_per_step']:>6.0f} nodes")
+                kernels = profile.get("kernels", {})
+                if "gpu_ms_per_run" in kernels:
+                    print(f"  GPU kernels: {kernels['kernels_per_run']} per step, {kernels['gpu_ms_per_run']:.3f} ms per step; top:")
+                    for k in kernels["top"][:5]:
+                        print(f"    {k['ms_per_run']:>8.3f} ms x{k['calls_per_run']:<5} {k['name'][:90]}")
+                elif kernels:
+                    print(f"  GPU kernels: {kernels.get('error')}")
+        reference = next((out for row, out in outputs if row["variant"] == "original"), None)
+        for row, out in outputs:  # against the original's first decode step; none when the original failed
+            row["max_abs_diff_vs_original"] = (float(np.max(np.abs(out.astype(np.float64) - reference.astype(np.float64))))
+                                               if reference is not None else float("nan"))
     record = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S"), "device": device_name, "onnxruntime": ort.__version__,
         "command": " ".join(["python", "benchmarks/llm_onnx_decode.py", *(argv if argv is not None else sys.argv[1:])]),
@@ -233,12 +310,12 @@ def main(argv: list[str] | None = None) -> int:
     }
     (args.out / "llm_onnx_decode.json").write_text(json.dumps(record, indent=1))
     print(f"\n{device_name}, onnxruntime {ort.__version__}, {args.source} {args.dtype}, prompt {args.prompt}, {args.steps} steps")
-    print(f"{'variant':<18}{'batch':>6}{'prefill ms':>12}{'decode ms/step':>16}{'diff':>10}")
+    print(f"{'variant':<26}{'batch':>6}{'prefill ms':>12}{'decode ms/step':>16}{'diff':>10}")
     for r in rows:
         if "error" in r:
-            print(f"{r['variant']:<18}{r['batch']:>6}  error: {r['error'][:80]}")
+            print(f"{r['variant']:<26}{r['batch']:>6}  error: {r['error'][:80]}")
         else:
-            print(f"{r['variant']:<18}{r['batch']:>6}{r['prefill_ms']:>12.2f}{r['decode_ms']:>16.3f}{r['max_abs_diff_vs_original']:>10.2g}")
+            print(f"{r['variant']:<26}{r['batch']:>6}{r['prefill_ms']:>12.2f}{r['decode_ms']:>16.3f}{r['max_abs_diff_vs_original']:>10.2g}")
     return 0
 
 
