@@ -232,6 +232,12 @@ class ConvBnOfWeights(nn.Module):
         return self.bn(F.conv2d(x, w, padding=1))
 
 
+def _swin_window_pad(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """HF Swin's maybe_pad on [B, H, W, C]: pad H and W up to the window (4); a multiple of it pads by 0."""
+    _, h, w, _ = x.shape
+    return F.pad(x, (0, 0, 0, (4 - w % 4) % 4, 0, (4 - h % 4) % 4))
+
+
 CASES: list[Case] = [
     # activations.pdll
     Case("FuseGeluErf", fn(_gelu_erf), rand(2, 8), 1, opset=20),
@@ -248,10 +254,14 @@ CASES: list[Case] = [
     Case("DropNoOpReshape", fn(lambda m, x: x.reshape(2, 3, 4) + 1.0), rand(2, 3, 4), 1, exporter="dynamo"),
     Case("CollapseReshapes", fn(lambda m, x: x.reshape(6, 20).reshape(2, 60) + 1.0), rand(2, 3, 4, 5), 1),
     Case("UnflattenBatchedTranspose", fn(lambda m, x: x.reshape(-1, 4, 5).transpose(1, 2).reshape(2, 3, 5, 4) + 1.0), rand(2, 3, 4, 5), 1),
+    Case("CollapseShapeOps", fn(lambda m, x: x.flatten(2).unsqueeze(1) + 1.0), rand(2, 3, 4, 5), 1),
+    Case("CollapseShapeOps", fn(lambda m, x: x.squeeze(1).reshape(2, 12) + 1.0), rand(2, 1, 3, 4), 1, name="squeeze_reshape"),
     # cleanup.pdll
     Case("DropReshapeRoundTrip", fn(lambda m, x: x.squeeze(-1).view(2, 4, 1) + 1.0), rand(2, 4, 1), 1),
     Case("DropReshapeRoundTrip", fn(lambda m, x: x.unsqueeze(0).reshape(2, 4) + 1.0), rand(2, 4), 1, name="unsqueeze"),
     Case("DropSingleInputConcat", fn(lambda m, x: torch.cat([x]) + 1.0), rand(2, 4), 1),
+    # both keep the zero Pad: the exporter's Pad and aten.constant_pad_nd with the pads (0, 0, 0, 0, 0, 0) the remainders came to
+    Case("DropZeroPad", fn(lambda m, x: _swin_window_pad(m, x) + 1.0), rand(1, 8, 8, 3), 1),
     Case("DropPassThrough", fn(lambda m, x: torch.ops.aten.alias(x) + 1.0), rand(2, 4), 1, exporter="dynamo"),
     # cast.pdll
     Case("CollapseCastChain", fn(lambda m, x: x.double().float() + 1.0), rand(2, 8), 1),
@@ -406,5 +416,10 @@ NEGATIVE_CASES: list[Case] = [
     Case("DropReshapeRoundTrip", fn(lambda m, x: x.squeeze(-1).view(4, 2, 1) + 1.0), rand(2, 4, 1), 0, name="other_shape"),
     Case("DropReshapeRoundTrip", fn(lambda m, x: x.squeeze(-1).view(2, 4, 1)), rand(2, 4, 1), 0, name="graph_output"),
     Case("DropSingleInputConcat", fn(lambda m, x: torch.cat([x])), rand(2, 4), 0, name="graph_output"),
+    # 7 rows: pad_b = 1
+    Case("DropZeroPad", fn(lambda m, x: _swin_window_pad(m, x) + 1.0), rand(1, 7, 8, 3), 0, name="non_zero_pads"),
+    Case("DropZeroPad", fn(_swin_window_pad), rand(1, 8, 8, 3), 0, name="graph_output"),
+    # Unsqueeze of Squeeze: neither a Reshape nor a Flatten
+    Case("CollapseShapeOps", fn(lambda m, x: x.squeeze(1).unsqueeze(0) + 1.0), rand(2, 1, 3, 4), 0, name="no_reshape"),
     Case("DropPassThrough", fn(lambda m, x: torch.ops.aten.alias(x)), rand(2, 4), 0, exporter="dynamo", name="graph_output"),
 ]
