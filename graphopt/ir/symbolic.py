@@ -309,10 +309,18 @@ class SymbolicShapes:
             axis = view.attr(node, "axis")
             axis = (axis if isinstance(axis, int) else 0) % len(src)
             n = len(view.outputs(node))
-            sizes = view.const_array(ins[1]) if len(ins) > 1 and ins[1] is not None else None
+            has_sizes = len(ins) > 1 and ins[1] is not None
+            sizes = view.const_array(ins[1]) if has_sizes else None
             out3 = list(src)
             if sizes is not None:
                 out3[axis] = sympy.Integer(int(sizes.reshape(-1)[view.output_index(value)]))
+            elif has_sizes:
+                # sizes computed at run time (ONNX's expanded RotaryEmbedding): their symbolic values, or nothing
+                # known; never the equal split, which only holds without a `split` input
+                parts = self.tensor(ins[1], d)
+                if parts is None or len(parts) != n:
+                    return None
+                out3[axis] = parts[view.output_index(value)]
             elif static_int(src[axis]) is not None and static_int(src[axis]) % n == 0:  # type: ignore[operator]
                 out3[axis] = sympy.Integer(static_int(src[axis]) // n)  # type: ignore[operator]
             else:
