@@ -317,10 +317,10 @@ class SymbolicShapes:
             elif has_sizes:
                 # sizes computed at run time (ONNX's expanded RotaryEmbedding): their symbolic values, or nothing
                 # known; never the equal split, which only holds without a `split` input
-                parts = self.tensor(ins[1], d)
-                if parts is None or len(parts) != n:
+                split_sizes = self.tensor(ins[1], d)
+                if split_sizes is None or len(split_sizes) != n:
                     return None
-                out3[axis] = parts[view.output_index(value)]
+                out3[axis] = split_sizes[view.output_index(value)]
             elif static_int(src[axis]) is not None and static_int(src[axis]) % n == 0:  # type: ignore[operator]
                 out3[axis] = sympy.Integer(static_int(src[axis]) // n)  # type: ignore[operator]
             else:
