@@ -231,6 +231,48 @@ def attention_params(ctx, m: AttentionMatch) -> AttentionPlan:
     )
 
 
+def _grows_a_cache(ctx, value, seq_axis: int) -> bool:
+    """value (k^T or v) is a Concat, through ops that only move values, of a graph input and more
+    on the axis that becomes the attention's key positions (its dim there is value's seq_axis)."""
+    view = ctx.view
+    length = (ctx.dims(value) or [None] * 4)[seq_axis]
+    node = view.producer(value)
+    for _ in range(8):
+        if node is None or view.op_key(node)[1] not in _MOVES_VALUES:
+            break
+        node = view.producer(view.inputs(node)[0])
+    if node is None or view.op_key(node) != ("", "Concat") or length is None:
+        return False
+    cat = view.outputs(node)[0]
+    dims = ctx.dims(cat)
+    axis = view.attrs(node).get("axis")
+    if dims is None or not isinstance(axis, int) or not dims_equal([dims[axis]], [length]):
+        return False
+    return any(_is_graph_input(ctx, x) for x in view.inputs(node))
+
+
+def _is_graph_input(ctx, value) -> bool:
+    """A value fed from outside (no producer, not a constant), through ops that only move values."""
+    for _ in range(8):
+        if value is None:
+            return False
+        node = ctx.view.producer(value)
+        if node is None:
+            return ctx.array(value) is None
+        if ctx.view.op_key(node)[1] not in _MOVES_VALUES:
+            return False
+        value = ctx.view.inputs(node)[0]
+    return False
+
+
+@native_rewrite("GrowingKvCache")
+def growing_kv_cache(ctx, kt, v):
+    """kv_cache = 1 when k or v grows each call (a Concat of a graph input on the key axis), else
+    the attribute is left out."""
+    grows = _grows_a_cache(ctx, kt, 3) or _grows_a_cache(ctx, v, 2)
+    return {"kv_cache": 1 if grows else None}
+
+
 @native_constraint("PackableProjections")
 def packable_projections(ctx, x, wq, bq, wk, bk, wv, bv):
     """x [batch, seq, hidden]; each weight [hidden, hidden] and bias [hidden], one dtype."""

@@ -166,6 +166,18 @@ def test_attention_variants_fuse_into_one_op(scale: str, mask: str) -> None:
     _check_same(model, optimized)
 
 
+def test_self_attention_without_a_cache_still_fuses_on_ort_cuda() -> None:
+    """The ort-cuda guard against a growing KV cache (test_rules_gqa.py) leaves other attention
+    alone: k and v are projections of the input, not a Concat of a graph input."""
+    model = attention_model(mask="add")
+    optimized, report = _fused(model, target="ort-cuda")
+    assert rewrites(report, "FuseAttention") == 1
+    [mha] = [n for n in optimized.graph.node if n.op_type == "MultiHeadAttention"]
+    assert "kv_cache" not in {a.name for a in mha.attribute}
+    misses = [m.reason for m in report.rules["FuseAttention"].near_misses]
+    assert not [r for r in misses if "KV cache" in r], misses
+
+
 @pytest.mark.parametrize("key", ["direct", "swap", "flat"])
 def test_key_layouts(key: str) -> None:
     model = attention_model(key=key)

@@ -134,3 +134,28 @@ def test_fused_op_counts(key: str) -> None:
     for wanted, count in EXPECTED_FUSIONS[key].items():
         found = sum(ops.count(op) for op in wanted.split("|"))
         assert found >= count, (wanted, found, sorted(set(ops)))
+
+
+# On ort-cuda attention over a KV cache grown by Concat(past input, new) stays unfused (onnxruntime
+# rebuilds its plan every step there: graphopt/ops/fused_ops.py GROWING_KV_CACHE_ON_CUDA); whisper's
+# cross-attention (k, v from the encoder states, no Concat) still fuses.
+CUDA_KV_FUSIONS = {
+    # name-exporter: (fused attention ops, attentions left unfused with the reason)
+    "smollm-kv-dynamo": (0, 2),
+    "phi2-kv-dynamo": (0, 2),
+    "whisper-decoder-kv-dynamo": (2, 2),
+}
+
+
+@pytest.mark.parametrize("key", sorted(CUDA_KV_FUSIONS))
+def test_ort_cuda_leaves_attention_over_a_growing_cache_unfused(key: str) -> None:
+    name, exporter = key.rsplit("-", 1)
+    original, _ = _model(name, exporter)
+    optimized, report = graphopt.optimize(original, target="ort-cuda")
+    ops = [n.op_type for n in optimized.graph.node]
+    fused, unfused = CUDA_KV_FUSIONS[key]
+    assert ops.count("GroupQueryAttention") == 0
+    assert ops.count("MultiHeadAttention") + ops.count("Attention") == fused
+    assert ops.count("Softmax") == unfused
+    reasons = [m.reason for m in report.rules["FuseAttention"].near_misses]
+    assert sum("KV cache that grows each call" in r for r in reasons) == unfused, reasons

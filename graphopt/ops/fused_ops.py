@@ -100,16 +100,34 @@ def _cpu_gqa(attrs: Mapping[str, Any], shapes: Sequence[Any]) -> str | None:
     return None
 
 
+# Measured (benchmarks/llm_onnx_decode.py --profile): the host rebuilds the cuDNN attention plan
+# whenever the total sequence length changes, i.e. every step of a cache grown by Concat.
+GROWING_KV_CACHE_ON_CUDA = (
+    "onnxruntime's CUDA attention over a KV cache that grows each call (Concat of past and new) rebuilds "
+    "its plan every step: 40.6 ms/step against 2.28 unfused for a 4-layer decoder on an H100 "
+    "(benchmarks/results/llm_onnx_decode-2026-11-27-h100-diag.json); left unfused until graphopt "
+    "writes a fixed-size KV buffer"
+)
+
+
+def _cuda_mha(attrs: Mapping[str, Any], shapes: Sequence[Any]) -> str | None:
+    """k, v read a KV cache that grows each call (kv_cache = 1, set by FuseAttention): slower
+    fused than unfused on onnxruntime's CUDA provider (GROWING_KV_CACHE_ON_CUDA)."""
+    return GROWING_KV_CACHE_ON_CUDA if attrs.get("kv_cache") == 1 else None
+
+
 def _cuda_gqa(attrs: Mapping[str, Any], shapes: Sequence[Any]) -> str | None:
     """contrib_ops/cuda/bert/group_query_attention.cc: attention_bias is refused at run time
     ("not supported in GroupQueryAttention cuda kernel"; onnxruntime builds that take it run it
     unfused), and query_seqlens (input 16) is newer than the onnxruntime-gpu builds in use.
-    (`shapes` ends at the last input given: trailing omitted inputs are left out.)"""
+    (`shapes` ends at the last input given: trailing omitted inputs are left out.) The rest is
+    refused too: GroupQueryAttention attends over past + new, a cache that grows each call by
+    construction (present = Concat(past, new)), slower fused (GROWING_KV_CACHE_ON_CUDA)."""
     if len(shapes) > 10 and shapes[10] is not None:
         return "the CUDA GroupQueryAttention kernel takes no attention_bias (a mask that pads)"
     if len(shapes) > 16:
         return "the CUDA GroupQueryAttention kernels in use take no query_seqlens"
-    return None
+    return GROWING_KV_CACHE_ON_CUDA
 
 
 # --------------------------------------------------------------------------- shape inference
@@ -207,13 +225,18 @@ FUSED_OPS: tuple[OpSpec, ...] = (
         "softmax(q k^T * scale + attention_bias) v on q, k, v [batch, seq, heads * head_size]",
         inputs=(Input("query"), Input("key"), Input("value"), Input("attention_bias", optional=True)),
         outputs=(Output("output"),),
-        attributes=(Attribute("num_heads", "INT"), Attribute("scale", "FLOAT")),
+        # kv_cache = 1: k and v read a KV cache that grows each call (Concat of a graph input and
+        # the new tokens on the sequence axis; FuseAttention sets it). No target op has it: the
+        # lowerings drop it, the ort-cuda contract reads it.
+        attributes=(Attribute("num_heads", "INT"), Attribute("scale", "FLOAT"), Attribute("kv_cache", "INT", 0)),
         infer=_mha,
         lowerings={
             # com.microsoft.MultiHeadAttention(query, key, value, bias, key_padding_mask, attention_bias)
-            **_ort(Lowering(MS_DOMAIN, "MultiHeadAttention", inputs=(0, 1, 2, None, None, 3))),
+            "ort-cpu": Lowering(MS_DOMAIN, "MultiHeadAttention", inputs=(0, 1, 2, None, None, 3), rename={"kv_cache": ()}),
+            "ort-cuda": Lowering(MS_DOMAIN, "MultiHeadAttention", inputs=(0, 1, 2, None, None, 3), rename={"kv_cache": ()},
+                                 contract=_cuda_mha),
             # opset 23 Attention, 3-D form: the head counts are attributes.
-            "onnx": Lowering("", "Attention", rename={"num_heads": ("q_num_heads", "kv_num_heads")}),
+            "onnx": Lowering("", "Attention", rename={"num_heads": ("q_num_heads", "kv_num_heads"), "kv_cache": ()}),
         },
     ),
     OpSpec(
