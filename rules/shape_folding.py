@@ -6,6 +6,7 @@ import numpy as np
 
 from graphopt.ir.reshape_target import constant_reshape_target
 from graphopt.ir.symbolic import SymbolicShapes, static_int
+from graphopt.pattern.ir import MISSING
 from graphopt.pattern.native import RewriteDeclined, native_constraint, native_rewrite
 
 
@@ -86,10 +87,74 @@ def sliced_dims(ctx, x, start, end, starts, ends, axes, steps):
     return {"value": np.asarray(picked, dtype=np.int64)}
 
 
+def _recorded_parts(ctx, target):
+    """The target's entries without symbolic reasoning, where it is a Concat (or one part) of
+    constants and Gathers of one dim of a Shape, as exporters write flatten targets: each entry
+    an int, or (value, axis) for a dim the recorded shape leaves symbolic; None for other forms."""
+    node = ctx.view.producer(target)
+    parts = list(ctx.view.inputs(node)) if node is not None and ctx.view.op_key(node) == ("", "Concat") else [target]
+    entries: list = []
+    for part in parts:
+        const = ctx.array(part) if part is not None else None
+        if const is not None:
+            entries += [int(v) for v in const.reshape(-1)]
+            continue
+        gather = ctx.view.producer(part) if part is not None else None
+        if gather is None or ctx.view.op_key(gather) != ("", "Gather"):
+            return None
+        data, index = ctx.view.inputs(gather)
+        shape_node = ctx.view.producer(data) if data is not None else None
+        idx = ctx.array(index) if index is not None else None
+        if shape_node is None or ctx.view.op_key(shape_node) != ("", "Shape") or idx is None or idx.size != 1:
+            return None
+        start, end = ctx.view.attr(shape_node, "start"), ctx.view.attr(shape_node, "end")
+        if start not in (MISSING, None, 0) or end not in (MISSING, None):
+            return None  # a slice of the shape: its own axes
+        source = ctx.view.inputs(shape_node)[0]
+        recorded = ctx.shape(source)
+        if recorded is None:
+            return None
+        axis = int(idx.reshape(-1)[0]) % len(recorded)
+        dim = recorded[axis]
+        entries.append(dim if isinstance(dim, int) else (source, axis))
+    return entries
+
+
+def _recorded_target(ctx, x, target, allowzero):
+    """The constant target from recorded shapes alone (no sympy: small models optimize without
+    it), or None where that needs symbolic reasoning."""
+    entries = _recorded_parts(ctx, target)
+    if entries is None:
+        return None
+    out = []
+    for i, entry in enumerate(entries):
+        if isinstance(entry, int):
+            out.append(entry)
+        elif not allowzero and entry[0] is x and entry[1] == i:
+            out.append(0)  # the input's own dim at that axis: Reshape's 0 copies it
+        else:
+            out.append(None)
+    unknown = [i for i, v in enumerate(out) if v is None]
+    if not unknown:
+        return out
+    if len(unknown) > 1 or -1 in out:
+        return None
+    src = ctx.shape(x)
+    for i, v in enumerate(out):
+        size = (src[i] if src is not None and i < len(src) else None) if v == 0 else v
+        if i != unknown[0] and not (isinstance(size, int) and size > 0):
+            return None  # -1 beside a dim that may be 0 is ambiguous: the symbolic path decides
+    out[unknown[0]] = -1
+    return out
+
+
 def _known_target(ctx, x, target, allowzero):
     """The constant a Reshape's computed target can be replaced with, or why there is none."""
     if ctx.array(target) is not None:
         return "the target is a constant (nothing to do)"
+    recorded = _recorded_target(ctx, x, target, allowzero)
+    if recorded is not None:
+        return recorded
     values = SymbolicShapes(ctx.view).tensor(target)
     if values is None:
         return "the target's values are not known"

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.usefixtures("graphopt_never_falls_back")  # tests/conft
 SIZES = ((2, 16), (3, 9), (5, 23))  # (batch, seq): the first compiles, the others must reuse it
 
 #: The rewrites per rule, one layer each (LLaMA: 4 query heads on 2 key/value heads).
-BERT_RULES = {"FuseSkipLayerNorm": 2, "FuseScaledDotProductAttention": 1, "DropNoOpReshape": 1}
+BERT_RULES = {"FuseSkipLayerNorm": 2, "FuseScaledDotProductAttention": 1, "DropNoOpReshape": 1, "CollapseShapeOps": 1}
 LLAMA_ATEN_FORMS = {"FuseRMSNorm": 3, "FuseSkipRMSNorm": 2, "FuseRotaryEmbedding": 2, "FuseSwiGLU": 1, "DropNoOpReshape": 1}
 LLAMA_KERNELS = LLAMA_ATEN_FORMS | {"FuseScaledDotProductAttention": 1}
 

@@ -129,8 +129,10 @@ def test_without_inductor_the_rules_run_on_graphopt_kernels() -> None:
     _run(_llama(), options={"inductor": False})
     report = last_report()
     assert report is not None and report.target == "torch"
-    assert _applied(report) == WITH_KERNELS
-    assert _passes(report) == PASSES
+    # without inductor the SDPA is graphopt's, and FuseGroupedKV takes repeat_kv out as a rule
+    # before lowering, so the unrepeat_kv pass finds nothing left
+    assert _applied(report) == WITH_KERNELS | {"FuseGroupedKV": 1}
+    assert _passes(report) == PASSES | {"unrepeat_kv": 0}
     graph = last_graph()
     assert _custom_calls(graph) == Counter({"graphopt.rms_norm.default": 3, "graphopt.rotary.default": 2,
                                             "graphopt.swiglu.default": 1, "graphopt.attention.default": 1})

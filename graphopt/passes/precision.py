@@ -58,7 +58,6 @@ import onnx_ir as ir
 from graphopt.ops.registry import fp32_inputs, fp32_outputs, has_fact
 from graphopt.ops.targets import GRAPHOPT_DOMAIN, Target
 from graphopt.passes._common import ONNX_DOMAINS, has_subgraphs, record
-from graphopt.passes.precision_decision import joins_region, region_seed
 from graphopt.passes.precision_plan import (
     _LOW,
     DEFAULT_KEEP_FP32,
@@ -67,6 +66,7 @@ from graphopt.passes.precision_plan import (
     _op_names,
     _schema,
 )
+from graphopt.passes.precision_region import joins_region, region_seed
 from graphopt.report.model import PrecisionSummary, RangeKeep
 
 __all__ = ["convert_precision", "remove_cast_pairs"]
