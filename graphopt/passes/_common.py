@@ -53,3 +53,20 @@ def record(stats: Any, changes: int, started: float) -> None:
 def as_model(model_or_view: Any) -> ir.Model:
     """The `ir.Model` itself, or the one an `OnnxView` wraps."""
     return model_or_view if isinstance(model_or_view, ir.Model) else model_or_view.model
+
+
+def take_over(old: ir.Value, new: ir.Value) -> None:
+    """`new` replaces `old` for every reader (graph outputs too) and takes its name, so a split
+    of a fused op back into its parts keeps the model's value names."""
+    name = old.name
+    old.name = f"{name}__fused"
+    old.replace_all_uses_with(new, replace_graph_outputs=True)
+    new.name = name
+
+
+def detach_and_remove(model: ir.Model, node: ir.Node) -> None:
+    """Remove a node whose outputs nobody reads any more, first letting go of its inputs."""
+    for i in range(len(node.inputs)):
+        node.replace_input_with(i, None)
+    model.graph.remove(node)
+

@@ -29,7 +29,7 @@ from graphopt.decisions import DecisionPoint, conv_class, signature_of
 from graphopt.decisions.shapes import batch_buckets
 from graphopt.ir.onnx_view import dtype_name
 from graphopt.ops.targets import MS_DOMAIN
-from graphopt.passes._common import record
+from graphopt.passes._common import detach_and_remove, record, take_over
 
 __all__ = ["decide_fused_convs", "FUSED", "SPLIT"]
 
@@ -124,13 +124,8 @@ def _split_in_place(model: ir.Model, node: ir.Node, opset: int) -> None:
     # this one (layout) need them on every value, not only the last.
     for n in made:
         n.outputs[0].type, n.outputs[0].shape = old.type, old.shape.copy() if old.shape is not None else None
-    name = old.name
-    old.name = f"{name}__fused"
-    old.replace_all_uses_with(y, replace_graph_outputs=True)
-    y.name = name
-    for i in range(len(node.inputs)):
-        node.replace_input_with(i, None)
-    model.graph.remove(node)
+    take_over(old, y)
+    detach_and_remove(model, node)
 
 
 def _one_node_model(node: ir.Node, candidate: str, opset: int) -> tuple[bytes, dict[str, np.ndarray]]:

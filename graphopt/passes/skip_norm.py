@@ -41,7 +41,7 @@ from graphopt.decisions.shapes import norm_worlds
 from graphopt.ir.onnx_view import dtype_name
 from graphopt.ir.provenance import RULE_KEY
 from graphopt.ops.targets import MS_DOMAIN
-from graphopt.passes._common import record
+from graphopt.passes._common import detach_and_remove, record, take_over
 
 __all__ = ["decide_skip_norms", "FUSED", "UNFUSED", "UNFUSED_2D", "DECISION", "SKIP_NORMS"]
 
@@ -142,13 +142,8 @@ def _split_in_place(model: ir.Model, node: ir.Node, two_d: bool) -> None:
         if old is None or not _used(old, model.graph):
             new.name = f"{name}_{suffix}"
             continue
-        old_name = old.name
-        old.name = f"{old_name}__fused"
-        old.replace_all_uses_with(new, replace_graph_outputs=True)
-        new.name = old_name
-    for i in range(len(node.inputs)):
-        node.replace_input_with(i, None)
-    model.graph.remove(node)
+        take_over(old, new)
+    detach_and_remove(model, node)
 
 
 def _small_model(node: ir.Node, candidate: str, opset: int, sum_used: bool) -> tuple[bytes, dict[str, np.ndarray]]:
