@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import torch
+from fake_cuda_graph import _Stream
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from graphopt.torch_backend import CudaGraphReplay, cuda_graphs_refusal
@@ -32,16 +33,9 @@ class _Graph:
             kernel()
 
 
-class _Stream:
-    def wait_stream(self, other: _Stream) -> None:
-        pass
-
-    def synchronize(self) -> None:
-        pass
-
-
 class FakeCuda:
-    """The part of torch.cuda that CudaGraphReplay uses."""
+    """The part of torch.cuda that CudaGraphReplay uses (recording kernels; tests/fake_cuda_graph.py
+    has a fake that also undoes a capture's writes)."""
 
     def __init__(self, fail_capture: bool = False) -> None:
         self.capturing: _Graph | None = None

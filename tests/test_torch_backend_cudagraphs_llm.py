@@ -11,7 +11,6 @@ context unusable (and the fallback with it). The fake raises where that assert w
 
 from __future__ import annotations
 
-import inspect
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -20,6 +19,7 @@ import pytest
 import torch
 import transformers
 from fake_cuda_graph import FakeCuda
+from test_torch_backend_llm import _cache_kwarg, _tiny_llama
 
 from graphopt import torch_backend
 from graphopt.torch_cudagraphs import CudaGraphReplay
@@ -30,15 +30,6 @@ PROMPT, NEW_TOKENS, BATCH = 8, 6, 1
 CACHE_LEN = PROMPT + NEW_TOKENS  # as llm_decode.py sizes it: no room for a warm-up that runs ahead
 
 
-def _tiny_llama() -> transformers.LlamaForCausalLM:
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
-                                   intermediate_size=128, vocab_size=100, max_position_embeddings=64)
-    return transformers.LlamaForCausalLM(cfg).eval()
-
-
-def _cache_kwarg() -> str:
-    return "cache" if "cache" in inspect.signature(transformers.LlamaForCausalLM.forward).parameters else "past_key_values"
 
 
 def _static_cache(model: transformers.LlamaForCausalLM) -> Any:

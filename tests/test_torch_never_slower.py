@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -54,14 +55,20 @@ def _spy_inductor(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     return seen
 
 
-def test_a_graph_graphopt_leaves_alone_goes_to_inductor_as_dynamo_captured_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    seen = _spy_inductor(monkeypatch)
+def _capturing_backend() -> tuple[list[Any], Callable[..., Any]]:
+    """graphopt's backend, keeping each graph dynamo hands it."""
     captured: list[Any] = []
     real_backend = backend.graphopt_backend
 
     def capture(gm: Any, inputs: Any, **kwargs: Any) -> Any:
         captured.append(gm)
         return real_backend(gm, inputs, **kwargs)
+
+    return captured, capture
+
+def test_a_graph_graphopt_leaves_alone_goes_to_inductor_as_dynamo_captured_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = _spy_inductor(monkeypatch)
+    captured, capture = _capturing_backend()
 
     x = torch.randn(4, 8)
     with torch.no_grad():
@@ -123,12 +130,7 @@ class ReshapeTwice(nn.Module):
 
 def test_a_graph_with_only_rewrites_inductor_makes_itself_goes_as_dynamo_captured_it(monkeypatch: pytest.MonkeyPatch) -> None:
     seen = _spy_inductor(monkeypatch)
-    captured: list[Any] = []
-    real_backend = backend.graphopt_backend
-
-    def capture(gm: Any, inputs: Any, **kwargs: Any) -> Any:
-        captured.append(gm)
-        return real_backend(gm, inputs, **kwargs)
+    captured, capture = _capturing_backend()
 
     x = torch.randn(3, 8)
     with torch.no_grad():
