@@ -1,0 +1,1 @@
+"""Low-precision weights: block-wise quantization shared by the ONNX and torch paths."""
