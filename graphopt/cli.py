@@ -191,7 +191,7 @@ def optimize(
         typer.Option(
             "--precision-convs",
             metavar="auto|low|fp32",
-            help="With --precision: the 2-D convolutions in the low type (low) or float32 (fp32); auto: converted unless the cost table (or --tune) finds float32 faster on the target (ort-cuda).",
+            help="With --precision: the 2-D convolutions in the low type (low) or float32 (fp32); auto: converted where the cost table (or --tune) finds the low type faster on the target at every batch size the model allows (ort-cuda).",
         ),
     ] = "auto",
     layout: Annotated[
