@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from graphopt.ir.dtypes import onnx_enum_to_name
 from graphopt.ir.symbolic import dims_equal
 from graphopt.pattern.native import RewriteDeclined, native_constraint, native_rewrite
 
@@ -129,4 +130,17 @@ def not_computed_from(ctx, x, source):
         node = view.producer(value)
         if node is not None:
             stack.extend(v for v in view.inputs(node) if v is not None)
+    return True
+
+
+@native_constraint("IsUpcastAndBack")
+def is_upcast_and_back(ctx, h, up, down):
+    """h is half precision, cast up to float32 and the result cast back to h's type."""
+    source = ctx.dtype(h)
+    if source not in ("f16", "bf16"):
+        return f"the input is {source or 'of unknown type'}, not f16/bf16"
+    if onnx_enum_to_name(up) != "f32":
+        return f"the upcast is to {onnx_enum_to_name(up)}, not f32"
+    if onnx_enum_to_name(down) != source:
+        return f"the result is cast to {onnx_enum_to_name(down)}, not back to {source}"
     return True
