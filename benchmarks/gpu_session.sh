@@ -8,6 +8,7 @@
 #   bash benchmarks/gpu_session.sh zoo 2/2     # the zoo's second half (or 1/1 for all)
 #   bash benchmarks/gpu_session.sh torch       # torch.compile: graphopt against inductor on the issue-15 models
 #   bash benchmarks/gpu_session.sh torch-modes M  # one model (llama, t5, convnext): default, reduce-overhead, max-autotune, each against inductor's
+#   bash benchmarks/gpu_session.sh train       # training steps through the backend against inductor (torch_train.py); "train-dist": DDP and FSDP2 on all GPUs
 #   bash benchmarks/gpu_session.sh torch-cost M,N # graphopt's passes against inductor's compile time (torch_compile_cost.py)
 #   bash benchmarks/gpu_session.sh profile M,N # the ops onnxruntime runs and the kernels they launch, per variant (ort_profile.py)
 #   bash benchmarks/gpu_session.sh cpu 1/1     # the zoo on onnxruntime's CPU provider (the GPU machine's 16 cores, 4 threads a session)
@@ -112,6 +113,20 @@ torch-modes)
     --variants inductor,graphopt+inductor,inductor-ro,graphopt+inductor-ro,inductor-ma,graphopt+inductor-ma \
     --out "$OUT/torch_compile-modes-${2:-llama}.json" > "$OUT/torch-modes.log" 2>&1
   tail -20 "$OUT/torch-modes.log"
+  ;;
+train)
+  # training steps (fwd+bwd+AdamW, autocast bf16) through the backend against inductor (torch_train.py)
+  timeout 560 python3 benchmarks/torch_train.py --models "${2:-bert,vit,resnet50}" --out "$OUT/torch_train.json" > "$OUT/torch-train.log" 2>&1
+  tail -12 "$OUT/torch-train.log"
+  ;;
+train-dist)
+  # the same under DDP and FSDP2 on every GPU of the machine (torchrun), BERT-base
+  n=$(nvidia-smi -L | wc -l)
+  for wrap in ddp fsdp2; do
+    timeout 270 torchrun --standalone --nproc_per_node "$n" benchmarks/torch_train.py --models "${2:-bert}" --wrap $wrap \
+      --out "$OUT/torch_train-$wrap.json" > "$OUT/torch-train-$wrap.log" 2>&1
+    tail -8 "$OUT/torch-train-$wrap.log"
+  done
   ;;
 torch-cost)
   timeout 560 python3 benchmarks/torch_compile_cost.py --models "${2:-llama,t5,convnext}" \
