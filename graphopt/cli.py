@@ -3,6 +3,7 @@
     graphopt optimize IN -o OUT [--target T] [--patterns DIR]... [--enable RULE]...
                      [--disable RULE]... [--precision fp16|bf16] [--keep-fp32 OP_OR_NODE]...
                      [--precision-convs auto|low|fp32] [--layout auto|nchw|nhwc] [--tune] [--calibration-data FILE.npz]
+                     [--weights int4|int8 [--block-size 32|64|128] [--weights-keep NAME_OR_GLOB]... [--weights-min-snr DB]]
                      [--verify] [--input-shape NAME=D1,D2]... [--report FILE.json|FILE.html] [--quiet] [--force]
     graphopt report REPORT.json [-o REPORT.html]
     graphopt explain MODEL [--rule NAME]... [--node NAME]... [--target T] [--patterns DIR]...
@@ -124,6 +125,26 @@ def _parse_shapes(values: list[str]) -> dict[str, list[int]]:
     return shapes
 
 
+def _weight_options(weights: str | None, block_size: str, keep: list[str], min_snr: str | None, symmetric: bool | None) -> dict[str, Any]:
+    """OptimizeOptions' weight fields from --weights and its companions (checked: one error line)."""
+    if weights is None:
+        if keep or min_snr is not None or symmetric is not None or block_size != "32":
+            raise GraphoptError("--block-size, --weights-keep, --weights-min-snr and --weights-(a)symmetric only apply with --weights int4 or int8")
+        return {}
+    from graphopt.passes.weight_quant import WeightQuantPlan
+
+    try:
+        size = int(block_size)
+    except ValueError:
+        raise GraphoptError(f"--block-size {block_size}: expected an integer such as 32, 64 or 128") from None
+    try:
+        snr = float(min_snr) if min_snr is not None else None
+    except ValueError:
+        raise GraphoptError(f"--weights-min-snr {min_snr}: expected a number of dB such as 20") from None
+    WeightQuantPlan.make(weights, size, keep, symmetric, snr)  # a bad value fails before any work
+    return {"weights": weights.lower(), "block_size": size, "weights_keep": keep, "weights_min_snr": snr, "weights_symmetric": symmetric}
+
+
 # ------------------------------------------------------------------ progress
 
 
@@ -216,6 +237,34 @@ def optimize(
             help="With --precision fp16: inputs (name -> array) on which the range check measures the float32 values (default: random inputs).",
         ),
     ] = None,
+    weights: Annotated[
+        str | None,
+        typer.Option(
+            "--weights",
+            metavar="int4|int8",
+            help="Weight-only quantization of MatMul/Gemm layers with constant 2-D weights (com.microsoft.MatMulNBits on ort-cpu/ort-cuda, "
+            "DequantizeLinear on onnx); a layer under its SNR budget, and the LM head, stay as they are.",
+        ),
+    ] = None,
+    block_size: Annotated[
+        str, typer.Option("--block-size", metavar="32|64|128", help="With --weights: consecutive K values sharing one scale (16 to 256).")
+    ] = "32",
+    weights_keep: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--weights-keep",
+            metavar="NAME_OR_GLOB",
+            help="With --weights: also keep this node, weight or output name, or op type (globs; repeatable); 'none' clears the default block list (the LM head).",
+        ),
+    ] = None,
+    weights_min_snr: Annotated[
+        str | None,
+        typer.Option("--weights-min-snr", metavar="DB", help="With --weights: the least output SNR a layer keeps to be quantized (default int8 35, int4 20)."),
+    ] = None,
+    weights_symmetric: Annotated[
+        bool | None,
+        typer.Option("--weights-symmetric/--weights-asymmetric", help="With --weights: without zero points, or with (default: with for int4, without for int8)."),
+    ] = None,
     verify: Annotated[
         bool, typer.Option("--verify", help="Compare original and optimized outputs in onnxruntime; leave out rewrites that change them.")
     ] = False,
@@ -268,6 +317,7 @@ def optimize(
             raise GraphoptError("--calibration-data only applies with --precision fp16")
         if calibration_data is not None and not calibration_data.is_file():
             raise GraphoptError(f"{calibration_data}: no such file")
+        weight_options = _weight_options(weights, block_size, weights_keep or [], weights_min_snr, weights_symmetric)
         output = _output_path(output_argument, output_option)
         shapes = _parse_shapes(input_shape or [])
         clash = sorted(set(enable or []) & set(disable or []))
@@ -294,6 +344,7 @@ def optimize(
                 strict=strict,
                 tune=tune,
                 calibration_data=str(calibration_data) if calibration_data is not None else None,
+                **weight_options,
             )
             say("loading")
             t0 = time.perf_counter()

@@ -189,6 +189,10 @@ class Verification:
     provider: str = ""
     #: What the check does not prove when it ran elsewhere than the target's provider ("" when it ran there).
     caveat: str = ""
+    #: With --weights: each float output's cosine similarity with the original's (the lowest over the runs),
+    #: and the least one accepted (QUANTIZED_MIN_COSINE); empty and None otherwise.
+    cosine: dict[str, float] = field(default_factory=dict)
+    min_cosine: float | None = None
 
 
 @dataclass
