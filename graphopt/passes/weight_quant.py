@@ -37,7 +37,7 @@ import onnx_ir as ir
 
 from graphopt.errors import GraphoptError
 from graphopt.passes._common import detach_and_remove, record
-from graphopt.passes.weight_quant_forms import MS_DOMAIN, emit, stored_bytes
+from graphopt.passes.weight_quant_forms import MS_DOMAIN, emit, emit_again, stored_bytes
 from graphopt.quant.blockwise import BlockQuantized, dequantize, quantize, snr_db
 from graphopt.report.model import WeightLayer, WeightQuantSummary
 
@@ -255,6 +255,7 @@ def quantize_weights(model: ir.Model, target: Any, plan: WeightQuantPlan, stats:
                    | {v.name for n in graph for v in n.outputs if v.name} | {v.name for v in graph.inputs if v.name})
     rng = np.random.default_rng(seed)
     cache: dict[int, tuple[BlockQuantized, float, float]] = {}  # a weight two MatMuls share is quantized once
+    emitted: dict[tuple[int, str], list[ir.Node]] = {}  # per shared weight: the nodes its first layer got
     changed = 0
     for layer in layers:
         node = layer.node
@@ -281,10 +282,15 @@ def quantize_weights(model: ir.Model, target: Any, plan: WeightQuantPlan, stats:
         if layer.keep_reason or layer.quantized is None or form is None:
             summary.kept += 1
             continue
-        _rewrite(model, layer, layer.quantized, form, names, level)
+        share = id(layer.weight_value) if node.op_type == "MatMul" else None
+        first = emitted.get((share, form)) if share is not None else None
+        made = _rewrite(model, layer, layer.quantized, form, names, level, first)
+        if share is not None and first is None:
+            emitted[(share, form)] = made
         summary.quantized += 1
-        summary.bytes_before += layer.weight.nbytes
-        summary.bytes_after += stored_bytes(layer.quantized)
+        if first is None:  # a shared weight is stored once
+            summary.bytes_before += layer.weight.nbytes
+            summary.bytes_after += stored_bytes(layer.quantized)
         changed += 1
     if any(n.domain == MS_DOMAIN for n in graph) and MS_DOMAIN not in model.opset_imports:
         model.opset_imports[MS_DOMAIN] = 1
@@ -292,10 +298,16 @@ def quantize_weights(model: ir.Model, target: Any, plan: WeightQuantPlan, stats:
     return summary
 
 
-def _rewrite(model: ir.Model, layer: _Layer, quantized: BlockQuantized, form: str, names: _Names, level: int) -> None:
+def _rewrite(model: ir.Model, layer: _Layer, quantized: BlockQuantized, form: str, names: _Names, level: int,
+             first: list[ir.Node] | None) -> list[ir.Node]:
+    """Replace the layer's node; returns the nodes that compute its matmul (for `emit_again`)."""
     graph, node = model.graph, layer.node
     base = _label(node)
-    made = emit(form, graph, node.inputs[0], quantized, lambda hint: names(f"{base}_{hint}"), level)  # type: ignore[arg-type]
+    fresh = lambda hint: names(f"{base}_{hint}")  # noqa: E731
+    a = node.inputs[0]
+    assert a is not None
+    made = emit_again(a, first, fresh) if first is not None else emit(form, graph, a, quantized, fresh, level)
+    matmul = list(made)
     result = made[-1].outputs[0]
     if layer.bias is not None:
         bias = layer.bias
@@ -314,3 +326,4 @@ def _rewrite(model: ir.Model, layer: _Layer, quantized: BlockQuantized, form: st
     old.replace_all_uses_with(result, replace_graph_outputs=True)
     detach_and_remove(model, node)
     result.name = name
+    return matmul

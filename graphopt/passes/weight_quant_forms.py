@@ -20,7 +20,7 @@ import onnx_ir as ir
 
 from graphopt.quant.blockwise import BlockQuantized, pack, pack_zero_points
 
-__all__ = ["FORMS", "MS_DOMAIN", "emit", "stored_bytes"]
+__all__ = ["FORMS", "MS_DOMAIN", "emit", "emit_again", "stored_bytes"]
 
 MS_DOMAIN = "com.microsoft"
 FORMS = ("MatMulNBits", "DequantizeLinear", "Cast-Mul")
@@ -58,6 +58,16 @@ def emit(form: str, graph: ir.Graph, a: ir.Value, quantized: BlockQuantized, fre
     if form == "Cast-Mul":
         return _cast_mul(graph, a, quantized, fresh)
     raise ValueError(f"unknown weight form {form!r}")
+
+
+def emit_again(a: ir.Value, first: list[ir.Node], fresh: Namer) -> list[ir.Node]:
+    """Another layer with the weight `first` (what `emit` made) reads: the same initializers (MatMulNBits)
+    or the same dequantized weight (the standard forms), so a shared weight is stored once."""
+    last = first[-1]
+    if last.op_type == "MatMulNBits":
+        attrs = [attr for attr in last.attributes.values()]
+        return [ir.Node(MS_DOMAIN, "MatMulNBits", [a, *last.inputs[1:]], attrs, name=fresh("MatMulNBits"))]
+    return [ir.Node("", "MatMul", [a, last.inputs[1]], name=fresh("MatMul"))]
 
 
 def _matmul_nbits(graph: ir.Graph, a: ir.Value, quantized: BlockQuantized, fresh: Namer, accuracy_level: int) -> list[ir.Node]:
