@@ -273,7 +273,7 @@ def test_cli_weights_int4_with_verify_and_report(tmp_path: Path, model_path: Pat
     result = run_cli("optimize", model_path, tmp_path / "out.onnx", "--target", "ort-cpu", "--weights", "int4", "--block-size", "64",
                      "--verify", "--report", tmp_path / "r.json", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert "weights int4 (block 64, zero points, MatMulNBits): 1 of 1 MatMuls, 0 kept" in result.stdout
+    assert "weights int4 (block 64, zero points, MatMulNBits): 1 of 1 MatMuls (0.0 -> 0.0 MiB), 0 kept" in result.stdout
     assert "cosine similarity >= 0.95" in result.stdout
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["weight_quantization"]["layers"][0]["quantized"] is True

@@ -9,7 +9,7 @@ where the target's kernel table has it for the activation's type, else standard 
 
 What stays in the original precision, each named in the report (`WeightQuantSummary.layers`):
 
-* the default block list: the LM head, the MatMul with the largest N (> K: a vocabulary) whose output
+* the default block list: the LM head, the widest layer with N > K (a vocabulary) whose output
   reaches a graph output through no other matmul (its errors land on every logit). Embeddings are
   Gathers, never touched. `keep=["none"]` clears the default list;
 * `keep` entries (fnmatch globs) matching the node's name, its weight's name, its output's name or
@@ -190,10 +190,13 @@ def _reaches_output(node: ir.Node, hops: int = 8) -> bool:
 
 
 def _lm_heads(layers: list[_Layer]) -> set[int]:
-    if not layers:
+    """The LM head: of the layers that widen (N > K) and whose output reaches a graph output through no
+    other matmul, the widest (a vocabulary: an MLP's up projection is followed by its down projection)."""
+    heads = [layer for layer in layers if layer.n > layer.k and _reaches_output(layer.node)]
+    if not heads:
         return set()
-    widest = max(layer.n for layer in layers)
-    return {id(layer) for layer in layers if layer.n == widest and layer.n > layer.k and _reaches_output(layer.node)}
+    widest = max(layer.n for layer in heads)
+    return {id(layer) for layer in heads if layer.n == widest}
 
 
 def _matches(layer: _Layer, pattern: str) -> bool:

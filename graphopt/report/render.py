@@ -269,10 +269,10 @@ def _print_weights(summary: Any, console: Console) -> None:
     """`weights int4 (block 32): 41 of 44 MatMuls, 3 kept: ...`, then one row per kept layer."""
     layers = summary.layers
     what = "MatMuls" if all(layer.op == "MatMul" for layer in layers) else "MatMul/Gemm layers"
-    size = f", {summary.bytes_before / 2**20:.1f} -> {summary.bytes_after / 2**20:.1f} MiB" if summary.quantized else ""
+    size = f" ({summary.bytes_before / 2**20:.1f} -> {summary.bytes_after / 2**20:.1f} MiB)" if summary.quantized else ""
     console.print(
         f"weights {summary.weights} (block {summary.block_size}, {'symmetric' if summary.symmetric else 'zero points'}, {summary.form}): "
-        f"{summary.quantized} of {len(layers)} {what}, {summary.kept} kept{':' if summary.kept else ''}{size}",
+        f"{summary.quantized} of {len(layers)} {what}{size}, {summary.kept} kept{':' if summary.kept else ''}",
         highlight=False,
     )
     kept = [layer for layer in layers if not layer.quantized]
