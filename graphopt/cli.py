@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import typer
 
 from graphopt.cli_paths import check_writable_folder, guard_paths, same_file
+from graphopt.cli_weights import WEIGHTS_HELP, check_weight_options
 from graphopt.errors import GraphoptError, printable
 
 if TYPE_CHECKING:  # imported where used: `graphopt --help` must not pay for onnx-ir, sympy or rich
@@ -123,26 +124,6 @@ def _parse_shapes(values: list[str]) -> dict[str, list[int]]:
             raise GraphoptError(f"--input-shape {name} is given twice with different shapes")
         shapes[name] = dims
     return shapes
-
-
-def _weight_options(weights: str | None, block_size: str, keep: list[str], min_snr: str | None, symmetric: bool | None) -> dict[str, Any]:
-    """OptimizeOptions' weight fields from --weights and its companions (checked: one error line)."""
-    if weights is None:
-        if keep or min_snr is not None or symmetric is not None or block_size != "32":
-            raise GraphoptError("--block-size, --weights-keep, --weights-min-snr and --weights-(a)symmetric only apply with --weights int4 or int8")
-        return {}
-    from graphopt.passes.weight_quant import WeightQuantPlan
-
-    try:
-        size = int(block_size)
-    except ValueError:
-        raise GraphoptError(f"--block-size {block_size}: expected an integer such as 32, 64 or 128") from None
-    try:
-        snr = float(min_snr) if min_snr is not None else None
-    except ValueError:
-        raise GraphoptError(f"--weights-min-snr {min_snr}: expected a number of dB such as 20") from None
-    WeightQuantPlan.make(weights, size, keep, symmetric, snr)  # a bad value fails before any work
-    return {"weights": weights.lower(), "block_size": size, "weights_keep": keep, "weights_min_snr": snr, "weights_symmetric": symmetric}
 
 
 # ------------------------------------------------------------------ progress
@@ -237,34 +218,11 @@ def optimize(
             help="With --precision fp16: inputs (name -> array) on which the range check measures the float32 values (default: random inputs).",
         ),
     ] = None,
-    weights: Annotated[
-        str | None,
-        typer.Option(
-            "--weights",
-            metavar="int4|int8",
-            help="Weight-only quantization of MatMul/Gemm layers with constant 2-D weights (com.microsoft.MatMulNBits on ort-cpu/ort-cuda, "
-            "DequantizeLinear on onnx); a layer under its SNR budget, and the LM head, stay as they are.",
-        ),
-    ] = None,
-    block_size: Annotated[
-        str, typer.Option("--block-size", metavar="32|64|128", help="With --weights: consecutive K values sharing one scale (16 to 256).")
-    ] = "32",
-    weights_keep: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--weights-keep",
-            metavar="NAME_OR_GLOB",
-            help="With --weights: also keep this node, weight or output name, or op type (globs; repeatable); 'none' clears the default block list (the LM head).",
-        ),
-    ] = None,
-    weights_min_snr: Annotated[
-        str | None,
-        typer.Option("--weights-min-snr", metavar="DB", help="With --weights: the least output SNR a layer keeps to be quantized (default int8 35, int4 20)."),
-    ] = None,
-    weights_symmetric: Annotated[
-        bool | None,
-        typer.Option("--weights-symmetric/--weights-asymmetric", help="With --weights: without zero points, or with (default: with for int4, without for int8)."),
-    ] = None,
+    weights: Annotated[str | None, typer.Option("--weights", metavar="int4|int8", help=WEIGHTS_HELP["weights"])] = None,
+    block_size: Annotated[str, typer.Option("--block-size", metavar="32|64|128", help=WEIGHTS_HELP["block_size"])] = "32",
+    weights_keep: Annotated[list[str] | None, typer.Option("--weights-keep", metavar="NAME_OR_GLOB", help=WEIGHTS_HELP["keep"])] = None,
+    weights_min_snr: Annotated[str | None, typer.Option("--weights-min-snr", metavar="DB", help=WEIGHTS_HELP["min_snr"])] = None,
+    weights_symmetric: Annotated[bool | None, typer.Option("--weights-symmetric/--weights-asymmetric", help=WEIGHTS_HELP["symmetric"])] = None,
     verify: Annotated[
         bool, typer.Option("--verify", help="Compare original and optimized outputs in onnxruntime; leave out rewrites that change them.")
     ] = False,
@@ -317,7 +275,7 @@ def optimize(
             raise GraphoptError("--calibration-data only applies with --precision fp16")
         if calibration_data is not None and not calibration_data.is_file():
             raise GraphoptError(f"{calibration_data}: no such file")
-        weight_options = _weight_options(weights, block_size, weights_keep or [], weights_min_snr, weights_symmetric)
+        weight_options = check_weight_options(weights, block_size, weights_keep or [], weights_min_snr, weights_symmetric)
         output = _output_path(output_argument, output_option)
         shapes = _parse_shapes(input_shape or [])
         clash = sorted(set(enable or []) & set(disable or []))

@@ -35,7 +35,16 @@ import onnx_ir as ir
 from graphopt.errors import GraphoptError, VerificationError
 from graphopt.inputs import BATCH_DIM, DEFAULT_DIM, MAX_INPUT_BYTES, MAX_INT_VALUE, _inputs, _np_dtype, _resolve_shapes, make_inputs  # noqa: F401  (re-exported)
 from graphopt.report.model import Report, RewriteRecord, Verification
-from graphopt.verify_compare import _EXACT, PRECISION_TOLERANCES, QUANTIZED_MIN_COSINE, TOLERANCES, Tolerance, _loosest, _tolerance, compare_outputs
+from graphopt.verify_compare import (
+    _EXACT,
+    PRECISION_TOLERANCES,
+    QUANTIZED_MIN_COSINE,
+    TOLERANCES,
+    Tolerance,
+    _loosest,
+    _tolerance,
+    compare_outputs,
+)
 from graphopt.verify_session import _MISSING_KERNEL, Providers, _first_line, _LoadFailed, _run
 
 __all__ = [

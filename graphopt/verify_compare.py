@@ -44,10 +44,11 @@ PRECISION_TOLERANCES: dict[str, Tolerance] = {
 
 #: With `--weights`: float outputs are judged by the cosine similarity of the whole output with the
 #: original's (element-wise tolerances would flag the expected quantization error on every element).
-#: One layer at the int4 budget (20 dB) gives about 0.995; a 2-layer random-weight LLaMA decoder's hidden
-#: states 0.983 (int4, block 32) and 0.9999 (int8). A broken rewrite (a transposed weight, a wrong
-#: layout) gives far less: the bounds leave room for deeper models, not for bugs.
-QUANTIZED_MIN_COSINE: dict[str, float] = {"int8": 0.995, "int4": 0.95}
+#: One layer at the int4 budget (20 dB) gives about 0.995; random-weight LLaMA decoders' hidden states
+#: 0.983 (2 layers, hidden 256) and 0.951 (4 layers, hidden 1024) with int4 block 32, 0.9996 with int8.
+#: A broken rewrite (a transposed or wrong weight, a wrong layout) gives far less: the bounds leave room
+#: for deeper models, not for bugs.
+QUANTIZED_MIN_COSINE: dict[str, float] = {"int8": 0.99, "int4": 0.9}
 
 
 def cosine_similarity(a: np.ndarray, b: np.ndarray) -> float:

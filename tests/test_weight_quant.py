@@ -253,7 +253,7 @@ def test_verify_accepts_quantization_error_and_refuses_a_wrong_weight(weight: np
     plain = verify(model, out)
     assert not plain.passed  # element-wise tolerances flag the expected error ...
     checked = verify(model, out, weights="int4")
-    assert checked.passed and 0.99 < checked.cosine["y"] < 1.0 and checked.min_cosine == 0.95  # ... the cosine does not
+    assert checked.passed and 0.99 < checked.cosine["y"] < 1.0 and checked.min_cosine == 0.9  # ... the cosine does not
     wrong, _ = graphopt.optimize(_matmul_model(np.ascontiguousarray(weight[::-1]), [2, 5, K]), target="ort-cpu", weights="int4")
     failed = verify(model, wrong, weights="int4")
     assert not failed.passed and "cosine similarity" in failed.message
@@ -274,7 +274,7 @@ def test_cli_weights_int4_with_verify_and_report(tmp_path: Path, model_path: Pat
                      "--verify", "--report", tmp_path / "r.json", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "weights int4 (block 64, zero points, MatMulNBits): 1 of 1 MatMuls (0.0 -> 0.0 MiB), 0 kept" in result.stdout
-    assert "cosine similarity >= 0.95" in result.stdout
+    assert "cosine similarity >= 0.9 " in result.stdout
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["weight_quantization"]["layers"][0]["quantized"] is True
     assert report["verification"]["cosine"]["y"] > 0.95

@@ -176,7 +176,7 @@ def _reaches_output(node: ir.Node, hops: int = 8) -> bool:
     """Whether the node's output reaches a graph output through no other matmul."""
     frontier, seen = list(node.outputs), set()
     for _ in range(hops):
-        following = []
+        following: list[ir.Value] = []
         for value in frontier:
             if value.is_graph_output():
                 return True
@@ -214,11 +214,11 @@ def _measure(layer: _Layer, quantized: BlockQuantized, rng: np.random.Generator)
     return float(min(output, _SNR_CAP_DB)), float(min(weight, _SNR_CAP_DB))
 
 
-def _form(model: ir.Model, target: Any, dtype: ir.DataType, plan: WeightQuantPlan) -> str | None:
+def _form(model: ir.Model, target: Any, dtype: ir.DataType | None, plan: WeightQuantPlan) -> str | None:
     """The form a layer of this activation type is written in on `target` (None: the target cannot run one)."""
     opset = model.opset_imports.get("", None)
     if target.name != "onnx":
-        has_kernel = target.why_not(MS_DOMAIN, "MatMulNBits", _FLOAT_TYPES[dtype], None) is None
+        has_kernel = dtype in _FLOAT_TYPES and target.why_not(MS_DOMAIN, "MatMulNBits", _FLOAT_TYPES[dtype], None) is None
         return "MatMulNBits" if has_kernel else None
     if opset is not None and opset >= 21:
         return "DequantizeLinear"
@@ -248,9 +248,9 @@ def quantize_weights(model: ir.Model, target: Any, plan: WeightQuantPlan, stats:
     defaults = not any(entry.lower() == NO_DEFAULT_KEEP for entry in plan.keep)
     heads = _lm_heads(layers) if defaults else set()
     level = plan.accuracy_level if plan.accuracy_level is not None else ACCURACY_LEVEL.get(target.name, 0)
-    forms = {_form(model, target, layer.weight_value.dtype, plan) for layer in layers} - {None}
+    forms = sorted(form for layer in layers if (form := _form(model, target, layer.weight_value.dtype, plan)) is not None)
     summary = WeightQuantSummary(
-        plan.weights, plan.block_size, plan.is_symmetric, form=next(iter(sorted(forms)), "MatMulNBits" if target.name != "onnx" else "DequantizeLinear"),
+        plan.weights, plan.block_size, plan.is_symmetric, form=forms[0] if forms else ("MatMulNBits" if target.name != "onnx" else "DequantizeLinear"),
         accuracy_level=level if target.name != "onnx" else None, min_snr_db=plan.budget_db,
     )
     summary._unmatched_keep = [entry for entry in keep if not any(_matches(layer, entry) for layer in layers)]
@@ -325,8 +325,9 @@ def _rewrite(model: ir.Model, layer: _Layer, quantized: BlockQuantized, form: st
     old = node.outputs[0]
     result.type, result.shape = old.type, old.shape
     graph.insert_before(node, made)
-    name = old.name
+    old_name = old.name
     old.replace_all_uses_with(result, replace_graph_outputs=True)
     detach_and_remove(model, node)
-    result.name = name
+    if old_name:
+        result.name = old_name  # readers and graph outputs keep the model's value names
     return matmul
