@@ -284,6 +284,9 @@ def test_cli_weights_int4_with_verify_and_report(tmp_path: Path, model_path: Pat
 
     schema = json.loads((Path(graphopt.__file__).parent / "report" / "schema.json").read_text())
     jsonschema.validate(report, schema)
+    from tests.test_report import _undocumented
+
+    assert _undocumented(report, schema) == []  # every field the report has is in the schema
     assert report["schema"] == SCHEMA_NAME
     assert _ops(onnx.load(tmp_path / "out.onnx"))["MatMulNBits"] == 1
 
