@@ -231,6 +231,9 @@ def test_a_layer_under_its_budget_keeps_its_weight(weight: np.ndarray) -> None:
     bad = next(layer for layer in report.weight_quantization.layers if layer.node == "bad")
     assert (bad.quantized, bad.reason) == (False, "budget") and bad.snr_db is not None and bad.snr_db < 20
     assert "kept: bad (MatMul 128x64): SNR" in str(report) and "1 of 2 MatMuls (0.1 -> 0.0 MiB), 1 kept:" in str(report)
+    from graphopt.report.html import render_html
+
+    assert "weights kept: bad (MatMul): budget, SNR" in render_html(report, drawings=False)
     out, report = graphopt.optimize(model, target="ort-cpu", weights="int4", weights_min_snr=10.0)
     assert _ops(out)["MatMulNBits"] == 2
     out, _ = graphopt.optimize(model, target="ort-cpu", weights="int8")  # int8 has levels enough for the outlier
