@@ -310,3 +310,22 @@ def test_cli_bad_weight_options_are_one_error_line(tmp_path: Path, model_path: P
     assert result.returncode == 2
     assert result.stderr.startswith("error: ") and result.stderr.strip().count("\n") == 0 and words in result.stderr, result.stderr
     assert not (tmp_path / "out.onnx").exists()
+
+
+def test_matmulnbits_with_a_partial_last_block(weight: np.ndarray, x3d: np.ndarray) -> None:
+    w, x = weight[:100], x3d[..., :100].copy()  # K = 100: 4 blocks of 32, the last padded with zeros
+    out, _ = graphopt.optimize(_matmul_model(w, [2, 5, 100]), target="ort-cuda", weights="int4", weights_symmetric=True)
+    node = next(n for n in out.graph.node if n.op_type == "MatMulNBits")
+    packed = next(t for t in out.graph.initializer if t.name == node.input[1])
+    assert list(packed.dims) == [N, 4, 16]
+    np.testing.assert_allclose(_run(out, {"x": x}), np.maximum(x @ dequantize(quantize(w, 4, 32)), 0), rtol=1e-4, atol=1e-4)
+
+
+def test_bfloat16_on_ort_cpu_has_no_kernel_and_stays() -> None:
+    w = np.random.default_rng(6).standard_normal((K, N)).astype(np.float32)
+    model = _matmul_model(w, [2, 5, K], elem=TensorProto.BFLOAT16)
+    model.graph.initializer[0].CopyFrom(helper.make_tensor("W", TensorProto.BFLOAT16, [K, N], w.ravel().tolist()))
+    out, report = graphopt.optimize(model, target="ort-cpu", weights="int4")
+    assert _ops(out)["MatMul"] == 1 and report.weight_quantization.layers[0].reason == "no_kernel"
+    out, report = graphopt.optimize(model, target="ort-cuda", weights="int4")  # the CUDA kernel has bfloat16
+    assert _ops(out)["MatMulNBits"] == 1
