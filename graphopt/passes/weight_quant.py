@@ -153,6 +153,9 @@ def _layer_of(node: ir.Node) -> _Layer | None:
     weight = _const(weight_value)
     if weight is None or weight.ndim != 2 or weight_value is None or weight_value.dtype not in _FLOAT_TYPES:
         return None
+    a = node.inputs[0]
+    if a is None or (a.shape is not None and len(a.shape) < 2):  # a vector times a matrix: MatMulNBits wants rows
+        return None
     if node.op_type == "MatMul":
         return _Layer(node, weight, None, weight_value)
     attrs = node.attributes
