@@ -17,6 +17,8 @@
 #   bash benchmarks/gpu_session.sh norms cuda  # residual norms fused or not (ort_cpu_norms.py) on the CUDA provider; "norms cpu": 4 CPU threads
 #   bash benchmarks/gpu_session.sh llm-onnx    # decode steps of a 4-layer TinyLlama-shaped export with a KV cache, fp16, CUDA, io-binding:
 #                                              # the export against graphopt's GroupQueryAttention (llm_onnx_decode.py)
+#   bash benchmarks/gpu_session.sh llm-onnx-weights [LAYERS] [BLOCK]  # the same export, fp16: graphopt against graphopt
+#                                              # --weights int4 / int8 (com.microsoft.MatMulNBits, block 32 by default)
 #
 # Every step prints the GPU's name and writes its full results under $OUT; the short tables come last.
 set -uo pipefail
@@ -107,6 +109,13 @@ llm-onnx)
   timeout 540 python3 benchmarks/llm_onnx_decode.py --out "$OUT" --device cuda --dtype fp16 --layers "${2:-4}" \
     --batch 1,8 --prompt 128 --steps 64 > "$OUT/llm_onnx_decode.log" 2>&1
   tail -20 "$OUT/llm_onnx_decode.log"
+  ;;
+llm-onnx-weights)
+  # issue 18: weight-only int4/int8 against fp16, same GPU, same run; the original again last (process state)
+  timeout 560 python3 benchmarks/llm_onnx_decode.py --out "$OUT/weights" --device cuda --dtype fp16 --layers "${2:-4}" \
+    --batch 1,8 --prompt 128 --steps 64 --block-size "${3:-32}" \
+    --variants original,graphopt,graphopt-int4,graphopt-int8,original > "$OUT/llm_onnx_weights.log" 2>&1
+  tail -20 "$OUT/llm_onnx_weights.log"
   ;;
 torch-modes)
   timeout 560 python3 benchmarks/torch_compile.py --models "${2:-llama}" \

@@ -3,6 +3,7 @@
     graphopt optimize IN -o OUT [--target T] [--patterns DIR]... [--enable RULE]...
                      [--disable RULE]... [--precision fp16|bf16] [--keep-fp32 OP_OR_NODE]...
                      [--precision-convs auto|low|fp32] [--layout auto|nchw|nhwc] [--tune] [--calibration-data FILE.npz]
+                     [--weights int4|int8 [--block-size 32|64|128] [--weights-keep NAME_OR_GLOB]... [--weights-min-snr DB]]
                      [--verify] [--input-shape NAME=D1,D2]... [--report FILE.json|FILE.html] [--quiet] [--force]
     graphopt report REPORT.json [-o REPORT.html]
     graphopt explain MODEL [--rule NAME]... [--node NAME]... [--target T] [--patterns DIR]...
@@ -34,6 +35,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import typer
 
 from graphopt.cli_paths import check_writable_folder, guard_paths, same_file
+from graphopt.cli_weights import WEIGHTS_HELP, check_weight_options
 from graphopt.errors import GraphoptError, printable
 
 if TYPE_CHECKING:  # imported where used: `graphopt --help` must not pay for onnx-ir, sympy or rich
@@ -216,6 +218,11 @@ def optimize(
             help="With --precision fp16: inputs (name -> array) on which the range check measures the float32 values (default: random inputs).",
         ),
     ] = None,
+    weights: Annotated[str | None, typer.Option("--weights", metavar="int4|int8", help=WEIGHTS_HELP["weights"])] = None,
+    block_size: Annotated[str, typer.Option("--block-size", metavar="32|64|128", help=WEIGHTS_HELP["block_size"])] = "32",
+    weights_keep: Annotated[list[str] | None, typer.Option("--weights-keep", metavar="NAME_OR_GLOB", help=WEIGHTS_HELP["keep"])] = None,
+    weights_min_snr: Annotated[str | None, typer.Option("--weights-min-snr", metavar="DB", help=WEIGHTS_HELP["min_snr"])] = None,
+    weights_symmetric: Annotated[bool | None, typer.Option("--weights-symmetric/--weights-asymmetric", help=WEIGHTS_HELP["symmetric"])] = None,
     verify: Annotated[
         bool, typer.Option("--verify", help="Compare original and optimized outputs in onnxruntime; leave out rewrites that change them.")
     ] = False,
@@ -268,6 +275,7 @@ def optimize(
             raise GraphoptError("--calibration-data only applies with --precision fp16")
         if calibration_data is not None and not calibration_data.is_file():
             raise GraphoptError(f"{calibration_data}: no such file")
+        weight_options = check_weight_options(weights, block_size, weights_keep or [], weights_min_snr, weights_symmetric)
         output = _output_path(output_argument, output_option)
         shapes = _parse_shapes(input_shape or [])
         clash = sorted(set(enable or []) & set(disable or []))
@@ -294,6 +302,7 @@ def optimize(
                 strict=strict,
                 tune=tune,
                 calibration_data=str(calibration_data) if calibration_data is not None else None,
+                **weight_options,
             )
             say("loading")
             t0 = time.perf_counter()
