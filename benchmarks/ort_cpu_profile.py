@@ -3,6 +3,7 @@ provider? Per-node time from onnxruntime's own profiler, summed by op type, side
 
     python benchmarks/ort_cpu_profile.py --models unet-block-dynamo,tf-resnet --threads 4 --out DIR
     python benchmarks/ort_cpu_profile.py --models tf-resnet --variants original,graphopt --rules-off FuseConvAdd
+    python benchmarks/ort_cpu_profile.py --models all --variants original,graphopt,onnxscript --graphs-only   # no timing
 
 Per model and variant (original; graphopt --target ort-cpu; onnxruntime's offline output at
 ENABLE_ALL; ``original-again``, the original in a second session: the spread of the measurement
@@ -193,10 +194,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pin", action="store_true",
                         help="pin every session's threads to the same cores (see zoo_bench --pin: unpinned, sessions of one "
                              "model in one process can run far apart at more than one thread)")
+    parser.add_argument("--graphs-only", action="store_true",
+                        help="no timing: only the ops onnxruntime runs per variant and whether they are the original's graph")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    names = [m for m in args.models.split(",") if m]
-    entries = cached_models(args.cache, names)
+    names = [m for m in args.models.split(",") if m and m != "all"]
+    entries = cached_models(args.cache, names or None)
     missing = set(names) - {e.name for e in entries}
     if missing:
         print(f"error: not in the zoo cache {args.cache}: {', '.join(sorted(missing))}", file=sys.stderr)
@@ -218,25 +221,43 @@ def main(argv: list[str] | None = None) -> int:
             work = Path(tmp) / entry.name
             work.mkdir()
             feeds = load_inputs(entry)
-            paths = {v: _make(v, entry.path, work / f"{v}.onnx") for v in variants}
-            model_result: dict[str, Any] = {"wall": _wall(paths, feeds, args.rounds, 10, args.threads), "variants": {}}
-            for v, p in paths.items():
+            paths: dict[str, Path] = {}
+            model_result: dict[str, Any] = {"variants": {}}
+            for v in variants:
+                try:
+                    paths[v] = _make(v, entry.path, work / f"{v}.onnx")
+                except Exception as error:  # noqa: BLE001 - an anchor that fails on a model is recorded, the run goes on
+                    model_result.setdefault("errors", {})[v] = f"{type(error).__name__}: {str(error)[:200]}"
+            for v, p in list(paths.items()):
                 import onnxruntime as ort
 
                 options = _options(args.threads)
                 options.optimized_model_filepath = str(work / f"{v}.ort-optimized.onnx")
-                ort.InferenceSession(str(p), options, providers=["CPUExecutionProvider"])
-                vdir = work / f"prof-{v}"
-                vdir.mkdir()
-                model_result["variants"][v] = {
-                    "ops_run": _op_counts(work / f"{v}.ort-optimized.onnx"),
-                    "profile": _kernel_profile(p, feeds, vdir, args.runs, args.threads),
-                }
+                try:
+                    ort.InferenceSession(str(p), options, providers=["CPUExecutionProvider"])
+                except Exception as error:  # noqa: BLE001 - e.g. an anchor's invalid model
+                    model_result.setdefault("errors", {})[v] = f"session: {str(error).strip().splitlines()[0][:200]}"
+                    del paths[v]
+            if "original" not in paths:
+                results[entry.name] = model_result
+                continue
+            if not args.graphs_only:
+                model_result["wall"] = _wall(paths, feeds, args.rounds, 10, args.threads)
+            for v, p in paths.items():
+                model_result["variants"][v] = {"ops_run": _op_counts(work / f"{v}.ort-optimized.onnx")}
+                if not args.graphs_only:
+                    vdir = work / f"prof-{v}"
+                    vdir.mkdir()
+                    model_result["variants"][v]["profile"] = _kernel_profile(p, feeds, vdir, args.runs, args.threads)
             runs_like_original = _wiring(work / "original.ort-optimized.onnx")
             for v in paths:
                 model_result["variants"][v]["same_graph_as_original"] = _wiring(work / f"{v}.ort-optimized.onnx") == runs_like_original
             results[entry.name] = model_result
-            _print(entry.name, model_result)
+            if args.graphs_only:
+                same = [v for v in paths if v != "original" and model_result["variants"][v]["same_graph_as_original"]]
+                print(f"{entry.name:30s} runs the original's graph: {', '.join(same) or 'none'}", flush=True)
+            else:
+                _print(entry.name, model_result)
     out = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "command": " ".join(sys.argv),
            "threads": args.threads, "pinned": _AFFINITIES is not None, "results": results}
     if args.out:

@@ -105,3 +105,13 @@ def test_session_spread_times_every_session(cache: Path, tmp_path: Path) -> None
     assert [(r["spin"], r["pin"]) for r in rows] == [(True, False), (False, False), (True, True), (False, True)]
     assert all(len(r["median_ms"]) == 3 and r["max_over_min"] >= 1.0 for r in rows)
     assert all(r["pinned"] for r in rows if r["pin"])
+
+
+def test_graphs_only_compares_without_timing(cache: Path, tmp_path: Path) -> None:
+    run = _run("ort_cpu_profile.py", "--cache", str(cache), "--models", "all", "--variants", "original,original-again,graphopt",
+               "--graphs-only", "--out", str(tmp_path))
+    assert run.returncode == 0, run.stderr
+    result = json.loads((tmp_path / "ort_cpu_profile.json").read_text())["results"][NAME]
+    assert "wall" not in result and all("profile" not in v for v in result["variants"].values())
+    assert result["variants"]["original-again"]["same_graph_as_original"] is True
+    assert f"{NAME}" in run.stdout and "runs the original's graph: original-again" in run.stdout
