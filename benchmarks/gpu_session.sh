@@ -13,9 +13,10 @@
 #   bash benchmarks/gpu_session.sh cpu 1/1     # the zoo on onnxruntime's CPU provider (the GPU machine's 16 cores, 4 threads a session)
 #   bash benchmarks/gpu_session.sh cpu-control 1/2  # the CPU zoo as "cpu", with each session's threads pinned to the same cores
 #                                              # and the original timed twice (its "control" ratio: this measurement's own spread)
-#   bash benchmarks/gpu_session.sh cpu-profile [M,N] [RULE,..]  # CPU provider, 4 threads: per-op profiles of the original, graphopt,
-#                                              # the anchors, the original again (the measurement's own spread) and graphopt
-#                                              # without each RULE; whether onnxruntime runs the original's graph (ort_cpu_profile.py)
+#   bash benchmarks/gpu_session.sh cpu-profile [M,N] [RULE,..]  # CPU provider, 4 threads: sessions of one model against each
+#                                              # other (ort_session_spread.py), then per-op profiles of the original, graphopt,
+#                                              # the anchors, the original again and graphopt without each RULE, threads pinned;
+#                                              # whether onnxruntime runs the original's graph (ort_cpu_profile.py)
 #   bash benchmarks/gpu_session.sh placement M,N # the nodes the CUDA provider hands to the CPU, original and graphopt fp32/fp16 (ort_placement.py)
 #   bash benchmarks/gpu_session.sh llm         # LLM prefill + greedy decode with a static KV cache (llm_decode.py), under 4 minutes
 #   bash benchmarks/gpu_session.sh norms cuda  # residual norms fused or not (ort_cpu_norms.py) on the CUDA provider; "norms cpu": 4 CPU threads
@@ -94,14 +95,17 @@ cpu-control)
   tail -60 "$OUT/zoo-cpu-control-${shard%/*}.log"
   ;;
 cpu-profile)
+  # Sessions of one model in one process (how far apart they run: the measurement's own spread), then per-op
+  # profiles with every session's threads pinned (ort_cpu_profile.py): graphopt against the original, the anchors,
+  # the original again and graphopt without each RULE (FuseAttention: MultiHeadAttention; FuseSkipLayerNorm: the
+  # residual norms left to onnxruntime, as onnxscript's output has them).
   lscpu | grep -m1 "Model name"
-  for pin in "" --pin; do
-    timeout 270 python3 benchmarks/ort_cpu_profile.py --models "${2:-unet-block-dynamo,tf-resnet,paddle-resnet}" \
-      --variants original,graphopt,ort-offline-all,onnxscript,original-again --rules-off "${3:-FuseAttention}" \
-      --threads 4 --runs 20 --rounds 30 $pin --out "$OUT/cpu-profile${pin}" > "$OUT/cpu-profile${pin}.log" 2>&1
-  done
-  cat "$OUT/cpu-profile.log" "$OUT/cpu-profile--pin.log" | grep -v -i "warn\|serializing" | tail -200
-  grep -v -i "warn\|serializing" "$OUT/cpu-profile.log" | tail -150
+  timeout 150 python3 benchmarks/ort_session_spread.py --models resnet-dynamo,tf-resnet,paddle-resnet --threads 4 \
+    --out "$OUT/spread" > "$OUT/cpu-spread.log" 2>&1
+  timeout 400 python3 benchmarks/ort_cpu_profile.py --models "${2:-unet-block-dynamo,tf-resnet,paddle-resnet}" \
+    --variants original,graphopt,ort-offline-all,onnxscript,original-again --rules-off "${3:-FuseAttention,FuseSkipLayerNorm}" \
+    --threads 4 --runs 20 --rounds 20 --pin --out "$OUT/cpu-profile" > "$OUT/cpu-profile.log" 2>&1
+  grep -v -i "warn\|serializ\|skipping constant\|cannot be found" "$OUT/cpu-spread.log" "$OUT/cpu-profile.log" | tail -200
   ;;
 norms)
   # the skip_norm decision's figures (ort_cpu_norms.py): "cuda" on the GPU (io-binding), "cpu" on this host's CPU provider

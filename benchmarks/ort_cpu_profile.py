@@ -240,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
                     del paths[v]
             if "original" not in paths:
                 results[entry.name] = model_result
+                _write(args, results, _AFFINITIES is not None)
                 continue
             if not args.graphs_only:
                 model_result["wall"] = _wall(paths, feeds, args.rounds, 10, args.threads)
@@ -253,17 +254,22 @@ def main(argv: list[str] | None = None) -> int:
             for v in paths:
                 model_result["variants"][v]["same_graph_as_original"] = _wiring(work / f"{v}.ort-optimized.onnx") == runs_like_original
             results[entry.name] = model_result
+            _write(args, results, _AFFINITIES is not None)  # after every model: a run cut short keeps what it measured
             if args.graphs_only:
                 same = [v for v in paths if v != "original" and model_result["variants"][v]["same_graph_as_original"]]
                 print(f"{entry.name:30s} runs the original's graph: {', '.join(same) or 'none'}", flush=True)
             else:
                 _print(entry.name, model_result)
-    out = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "command": " ".join(sys.argv),
-           "threads": args.threads, "pinned": _AFFINITIES is not None, "results": results}
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "ort_cpu_profile.json").write_text(json.dumps(out, indent=1))
     return 0
+
+
+def _write(args: argparse.Namespace, results: dict[str, Any], pinned: bool) -> None:
+    if not args.out:
+        return
+    out = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "command": " ".join(sys.argv),
+           "threads": args.threads, "pinned": pinned, "results": results}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "ort_cpu_profile.json").write_text(json.dumps(out, indent=1))
 
 
 def _print(name: str, result: dict[str, Any]) -> None:
