@@ -26,6 +26,7 @@ short table per model.
 from __future__ import annotations
 
 import argparse
+import bisect
 import collections
 import json
 import statistics
@@ -120,38 +121,26 @@ def _kernel_profile(path: Path, feeds: dict[str, np.ndarray], work: Path, runs: 
     options.enable_profiling = True
     options.profile_file_prefix = str(work / "prof")
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    for _ in range(3):
-        session.run(None, feeds)
-    session.end_profiling()  # drops the warm-up runs
-    options = _options(threads)
-    options.enable_profiling = True
-    options.profile_file_prefix = str(work / "prof2")
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    for _ in range(3):
-        session.run(None, feeds)
-    for _ in range(runs):
+    for _ in range(3 + runs):  # the first 3: warm-up, left out below
         session.run(None, feeds)
     trace = json.loads(Path(session.end_profiling()).read_text())
-    per_run: list[dict[str, float]] = []
-    nodes: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    # A node's kernel event belongs to the model_run event whose span holds it (a node inside a
+    # Loop body runs many times in one run).
+    starts = sorted(float(e["ts"]) for e in trace if e.get("cat") == "Session" and e.get("name") == "model_run")
+    per_run: list[dict[str, float]] = [{} for _ in starts]
+    nodes: dict[str, set[str]] = collections.defaultdict(set)
     by_node: dict[str, list[float]] = collections.defaultdict(list)
-    current: dict[str, float] | None = None
     for event in trace:
-        if event.get("cat") == "Session" and event.get("name") == "model_run":
-            continue
-        if event.get("cat") != "Node" or not event.get("name", "").endswith("_kernel_time"):
+        if event.get("cat") != "Node" or not event.get("name", "").endswith("_kernel_time") or not starts:
             continue
         op = event["args"].get("op_name", "?")
         node = event["name"][: -len("_kernel_time")]
-        if current is None or node in current.get("__nodes__", {}):  # type: ignore[operator]
-            current = {"__nodes__": {}}  # type: ignore[dict-item]
-            per_run.append(current)
-        current["__nodes__"][node] = 1  # type: ignore[index]
-        current[op] = current.get(op, 0.0) + float(event["dur"])
-        nodes[op][node] += 1
+        run = per_run[max(0, bisect.bisect_right(starts, float(event["ts"])) - 1)]
+        run[op] = run.get(op, 0.0) + float(event["dur"])
+        nodes[op].add(node)
         by_node[f"{op}:{node}"].append(float(event["dur"]))
-    per_run = per_run[3:] or per_run  # the warm-up runs of the second session
-    ops = sorted({op for run in per_run for op in run if op != "__nodes__"})
+    per_run = per_run[3:] or per_run  # the warm-up runs
+    ops = sorted({op for run in per_run for op in run})
     per_op = {op: statistics.median(run.get(op, 0.0) for run in per_run) for op in ops}
     top = sorted(((statistics.median(v), k) for k, v in by_node.items()), reverse=True)[:12]
     return {
