@@ -100,12 +100,12 @@ cpu-profile)
   # the original again and graphopt without each RULE (FuseAttention: MultiHeadAttention; FuseSkipLayerNorm: the
   # residual norms left to onnxruntime, as onnxscript's output has them).
   lscpu | grep -m1 "Model name"
-  timeout 150 python3 benchmarks/ort_session_spread.py --models resnet-dynamo,tf-resnet,paddle-resnet --threads 4 \
+  timeout 180 python3 benchmarks/ort_session_spread.py --models resnet-dynamo,tf-resnet,paddle-resnet --threads 4 \
     --out "$OUT/spread" > "$OUT/cpu-spread.log" 2>&1
-  timeout 400 python3 benchmarks/ort_cpu_profile.py --models "${2:-unet-block-dynamo,tf-resnet,paddle-resnet}" \
+  timeout 370 python3 benchmarks/ort_cpu_profile.py --models "${2:-unet-block-dynamo,tf-resnet,paddle-resnet}" \
     --variants original,graphopt,ort-offline-all,onnxscript,original-again --rules-off "${3:-FuseAttention,FuseSkipLayerNorm}" \
     --threads 4 --runs 20 --rounds 20 --pin --out "$OUT/cpu-profile" > "$OUT/cpu-profile.log" 2>&1
-  grep -v -i "warn\|serializ\|skipping constant\|cannot be found" "$OUT/cpu-spread.log" "$OUT/cpu-profile.log" | tail -200
+  cat "$OUT/cpu-spread.log" "$OUT/cpu-profile.log" | grep -v -i "warn\|serializ\|skipping constant\|cannot be found" | tail -200
   ;;
 norms)
   # the skip_norm decision's figures (ort_cpu_norms.py): "cuda" on the GPU (io-binding), "cpu" on this host's CPU provider

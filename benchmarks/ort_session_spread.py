@@ -110,10 +110,10 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             print(f"{model:28s} threads={args.threads} {spin:8s} {'pinned' if row['pinned'] else 'free':6s} sessions: "
                   + " ".join(f"{m:.3f}" for m in row["median_ms"]) + f"  max/min {row['max_over_min']:.3f}", flush=True)
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        doc = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "command": " ".join(sys.argv), "rows": rows}
-        (args.out / "ort_session_spread.json").write_text(json.dumps(doc, indent=1))
+            if args.out:  # after every row: a run cut short keeps what it measured
+                args.out.mkdir(parents=True, exist_ok=True)
+                doc = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "command": " ".join(sys.argv), "rows": rows}
+                (args.out / "ort_session_spread.json").write_text(json.dumps(doc, indent=1))
     return 0
 
 
