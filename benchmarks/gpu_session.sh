@@ -12,6 +12,12 @@
 #   bash benchmarks/gpu_session.sh torch-cost M,N # graphopt's passes against inductor's compile time (torch_compile_cost.py)
 #   bash benchmarks/gpu_session.sh profile M,N # the ops onnxruntime runs and the kernels they launch, per variant (ort_profile.py)
 #   bash benchmarks/gpu_session.sh cpu 1/1     # the zoo on onnxruntime's CPU provider (the GPU machine's 16 cores, 4 threads a session)
+#   bash benchmarks/gpu_session.sh cpu-control 1/2  # the CPU zoo as "cpu", with each session's threads pinned to the same cores
+#                                              # and the original timed twice (its "control" ratio: this measurement's own spread)
+#   bash benchmarks/gpu_session.sh cpu-profile [M,N] [RULE,..]  # CPU provider, 4 threads: sessions of one model against each
+#                                              # other (ort_session_spread.py), then per-op profiles of the original, graphopt,
+#                                              # the anchors, the original again and graphopt without each RULE, threads pinned;
+#                                              # whether onnxruntime runs the original's graph (ort_cpu_profile.py)
 #   bash benchmarks/gpu_session.sh placement M,N # the nodes the CUDA provider hands to the CPU, original and graphopt fp32/fp16 (ort_placement.py)
 #   bash benchmarks/gpu_session.sh llm         # LLM prefill + greedy decode with a static KV cache (llm_decode.py), under 4 minutes
 #   bash benchmarks/gpu_session.sh norms cuda  # residual norms fused or not (ort_cpu_norms.py) on the CUDA provider; "norms cpu": 4 CPU threads
@@ -83,6 +89,26 @@ cpu)
   timeout 560 python3 benchmarks/zoo_bench.py --device cpu --threads 4 --jobs 12 --runs 10 --rounds 8 --warmup 3 --shard "$shard" \
     --out "$OUT/zoo_bench-cpu-${shard%/*}.json" > "$OUT/zoo-cpu-${shard%/*}.log" 2>&1
   tail -60 "$OUT/zoo-cpu-${shard%/*}.log"
+  ;;
+cpu-control)
+  shard=${2:-1/1}
+  lscpu | grep -m1 "Model name"
+  timeout 560 python3 benchmarks/zoo_bench.py --device cpu --threads 4 --jobs 12 --runs 10 --rounds 8 --warmup 3 --shard "$shard" \
+    --control --pin --out "$OUT/zoo_bench-cpu-control-${shard%/*}.json" > "$OUT/zoo-cpu-control-${shard%/*}.log" 2>&1
+  tail -60 "$OUT/zoo-cpu-control-${shard%/*}.log"
+  ;;
+cpu-profile)
+  # Sessions of one model in one process (how far apart they run: the measurement's own spread), then per-op
+  # profiles with every session's threads pinned (ort_cpu_profile.py): graphopt against the original, the anchors,
+  # the original again and graphopt without each RULE (FuseAttention: MultiHeadAttention; FuseSkipLayerNorm: the
+  # residual norms left to onnxruntime, as onnxscript's output has them).
+  lscpu | grep -m1 "Model name"
+  timeout 180 python3 benchmarks/ort_session_spread.py --models resnet-dynamo,tf-resnet,paddle-resnet --threads 4 \
+    --out "$OUT/spread" > "$OUT/cpu-spread.log" 2>&1
+  timeout 370 python3 benchmarks/ort_cpu_profile.py --models "${2:-unet-block-dynamo,tf-resnet,paddle-resnet}" \
+    --variants original,graphopt,ort-offline-all,onnxscript,original-again --rules-off "${3:-FuseAttention,FuseSkipLayerNorm}" \
+    --threads 4 --runs 20 --rounds 20 --pin --out "$OUT/cpu-profile" > "$OUT/cpu-profile.log" 2>&1
+  cat "$OUT/cpu-spread.log" "$OUT/cpu-profile.log" | grep -v -i "warn\|serializ\|skipping constant\|cannot be found" | tail -200
   ;;
 norms)
   # the skip_norm decision's figures (ort_cpu_norms.py): "cuda" on the GPU (io-binding), "cpu" on this host's CPU provider
