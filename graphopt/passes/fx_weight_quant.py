@@ -32,8 +32,15 @@ import torch.fx as fx
 
 from graphopt.passes.fx_pack import _right_matrix
 from graphopt.passes.fx_passes import NewConstant, _fake_call, attr_tensor
-from graphopt.passes.weight_quant_forms import (Candidate, dequant_linear, fastest, int4pack_linear, int4pack_weight,
-                                                quantize_weight, unquantized_linear)
+from graphopt.passes.weight_quant_forms import (
+    Candidate,
+    dequant_linear,
+    fastest,
+    int4pack_linear,
+    int4pack_weight,
+    quantize_weight,
+    unquantized_linear,
+)
 from graphopt.report.model import Alternative, DecisionRecord, Report
 
 __all__ = ["quantize_weights", "DEFAULT_KEEP", "DEFAULT_MIN_SNR", "STATE_NAMES", "PARTS"]
@@ -57,7 +64,7 @@ _PASS_THROUGH = {aten.view.default, aten.reshape.default, aten._unsafe_view.defa
                  prims.convert_element_type.default, aten.split_with_sizes.default, operator.getitem}
 
 
-def _site(gm: fx.GraphModule, node: fx.Node) -> tuple[Any, fx.Node | None, Any, torch.Tensor] | None:
+def _site(gm: fx.GraphModule, node: fx.Node) -> tuple[Any, Any, Any, torch.Tensor] | None:
     """(x, the weight's node, bias or None, W as [K, N]) for a matmul with a constant weight."""
     target, args = node.target, node.args
     if node.op != "call_function" or node.kwargs:
