@@ -211,3 +211,29 @@ def test_int4_generation_replays_as_cuda_graphs(monkeypatch: pytest.MonkeyPatch)
     assert [r.failed for r in made] == [None, None] and made[1].graph.replays > 0
     assert torch.equal(got, uncaptured)
     assert _calls(torch_backend.last_graph())[WQ] == LAYERS * GEMMS_PER_LAYER
+
+
+def test_an_mlp_keeps_its_output_layer_by_structure_and_quantizes_a_fused_relu_gemm() -> None:
+    """Sequential(Linear, GELU, Linear, ReLU, Linear): no name says "head"; the last Linear's
+    product is the graph's output, so the default block list keeps it. The middle one is
+    GemmActivation's aten._addmm_activation (bias + ReLU): quantized, its ReLU after."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 64), torch.nn.ReLU(),
+                                torch.nn.Linear(64, 32)).eval()
+    x = torch.randn(4, 64)
+    with torch.no_grad():
+        expected = model(x)
+        torch_backend.clear_reports()
+        got = torch.compile(model, backend="graphopt", options={"inductor": False, "weights": "int8"})(x)
+    torch.testing.assert_close(got, expected, atol=5e-3, rtol=0)
+    decisions = _weight_decisions(torch_backend.last_report())
+    assert {site: d.chosen for site, d in decisions.items()} == {"0": "wq_linear", "2": "wq_linear", "4": "unquantized"}
+    assert "head" in decisions["4"].reason
+    calls = _calls(torch_backend.last_graph())
+    assert calls[WQ] == 2 and calls["aten.relu.default"] == 1 and calls["aten._addmm_activation.default"] == 0
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        got = torch.compile(model, backend="graphopt", options={"inductor": False, "weights": "int8", "weights_keep": []})(x)
+    torch.testing.assert_close(got, expected, atol=5e-3, rtol=0)
+    assert _calls(torch_backend.last_graph())[WQ] == 3

@@ -64,10 +64,23 @@ _PASS_THROUGH = {aten.view.default, aten.reshape.default, aten._unsafe_view.defa
                  prims.convert_element_type.default, aten.split_with_sizes.default, operator.getitem}
 
 
+def _activation(node: fx.Node) -> str | None:
+    """The epilogue of aten._addmm_activation (GemmActivation's lowering): "relu" or "gelu_tanh"
+    (its tanh GELU; the rule uses it for GELU on CUDA only)."""
+    use_gelu = node.kwargs.get("use_gelu", node.args[5] if len(node.args) > 5 else False)
+    return "gelu_tanh" if use_gelu else "relu"
+
+
 def _site(gm: fx.GraphModule, node: fx.Node) -> tuple[Any, Any, Any, torch.Tensor] | None:
     """(x, the weight's node, bias or None, W as [K, N]) for a matmul with a constant weight."""
     target, args = node.target, node.args
-    if node.op != "call_function" or node.kwargs:
+    if node.op != "call_function":
+        return None
+    if target is aten._addmm_activation.default:
+        if len(args) != 3 or set(node.kwargs) - {"use_gelu"}:  # beta and alpha 1
+            return None
+        target = aten.addmm.default
+    elif node.kwargs:
         return None
     if target in (aten.mm.default, aten.matmul.default) and len(args) == 2:
         x, w_node, bias = args[0], args[1], None
@@ -228,8 +241,13 @@ class _Rewriter:
                 target = torch.ops.graphopt.wq_linear.default if form == "wq_linear" else dequant_linear
                 args = (x, packed, scales, zeros, bias, self.bits, self.block, weight.shape[0])
             replacement = graph.call_function(target, args)
-        fake_args = fx.node.map_arg(args, lambda n: n.meta["val"])
-        replacement.meta["val"] = _fake_call(self.fake_mode, target, fake_args)
+            replacement.meta["val"] = _fake_call(self.fake_mode, target, fx.node.map_arg(args, lambda n: n.meta["val"]))
+            if node.target is aten._addmm_activation.default:  # the epilogue as its own op, after the product
+                epilogue: tuple[Any, dict[str, Any]] = ((aten.relu.default, {}) if _activation(node) == "relu"
+                                                        else (aten.gelu.default, {"approximate": "tanh"}))
+                product = replacement
+                replacement = graph.call_function(epilogue[0], (product,), epilogue[1])
+                replacement.meta["val"] = _fake_call(self.fake_mode, epilogue[0], (product.meta["val"],), epilogue[1])
         node.replace_all_uses_with(replacement)
         graph.erase_node(node)
 
