@@ -237,3 +237,20 @@ def test_an_mlp_keeps_its_output_layer_by_structure_and_quantizes_a_fused_relu_g
         got = torch.compile(model, backend="graphopt", options={"inductor": False, "weights": "int8", "weights_keep": []})(x)
     torch.testing.assert_close(got, expected, atol=5e-3, rtol=0)
     assert _calls(torch_backend.last_graph())[WQ] == 3
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_tinygemm_operands_mean_the_blockwise_weight(symmetric: bool) -> None:
+    """torch._weight_int4pack_mm's scales_and_zeros from our (q, scale, zero point): checked with
+    its CPU twin (same scales_and_zeros contract; the CUDA packing's nibble order is the GPU run's)."""
+    import numpy as np
+
+    from graphopt.quant import blockwise
+
+    k, n, group = 128, 64, 32
+    q = blockwise.quantize(np.random.default_rng(0).standard_normal((k, n)).astype(np.float32), 4, group, symmetric=symmetric)
+    flat, scales_and_zeros = weight_quant_forms.tinygemm_operands(q)
+    x = torch.randn(3, k, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    got = torch._weight_int4pack_mm_for_cpu(x, torch._convert_weight_to_int4pack_for_cpu(flat, 2), group, scales_and_zeros.to(torch.bfloat16))
+    want = x.float() @ torch.from_numpy(blockwise.dequantize(q))
+    torch.testing.assert_close(got.float(), want, atol=0.3, rtol=0.02)  # bf16 scales and output

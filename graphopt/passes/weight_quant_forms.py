@@ -81,23 +81,27 @@ def dequant_linear(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, 
     return wq_linear_reference(x, packed, scales, zeros, bias, bits, block_size, k)
 
 
-def int4pack_weight(q: blockwise.BlockQuantized, device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(packed, scales_and_zeros) for torch._weight_int4pack_mm, or None where it cannot take
-    this weight (CUDA only; K a multiple of 32 with no padding; N a multiple of 8).
+def tinygemm_operands(q: blockwise.BlockQuantized) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q as int32 [N, K], scales_and_zeros [K/g, N, 2] fp32) in tinygemm's contract:
+    w = (q - 8) * scale + zero with q in [0, 15]. Ours is w = (q - zp) * scale, so
+    zero = (8 - zp) * scale (tests check it with the CPU twin, _weight_int4pack_mm_for_cpu)."""
+    flat = torch.from_numpy(q.q.reshape(q.n, -1).astype(np.int32))
+    scales = torch.from_numpy(q.scales.astype(np.float32))
+    zero = (8.0 - torch.from_numpy(q.zero_points.astype(np.float32))) * scales
+    return flat, torch.stack([scales, zero], dim=-1).transpose(0, 1).contiguous()
 
-    tinygemm's contract: w = (q - 8) * scale + zero with q in [0, 15], uint8 input [N, K/2] with
-    element 2i in the HIGH nibble (the opposite of MatMulNBits'), scales_and_zeros [K/g, N, 2]
-    bf16. Ours is w = (q - zp) * scale, so zero = (8 - zp) * scale."""
+
+def int4pack_weight(q: blockwise.BlockQuantized, device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(packed, scales_and_zeros bf16) for torch._weight_int4pack_mm, or None where it cannot
+    take this weight (CUDA only; K a multiple of 32 with no padding; N a multiple of 8).
+    The CUDA packing takes uint8 [N, K/2] with element 2i in the HIGH nibble (the opposite of
+    MatMulNBits')."""
     if device.type != "cuda" or q.bits != 4 or q.k % 32 or q.k != q.k_blocks * q.block_size or q.n % 8:
         return None
     inner_k_tiles = 8 if q.k % 128 == 0 else 4 if q.k % 64 == 0 else 2
-    flat = torch.from_numpy(q.q.reshape(q.n, -1).astype(np.int32))
+    flat, scales_and_zeros = tinygemm_operands(q)
     uint8 = ((flat[:, 0::2] << 4) | flat[:, 1::2]).to(torch.uint8).to(device)
-    packed = torch._convert_weight_to_int4pack(uint8, inner_k_tiles)
-    scales = torch.from_numpy(q.scales.astype(np.float32))
-    zero = (8.0 - torch.from_numpy(q.zero_points.astype(np.float32))) * scales
-    scales_and_zeros = torch.stack([scales, zero], dim=-1).transpose(0, 1).contiguous().to(device, torch.bfloat16)
-    return packed, scales_and_zeros
+    return torch._convert_weight_to_int4pack(uint8, inner_k_tiles), scales_and_zeros.to(device, torch.bfloat16)
 
 
 def int4pack_linear(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor, group: int, n: int,
