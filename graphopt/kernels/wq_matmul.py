@@ -91,7 +91,7 @@ def _wq_matmul_kernel(
     stride_xm, stride_xk, stride_wn, stride_sn, stride_os, stride_om, stride_on,
     BITS: tl.constexpr, QBLOCK: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr,
     SPLIT_K: tl.constexpr, ALLOW_TF32: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BYTES_K: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -101,7 +101,7 @@ def _wq_matmul_kernel(
     # wrap (not mask) out-of-range rows/columns for the loads: the stores drop them anyway
     rows = (offs_m % M).to(tl.int64)
     cols = (offs_n % N).to(tl.int64)
-    BYTES_K: tl.constexpr = BLOCK_K * BITS // 8  # packed bytes per row of a K tile
+    # BYTES_K: packed bytes per row of a K tile (BLOCK_K * BITS / 8)
     offs_b = tl.arange(0, BYTES_K)
     k_tiles = tl.cdiv(K, BLOCK_K)
     first = pid_k * k_tiles_per_split
@@ -208,7 +208,7 @@ def wq_linear_triton(x: Tensor, packed: Tensor, scales: Tensor, zeros: Tensor | 
         x2d.stride(0), x2d.stride(1), packed.stride(0), scales.stride(0),
         target.stride(0) if split > 1 else 0, target.stride(-2), target.stride(-1),
         BITS=bits, QBLOCK=block_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None,
-        SPLIT_K=split, ALLOW_TF32=dot_precision(x.dtype) == "tf32", **config,
+        SPLIT_K=split, ALLOW_TF32=dot_precision(x.dtype) == "tf32", BYTES_K=config["BLOCK_K"] * bits // 8, **config,
     )
     if split > 1:
         summed = target.sum(0)
