@@ -21,6 +21,9 @@
 #   bash benchmarks/gpu_session.sh placement M,N # the nodes the CUDA provider hands to the CPU, original and graphopt fp32/fp16 (ort_placement.py)
 #   bash benchmarks/gpu_session.sh llm         # LLM prefill + greedy decode with a static KV cache (llm_decode.py), under 4 minutes
 #   bash benchmarks/gpu_session.sh norms cuda  # residual norms fused or not (ort_cpu_norms.py) on the CUDA provider; "norms cpu": 4 CPU threads
+#   bash benchmarks/gpu_session.sh wq kernels  # weight-only int8/int4 (issue 18): graphopt::wq_linear's Triton kernel compiled, against its reference
+#   bash benchmarks/gpu_session.sh wq ro       # TinyLlama decode at batch 1: fp16 / int8 / int4 (graphopt + inductor CUDA graphs), torchao int4 if importable
+#   bash benchmarks/gpu_session.sh wq cg       # the same without inductor (graphopt's graph replayed as one CUDA graph)
 #   bash benchmarks/gpu_session.sh llm-onnx    # decode steps of a 4-layer TinyLlama-shaped export with a KV cache, fp16, CUDA, io-binding:
 #                                              # the export against graphopt's GroupQueryAttention (llm_onnx_decode.py)
 #   bash benchmarks/gpu_session.sh llm-onnx-weights [LAYERS] [BLOCK]  # the same export, fp16: graphopt against graphopt
@@ -130,6 +133,23 @@ llm)
   # LLM decode (issue 17): TinyLlama-shaped, fp16, batches 1 and 8; no (batch, variant) starts after 150 s.
   timeout 230 python3 benchmarks/llm_decode.py --out "$OUT/llm_decode.json" > "$OUT/llm_decode.log" 2>&1
   tail -16 "$OUT/llm_decode.log"
+  ;;
+wq)
+  case "${2:-ro}" in
+  kernels)
+    GRAPHOPT_KERNELS_DEVICE=cuda timeout 300 python3 -m pytest -q -p no:cacheprovider tests/wq_interpreter_cases.py \
+      > "$OUT/wq_kernels.log" 2>&1
+    tail -15 "$OUT/wq_kernels.log"
+    ;;
+  ro|cg)
+    if [ "${2:-ro}" = ro ]; then variants=eager,graphopt-ro,graphopt-int8-ro,graphopt-int4-ro,torchao-int4-ro
+    else variants=eager,graphopt-cg,graphopt-int8-cg,graphopt-int4-cg; fi
+    timeout 570 python3 benchmarks/llm_decode.py --variants "$variants" --batches 1 --new-tokens 64 --block-size "${3:-32}" \
+      --budget-s 420 --out "$OUT/llm_decode-wq-${2:-ro}.json" > "$OUT/llm_decode-wq-${2:-ro}.log" 2>&1
+    tail -14 "$OUT/llm_decode-wq-${2:-ro}.log"
+    ;;
+  *) echo "wq takes kernels, ro or cg" >&2; exit 2 ;;
+  esac
   ;;
 llm-onnx)
   timeout 540 python3 benchmarks/llm_onnx_decode.py --out "$OUT" --device cuda --dtype fp16 --layers "${2:-4}" \

@@ -241,7 +241,7 @@ def _carry_input_sources(aten_gm: fx.GraphModule, dynamo_gm: fx.GraphModule, kep
 
 
 #: Passes whose changes inductor would not make itself (the rest, folding and dead code, it does).
-_PASSES_INDUCTOR_LACKS = ("layout", "pad_gemms", "unrepeat_kv", "pack_projections")
+_PASSES_INDUCTOR_LACKS = ("layout", "pad_gemms", "unrepeat_kv", "pack_projections", "weight_quant")
 
 
 #: Rules whose rewrites inductor makes itself: views, reshapes and transposes are free in its
@@ -380,6 +380,10 @@ def optimize_fx(gm: fx.GraphModule, fake_mode: Any, rules: RuleSet, target: Any,
     ])
     if _wants_channels_last(gm, opts.layout):
         pipeline.run_pass("layout", lambda: fx_passes.to_channels_last(gm, new_constant))
+    if opts.weights is not None:  # after packing: q/k/v (gate/up) quantized as one GEMM
+        from graphopt.passes import fx_weight_quant  # numpy quantization and the kernels: only when asked for
+
+        pipeline.run_pass("weight_quant", lambda: fx_weight_quant.quantize_weights(gm, new_constant, fake_mode, opts, report))
     pipeline.run_passes([
         ("pad_gemms", lambda: fx_passes.pad_unaligned_gemms(gm, new_constant, fake_mode)),
         ("dce", lambda: fx_passes.remove_dead_code(gm)),

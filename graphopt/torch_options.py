@@ -19,6 +19,8 @@ __all__ = ["TorchOptions"]
 
 _LAYOUTS = ("auto", "nhwc", "nchw")
 _MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+_WEIGHTS = (None, "int8", "int4")
+_BLOCK_SIZES = (32, 64, 128)
 _CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # the modes in which inductor replays CUDA graphs
 
 
@@ -60,6 +62,14 @@ class TorchOptions:
     #: torch.compile's mode (passed to inductor; "reduce-overhead" also means CUDA graphs without it).
     #: torch.compile takes mode= or options=, not both: options={"mode": ...} sets it along with others.
     mode: str | None = None
+    #: Weight-only quantization of the matmuls with constant weights (needs freeze): None, "int8"
+    #: or "int4" (graphopt/passes/fx_weight_quant.py), per block of `block_size` input rows.
+    weights: str | None = None
+    block_size: int = 32
+    #: Module-name / op globs left in full precision; None: the default block list (lm head, embeddings).
+    weights_keep: list[str] | None = None
+    #: Per-layer accuracy budget in dB (SNR of x @ W against x @ dequant(W)); None: 35 for int8, 20 for int4.
+    weights_min_snr: float | None = None
 
     def cuda_graphs(self) -> bool:
         """Whether the compiled graph replays as CUDA graphs (inductor's, or CudaGraphReplay without it)."""
@@ -102,9 +112,22 @@ class TorchOptions:
                 raise GraphoptError(f"graphopt option 'layout' takes one of {', '.join(_LAYOUTS)}, not {value!r}")
             elif key in ("fold_size_limit", "max_sweeps") and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
                 raise GraphoptError(f"graphopt option '{key}' takes a non-negative int, not {value!r}")
+            elif key == "weights" and value not in _WEIGHTS:
+                raise GraphoptError(f"graphopt option 'weights' takes 'int8' or 'int4' (or None), not {value!r}")
+            elif key == "block_size" and (isinstance(value, bool) or value not in _BLOCK_SIZES):
+                raise GraphoptError(f"graphopt option 'block_size' takes one of {', '.join(map(str, _BLOCK_SIZES))}, not {value!r}")
+            elif key == "weights_keep":
+                value = [value] if isinstance(value, str) else value
+                if value is not None and (not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value)):
+                    raise GraphoptError(f"graphopt option 'weights_keep' takes a list of name globs, not {value!r}")
+                value = None if value is None else list(value)
+            elif key == "weights_min_snr" and value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise GraphoptError(f"graphopt option 'weights_min_snr' takes a number of dB, not {value!r}")
             elif key == "report" and value is not None and not isinstance(value, (str, os.PathLike)):
                 raise GraphoptError(f"graphopt option 'report' takes a path, not {value!r}")
             setattr(opts, key, str(value) if key == "report" and value is not None else value)
+        if opts.weights is not None and not opts.freeze:
+            raise GraphoptError("graphopt option 'weights' needs freeze=True: only constant weights can be quantized")
         if opts.mode not in _MODES:
             raise GraphoptError(f"torch.compile mode {opts.mode!r} is not one of {', '.join(m for m in _MODES if m)}")
         return opts

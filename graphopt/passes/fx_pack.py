@@ -54,6 +54,7 @@ def pack_projections(gm: fx.GraphModule, new_constant: NewConstant, fake_mode: A
         sizes = [int(w.shape[1]) for _, w in members]
         with graph.inserting_before(first):
             packed = new_constant(torch.cat([w for _, w in members], dim=1).contiguous(), "packed_projections")
+            packed.meta["graphopt_parts"] = [w for _, w in members]  # their names, for the report (fx_weight_quant)
             product = graph.call_function(target, (x, packed))
             product.meta["val"] = _fake_call(fake_mode, target, (x.meta["val"], packed.meta["val"]))
             parts = graph.call_function(aten.split_with_sizes.default, (product, sizes, -1))
