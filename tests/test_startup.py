@@ -135,3 +135,33 @@ def test_python_dash_m_runs_the_commands(example: Path, tmp_path: Path) -> None:
         assert done.returncode == 0, (args, done.stderr)
         assert said in done.stdout, (args, done.stdout)
     assert optimized.stat().st_size > 0 and report.with_suffix(".html").stat().st_size > 0
+
+
+def test_optimize_imports_only_what_it_needs(example: Path, tmp_path: Path) -> None:
+    # With the pattern cache warm, a quiet optimize of a small model needs no parser (lark),
+    # no terminal library (rich), no torch and no sympy (the example has a symbolic batch dim).
+    code = """
+        import sys
+        from graphopt.cli import main
+        try:
+            main(["optimize", sys.argv[1], "-o", sys.argv[2], "-q"])
+        except SystemExit as stop:
+            print("PROBE exit", stop.code)
+        print("PROBE loaded:", ",".join(m for m in ("lark", "rich", "torch", "sympy") if m in sys.modules))
+    """
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"))
+    env.pop("GRAPHOPT_NO_CACHE", None)
+    runs = []
+    for _ in range(2):  # the first fills the pattern cache
+        done = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(code), str(example), str(tmp_path / "out.onnx")],
+            capture_output=True,
+            text=True,
+            env=dict(env, PYTHONPATH=str(REPO)),
+            cwd=tmp_path,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr
+        runs.append([line for line in done.stdout.splitlines() if line.startswith("PROBE ")])
+    assert runs[0] == ["PROBE exit 0", "PROBE loaded: lark"]  # parsed: the cache was empty
+    assert runs[1] == ["PROBE exit 0", "PROBE loaded: "]
