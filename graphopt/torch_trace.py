@@ -107,6 +107,13 @@ def _functionalized(fn: Callable[..., Any]) -> Callable[..., Any]:
     return inner
 
 
+def _source_name(node: fx.Node) -> str:
+    """dynamo's name of an input ("L['self']._modules['lm_head']._parameters['weight']"), or ""."""
+    source = getattr(node.meta.get("grapharg"), "source", None)
+    name = getattr(source, "name", "")
+    return str(name() if callable(name) else name)
+
+
 def _is_module_state(node: fx.Node, value: Any) -> bool:
     """A parameter or buffer of the compiled module (not a user input), or a number attribute
     of one of its modules (an RMSNorm's eps, a rotary scaling) that dynamo passes as a 0-d
@@ -184,6 +191,7 @@ def _freeze_module_state(aten_gm: fx.GraphModule, dynamo_gm: fx.GraphModule, exa
         with graph.inserting_before(first):
             constant = graph.get_attr(name)
         constant.meta["val"] = node.meta.get("val")
+        constant.meta["graphopt_source"] = _source_name(source)  # the parameter's name, for reports and keep lists
         node.replace_all_uses_with(constant)
         graph.erase_node(node)
         frozen.append(i)
