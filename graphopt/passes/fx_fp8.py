@@ -108,10 +108,10 @@ class Fp8Outcome:
 
 
 def _readable(source: str) -> str:
-    """dynamo's "L['self']._modules['lm_head']._parameters['weight']" as "lm_head.weight"."""
-    name = re.sub(r"\._(?:modules|parameters|buffers)\['([^']*)'\]", r".\1", source)
-    name = re.sub(r"\[(\d+)\]", r".\1", name)
-    return re.sub(r"^L\['[^']*'\]\.?", "", name)
+    """dynamo's "L['args'][0]._modules['lm_head']._parameters['weight']" as "lm_head.weight"."""
+    name = re.sub(r"^L\['[^']*'\](?:\[[^\]]*\])*\.?", "", source)  # the module itself: L['self'], L['args'][0]
+    name = re.sub(r"\._(?:modules|parameters|buffers)\['([^']*)'\]", r".\1", "." + name)
+    return re.sub(r"\[(\d+)\]", r".\1", name).lstrip(".")
 
 
 def _weight(gm: fx.GraphModule, operand: Any) -> tuple[fx.Node, torch.Tensor] | None:
@@ -170,10 +170,12 @@ def _kept_by_name(site: _Site, sites: Sequence[_Site], keep: Sequence[str]) -> s
 
 
 def fp8_matmuls(gm: fx.GraphModule, new_constant: NewConstant, fake_mode: Any, keep: Sequence[str] | None = None,
-                budget_db: float = FP8_BUDGET_DB,
-                refusal: Callable[[torch.device], str | None] = device_refusal) -> Fp8Outcome:
-    """Rewrite the GEMMs with constant weights into FP8 `torch._scaled_mm` (see the module's doc)."""
+                budget_db: float | None = None, refusal: Callable[[torch.device], str | None] | None = None) -> Fp8Outcome:
+    """Rewrite the GEMMs with constant weights into FP8 `torch._scaled_mm` (see the module's doc).
+    `budget_db` (None: FP8_BUDGET_DB) and `refusal` (None: device_refusal) are read when called."""
     keep = [LM_HEAD] if keep is None else list(keep)
+    budget_db = FP8_BUDGET_DB if budget_db is None else budget_db
+    refusal = device_refusal if refusal is None else refusal
     outcome = Fp8Outcome()
     sites = _sites(gm)
     if not sites:
