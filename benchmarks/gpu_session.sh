@@ -14,6 +14,8 @@
 #   bash benchmarks/gpu_session.sh placement M,N # the nodes the CUDA provider hands to the CPU, original and graphopt fp32/fp16 (ort_placement.py)
 #   bash benchmarks/gpu_session.sh llm         # LLM prefill + greedy decode with a static KV cache (llm_decode.py), under 4 minutes
 #   bash benchmarks/gpu_session.sh norms cuda  # residual norms fused or not (ort_cpu_norms.py) on the CUDA provider; "norms cpu": 4 CPU threads
+#   bash benchmarks/gpu_session.sh fp8         # FP8 GEMMs (issue 18): TinyLlama-shaped bf16 vs precision="fp8", decode (batch 1) and a
+#                                              # 2048-token prefill, and _scaled_mm vs bf16 mm per GEMM shape at M=1,16,2048 (fp8_bench.py)
 #   bash benchmarks/gpu_session.sh llm-onnx    # decode steps of a 4-layer TinyLlama-shaped export with a KV cache, fp16, CUDA, io-binding:
 #                                              # the export against graphopt's GroupQueryAttention (llm_onnx_decode.py)
 #
@@ -106,6 +108,10 @@ llm-onnx)
   timeout 540 python3 benchmarks/llm_onnx_decode.py --out "$OUT" --device cuda --dtype fp16 --layers "${2:-4}" \
     --batch 1,8 --prompt 128 --steps 64 > "$OUT/llm_onnx_decode.log" 2>&1
   tail -20 "$OUT/llm_onnx_decode.log"
+  ;;
+fp8)
+  timeout 560 python3 benchmarks/fp8_bench.py --budget-s 420 --out "$OUT/fp8_bench.json" > "$OUT/fp8_bench.log" 2>&1
+  tail -40 "$OUT/fp8_bench.log"
   ;;
 torch-modes)
   timeout 560 python3 benchmarks/torch_compile.py --models "${2:-llama}" \
