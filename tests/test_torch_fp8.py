@@ -180,6 +180,29 @@ def test_mlp_outputs_match_emulated_fp8(fp8_on_cpu: None) -> None:
     assert _relative(got, want) < 1e-3 < _relative(got, exact) < 0.1
 
 
+class _TransposedInput(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(32, 48)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x.t())  # A is a column-major view: quantized into a row-major copy
+
+
+def test_a_transposed_activation_is_quantized_row_major(fp8_on_cpu: None) -> None:
+    torch.manual_seed(0)
+    model = _TransposedInput().eval()
+    x = torch.randn(32, 6)
+    with torch.no_grad():
+        got, want = _compiled(model, precision_keep=[])(x), _emulated(model, keep=())(x)
+    gm = torch_backend.last_graph()
+    assert _scaled_mms(gm) == 1 and gm is not None
+    (scaled_mm,) = (n for n in gm.graph.nodes if n.target is aten._scaled_mm.default)
+    assert scaled_mm.args[0].meta["val"].is_contiguous()  # CUDA's _scaled_mm takes row-major A only (CPU's takes any)
+    assert scaled_mm.args[1].meta["val"].stride() == (1, 32)  # B column-major
+    assert _relative(got, want) < 1e-3
+
+
 # --------------------------------------------------------------------------- the tiny LLaMA
 
 

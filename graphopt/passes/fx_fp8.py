@@ -218,7 +218,9 @@ def _rewrite(graph: fx.Graph, site: _Site, w_fp8: fx.Node, w_scale: fx.Node, fak
     x32 = call(aten._to_copy.default, x, dtype=torch.float32)
     amax = call(aten.amax.default, call(aten.abs.default, x32), [-1], True)
     scale = call(aten.div.Tensor, call(aten.clamp_min.default, amax, _TINY), FP8_MAX)
-    x_fp8 = call(aten._to_copy.default, call(aten.clamp.default, call(aten.div.Tensor, x32, scale), -FP8_MAX, FP8_MAX), dtype=FP8)
+    # Row-major whatever x's strides (a transposed view): _scaled_mm takes no other A layout.
+    x_fp8 = call(aten._to_copy.default, call(aten.clamp.default, call(aten.div.Tensor, x32, scale), -FP8_MAX, FP8_MAX), dtype=FP8,
+                 memory_format=torch.contiguous_format)
     # On CUDA the row-wise scaled GEMM writes bf16 (the type its kernels have); cast after if the model's differs.
     cuda = val.device.type == "cuda"
     out_dtype = torch.bfloat16 if cuda else val.dtype
