@@ -231,6 +231,30 @@ def test_tiny_llama_fp8_sites_and_kept_layers(fp8_on_cpu: None, keep: list[str] 
         assert (got.argmax(-1) == exact.argmax(-1)).float().mean() > 0.8
 
 
+def test_inductor_is_handed_the_fp8_graph(fp8_on_cpu: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With inductor (the default) inductor gets graphopt's graph with the activation quantize as
+    plain ATen ops before each _scaled_mm (inductor fuses them into the producer); a stand-in runs
+    it here (inductor compiles C++ on this machine, a minute a graph)."""
+    handed: list[torch.fx.GraphModule] = []
+
+    def run_as_given(gm: torch.fx.GraphModule, inputs: object, opts: object, dynamo_gm: object) -> torch.fx.GraphModule:
+        handed.append(gm)
+        return gm
+
+    monkeypatch.setattr(torch_backend, "_inductor", run_as_given)
+    model = _Mlp().eval()
+    x = torch.randn(4, 64)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        got = torch.compile(model, backend="graphopt", options={"precision": "fp8"})(x)
+        want = _emulated(model, keep=("out",))(x)
+    assert len(handed) == 1 and _scaled_mms(handed[0]) == 2
+    quantize = Counter(str(n.target) for n in handed[0].graph.nodes if n.op == "call_function")
+    assert quantize["aten.amax.default"] == 2 and quantize["aten.clamp.default"] == 2
+    assert not any(str(n.target).startswith("graphopt.") for n in handed[0].graph.nodes)  # no custom op between producer and quantize
+    assert _relative(got, want) < 1e-3
+
+
 def test_cpu_is_refused_with_one_line_and_the_graph_unchanged() -> None:
     model = _Mlp().eval()
     with pytest.warns(RuntimeWarning, match="fp8: not supported on this device"):

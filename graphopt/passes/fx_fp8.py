@@ -90,11 +90,9 @@ def snr_db(weight_nk: torch.Tensor, probe_rows: int = _PROBE_ROWS, seed: int = 0
 @dataclass
 class _Site:
     node: fx.Node
-    x: fx.Node
     weight_node: fx.Node  # the get_attr holding the weight ([N, K] behind a transpose, or [K, N])
     weight_nk: torch.Tensor
     name: str
-    bias: fx.Node | None
     activation: str | None  # a fused GEMM's epilogue (_addmm_activation): "relu" or "gelu" (tanh)
 
 
@@ -149,7 +147,7 @@ def _sites(gm: fx.GraphModule) -> list[_Site]:
             continue
         source = weight_node.meta.get("graphopt_source") or str(weight_node.target)
         name = "+".join(_readable(part) for part in str(source).split("+"))
-        sites.append(_Site(node, x, weight_node, weight_nk, name, bias, activation))
+        sites.append(_Site(node, weight_node, weight_nk, name, activation))
     return sites
 
 
@@ -211,9 +209,12 @@ def _rewrite(graph: fx.Graph, site: _Site, w_fp8: fx.Node, w_scale: fx.Node, fak
         node.meta["val"] = _fake_call(fake_mode, target, *fx.node.map_arg((args, kwargs), lambda n: n.meta["val"]))
         return node
 
-    val, x_val = site.node.meta["val"], site.x.meta["val"]
+    # The operands as they are now: an earlier rewrite may have replaced the GEMM that produced x.
+    bias, x = (site.node.args[0], site.node.args[1]) if site.node.target in _BIASED else (None, site.node.args[0])
+    assert isinstance(x, fx.Node) and (bias is None or isinstance(bias, fx.Node))
+    val, x_val = site.node.meta["val"], x.meta["val"]
     n, k = (int(d) for d in site.weight_nk.shape)
-    x = site.x if x_val.dim() == 2 else call(aten.reshape.default, site.x, [-1, k])
+    x = x if x_val.dim() == 2 else call(aten.reshape.default, x, [-1, k])
     # The activation quantize, as quantize_rows: plain ATen ops that inductor fuses into the producer.
     x32 = call(aten._to_copy.default, x, dtype=torch.float32)
     amax = call(aten.amax.default, call(aten.abs.default, x32), [-1], True)
@@ -224,7 +225,6 @@ def _rewrite(graph: fx.Graph, site: _Site, w_fp8: fx.Node, w_scale: fx.Node, fak
     # On CUDA the row-wise scaled GEMM writes bf16 (the type its kernels have); cast after if the model's differs.
     cuda = val.device.type == "cuda"
     out_dtype = torch.bfloat16 if cuda else val.dtype
-    bias = site.bias
     fused_bias = bias is not None and tuple(bias.meta["val"].shape) == (n,) and bias.meta["val"].dtype == out_dtype
     out = call(aten._scaled_mm.default, x_fp8, call(aten.t.default, w_fp8), scale, w_scale,
                bias if fused_bias else None, None, out_dtype, cuda)
