@@ -24,6 +24,8 @@
 #   bash benchmarks/gpu_session.sh wq kernels  # weight-only int8/int4 (issue 18): graphopt::wq_linear's Triton kernel compiled, against its reference
 #   bash benchmarks/gpu_session.sh wq ro       # TinyLlama decode at batch 1: fp16 / int8 / int4 (graphopt + inductor CUDA graphs), torchao int4 if importable
 #   bash benchmarks/gpu_session.sh wq cg       # the same without inductor (graphopt's graph replayed as one CUDA graph)
+#   bash benchmarks/gpu_session.sh fp8         # FP8 GEMMs (issue 18): TinyLlama-shaped bf16 vs precision="fp8", decode (batch 1) and a
+#                                              # 2048-token prefill, and _scaled_mm vs bf16 mm per GEMM shape at M=1,16,2048 (fp8_bench.py)
 #   bash benchmarks/gpu_session.sh llm-onnx    # decode steps of a 4-layer TinyLlama-shaped export with a KV cache, fp16, CUDA, io-binding:
 #                                              # the export against graphopt's GroupQueryAttention (llm_onnx_decode.py)
 #   bash benchmarks/gpu_session.sh llm-onnx-weights [LAYERS] [BLOCK]  # the same export, fp16: graphopt against graphopt
@@ -162,6 +164,10 @@ llm-onnx-weights)
     --batch 1,8 --prompt 128 --steps 64 --block-size "${3:-32}" \
     --variants original,graphopt,graphopt-int4,graphopt-int8,original > "$OUT/llm_onnx_weights.log" 2>&1
   tail -20 "$OUT/llm_onnx_weights.log"
+  ;;
+fp8)
+  timeout 560 python3 benchmarks/fp8_bench.py --budget-s 420 --out "$OUT/fp8_bench.json" > "$OUT/fp8_bench.log" 2>&1
+  tail -40 "$OUT/fp8_bench.log"
   ;;
 torch-modes)
   timeout 560 python3 benchmarks/torch_compile.py --models "${2:-llama}" \

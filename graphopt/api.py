@@ -178,6 +178,9 @@ def optimize(model: ModelLike | str | os.PathLike[str], options: OptimizeOptions
 
     options = options or OptimizeOptions(**kwargs)
     target = get_target(options.target)
+    from graphopt.quant.fp8_onnx import refuse_fp8
+
+    refuse_fp8(options.precision, target.name)  # not on the ONNX path: one line saying what the target lacks
     plan = PrecisionPlan.make(options.precision, options.keep_fp32)  # an unknown precision fails before any work
     weight_plan = _weight_plan(options)
     rules = RuleSet(select_rules(options))

@@ -193,7 +193,7 @@ def optimize(
     precision: Annotated[
         str,
         typer.Option(
-            metavar="fp16|bf16", help="Convert the model to this precision after the rewrites (inputs and outputs keep their types)."
+            metavar="fp16|bf16", help="Convert the model to this precision after the rewrites (inputs and outputs keep their types). fp8: the torch path only (refused here, saying why)."
         ),
     ] = "fp32",
     keep_fp32: Annotated[
@@ -270,6 +270,9 @@ def optimize(
 
     with _user_errors():
         get_target(target)  # an unknown target is an error before any work
+        from graphopt.quant.fp8_onnx import refuse_fp8
+
+        refuse_fp8(precision, target)  # fp8: one line saying what the target lacks
         precision_name = None
         if precision.strip().lower() != "fp32":  # the precision pass is imported only when asked for
             from graphopt.passes.precision_plan import parse_precision

@@ -198,6 +198,7 @@ def _freeze_module_state(aten_gm: fx.GraphModule, dynamo_gm: fx.GraphModule, exa
         with graph.inserting_before(first):
             constant = graph.get_attr(name)
         constant.meta["val"] = node.meta.get("val")
+        constant.meta["graphopt_source"] = state_name or ""  # the parameter's name ("lm_head.weight"), for reports and keep lists
         node.replace_all_uses_with(constant)
         graph.erase_node(node)
         frozen.append(i)
