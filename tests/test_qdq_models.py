@@ -1,0 +1,109 @@
+"""Quantized models from onnxruntime.quantization come out of graphopt fusable and correct (issue 18 item 3).
+
+onnxruntime fuses QDQ node units (DequantizeLinear -> op -> QuantizeLinear) into
+QLinearConv/QLinearMatMul/QLinearAdd/... and dynamic quantization into
+DynamicQuantizeMatMul/MatMulIntegerToFloat. graphopt's output, optimized by onnxruntime,
+must hold at least as many of those kernels as the input optimized by onnxruntime, and
+compute the same numbers within the quantized tolerance.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import qdq_models as qm
+
+import graphopt
+from graphopt.passes import eliminate_common_subexpressions
+
+pytest.importorskip("onnxruntime.quantization")
+pytest.importorskip("transformers")
+
+TARGETS = ("onnx", "ort-cpu", "ort-cuda")
+#: max error relative to the output's largest magnitude; graphopt keeps every QDQ unit, so
+#: only float rewrites elsewhere may move a value across a rounding step
+TOLERANCE = 1e-2
+
+BUILDS = {
+    "cnn-qdq-pc-s8s8": (qm.float_cnn, lambda s, d, f: qm.static_qdq(s, d, f, per_channel=True, activation_int8=True)),
+    "cnn-qdq-pt-u8s8": (qm.float_cnn, lambda s, d, f: qm.static_qdq(s, d, f, per_channel=False, activation_int8=False)),
+    "mlp-qdq-pc-s8s8": (qm.float_mlp, lambda s, d, f: qm.static_qdq(s, d, f, per_channel=True, activation_int8=True)),
+    "mlp-qdq-pt-u8s8": (qm.float_mlp, lambda s, d, f: qm.static_qdq(s, d, f, per_channel=False, activation_int8=False)),
+    "bert-qdq-pc-s8s8": (qm.float_tiny_bert, lambda s, d, f: qm.static_qdq(s, d, f, per_channel=True, activation_int8=True)),
+    "bert-dynamic": (qm.float_tiny_bert, lambda s, d, f: qm.dynamic_int8(s, d)),
+    "mlp-dynamic": (qm.float_mlp, lambda s, d, f: qm.dynamic_int8(s, d)),
+}
+
+
+@pytest.fixture(scope="module")
+def quantized(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, dict[str, np.ndarray]]]:
+    root = tmp_path_factory.mktemp("qdq")
+    built = {}
+    for name, (make_float, quantize) in BUILDS.items():
+        src = root / f"{name}.float.onnx"
+        feeds = make_float(src)
+        dst = root / f"{name}.onnx"
+        quantize(src, dst, feeds)
+        built[name] = (dst, feeds)
+    return built
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("name", list(BUILDS))
+def test_graphopt_keeps_onnxruntime_quantized_fusions(quantized, tmp_path: Path, name: str, target: str) -> None:
+    src, feeds = quantized[name]
+    out = tmp_path / "opt.onnx"
+    graphopt.optimize_file(src, out, target=target)
+    before = qm.ort_optimized_kernels(src, tmp_path / "orig.ort.onnx")
+    after = qm.ort_optimized_kernels(out, tmp_path / "opt.ort.onnx")
+    assert sum(before.values()) > 0, f"onnxruntime fused nothing in {name}: the model does not test anything"
+    for op, count in before.items():
+        assert after[op] >= count, f"{name} --target {target}: onnxruntime makes {after[op]} {op} from graphopt's output, {count} from the input"
+    expected = qm.run_cpu(src, feeds)
+    actual = qm.run_cpu(out, feeds)
+    for e, a in zip(expected, actual, strict=True):
+        assert a.shape == e.shape
+        assert float(np.abs(a - e).max()) <= TOLERANCE * float(np.abs(e).max())
+
+
+def test_static_qdq_models_have_what_broke_fusion(quantized) -> None:
+    """The tiny BERT keeps the trap: Quantize/DequantizeLinear of zero biases, equal in every node unit."""
+    model = onnx.load(str(quantized["bert-qdq-pc-s8s8"][0]))
+    consts = {i.name: onnx.numpy_helper.to_array(i).tobytes() for i in model.graph.initializer}
+    bias_q = [n for n in model.graph.node if n.op_type == "QuantizeLinear" and n.input[0].endswith("dense.bias")]
+    assert len(bias_q) >= 4
+    assert len({consts[q.input[1]] for q in bias_q}) == 1, "the zero biases should all get the same scale"
+
+
+def test_cse_leaves_quantize_dequantize_and_their_constants_apart(quantized) -> None:
+    model = onnx.load(str(quantized["bert-qdq-pc-s8s8"][0]))
+    import onnx_ir as ir
+
+    irm = ir.from_proto(model)
+    dq_before = sum(1 for n in irm.graph if n.op_type == "DequantizeLinear")
+    q_before = sum(1 for n in irm.graph if n.op_type == "QuantizeLinear")
+    inits_before = len(irm.graph.initializers)
+    eliminate_common_subexpressions(irm)
+    assert sum(1 for n in irm.graph if n.op_type == "DequantizeLinear") == dq_before
+    assert sum(1 for n in irm.graph if n.op_type == "QuantizeLinear") == q_before
+    assert len(irm.graph.initializers) == inits_before
+
+
+def test_cse_still_merges_equal_float_constants() -> None:
+    """Negative case of the exemption: constants no Q/DQ reads still merge."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    zeros = np.zeros(4, np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "a"], ["y0"]), helper.make_node("Add", ["x", "b"], ["y1"]),
+         helper.make_node("Mul", ["y0", "y1"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
+        [numpy_helper.from_array(zeros, "a"), numpy_helper.from_array(zeros, "b")])
+    import onnx_ir as ir
+
+    irm = ir.from_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    assert eliminate_common_subexpressions(irm) >= 1
+    assert len(irm.graph.initializers) == 1
