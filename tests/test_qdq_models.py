@@ -51,12 +51,14 @@ def quantized(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path,
     return built
 
 
+@pytest.mark.parametrize("precision", [None, "fp16"])
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("name", list(BUILDS))
-def test_graphopt_keeps_onnxruntime_quantized_fusions(quantized, tmp_path: Path, name: str, target: str) -> None:
+def test_graphopt_keeps_onnxruntime_quantized_fusions(quantized, tmp_path: Path, name: str, target: str, precision: str | None) -> None:
+    """Also with --precision fp16: a Cast between a QDQ unit's op and its Q/DQ would hide the unit."""
     src, feeds = quantized[name]
     out = tmp_path / "opt.onnx"
-    graphopt.optimize_file(src, out, target=target)
+    graphopt.optimize_file(src, out, target=target, precision=precision)
     before = qm.ort_optimized_kernels(src, tmp_path / "orig.ort.onnx")
     after = qm.ort_optimized_kernels(out, tmp_path / "opt.ort.onnx")
     assert sum(before.values()) > 0, f"onnxruntime fused nothing in {name}: the model does not test anything"
@@ -66,7 +68,21 @@ def test_graphopt_keeps_onnxruntime_quantized_fusions(quantized, tmp_path: Path,
     actual = qm.run_cpu(out, feeds)
     for e, a in zip(expected, actual, strict=True):
         assert a.shape == e.shape
-        assert float(np.abs(a - e).max()) <= TOLERANCE * float(np.abs(e).max())
+        tolerance = TOLERANCE if precision is None or name.startswith(("cnn-qdq", "mlp-qdq", "bert-qdq")) else 3e-2
+        assert float(np.abs(a - e).max()) <= tolerance * float(np.abs(e).max())
+
+
+def test_fp16_keeps_qdq_units_float32(quantized, tmp_path: Path) -> None:
+    """Golden counts: the static QDQ CNN's Conv/Add/Gemm units stay float32, no Cast is made, the
+    report says why; the float ops of the dynamic model (outside any QDQ unit) are still converted."""
+    out = tmp_path / "opt.onnx"
+    report = graphopt.optimize_file(quantized["cnn-qdq-pt-u8s8"][0], out, target="ort-cuda", precision="fp16")
+    assert not any(n.op_type == "Cast" for n in onnx.load(str(out)).graph.node)
+    assert report.precision_conversion.kept.get("qdq_unit", 0) >= 5      # 3 Conv, Add, pool, Flatten, Gemm
+    assert report.precision_conversion.nodes_converted == 0
+    dynamic = graphopt.optimize_file(quantized["bert-dynamic"][0], tmp_path / "dyn.onnx", target="ort-cuda", precision="fp16")
+    assert dynamic.precision_conversion.kept.get("qdq_unit", 0) <= 3    # only readers of the 3 DQs after an int8 Gather
+    assert dynamic.precision_conversion.nodes_converted > 0
 
 
 def test_static_qdq_models_have_what_broke_fusion(quantized) -> None:

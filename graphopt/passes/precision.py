@@ -14,6 +14,8 @@ and lowering. What it does, on the main graph of an onnx-ir model:
   `keep_fp32` op types and node or output names), shape computations (float values
   derived only from Shape/Size and constants), nodes with subgraphs (If/Loop/Scan
   and their bodies stay wholly float32), ops whose output type an attribute sets,
+  the op of a QDQ node unit (it reads a dequantized activation or is quantized after:
+  onnxruntime fuses DQ -> op -> Q only without Casts in between),
   ops the target has no kernel for in the low type (the target's capability table;
   for standard ops also the op schema), and elementwise or layout ops whose
   non-constant inputs all come from float32 nodes (so the statistics of a
@@ -244,6 +246,8 @@ class _Converter:
             return "shape", None
         if domain in ONNX_DOMAINS and node.op_type in DEFAULT_KEEP_FP32:
             return "block_list", None
+        if self._in_qdq_unit(node):
+            return "qdq_unit", None
         if any(v.dtype is None for v in node.outputs) or any(v is not None and self.dtype(v) is None for v in node.inputs):
             return "unknown_type", None
         why = self.plan.cannot_run_low(self.target, domain, node.op_type, self.opset)
@@ -266,6 +270,18 @@ class _Converter:
         if has_fact(domain, node.op_type, "follows_inputs") and readers and all(id(v) in self.fp32_values for v in readers):
             return "follows_fp32", None
         return None, _Decision(ins, outs)
+
+    def _in_qdq_unit(self, node: ir.Node) -> bool:
+        """The op of a QDQ node unit (DequantizeLinear -> op -> QuantizeLinear): it reads a dequantized
+        activation or its output is quantized again. A Cast between it and its Q/DQ would hide the
+        unit from onnxruntime's QDQ fusions (QLinearConv, QLinearMatMul, ...), so it stays float32.
+        A weight-only DequantizeLinear (of a constant, no QuantizeLinear after) is no unit."""
+        for value in node.inputs:
+            producer = value.producer() if value is not None else None
+            if (producer is not None and producer.op_type == "DequantizeLinear" and producer.inputs
+                    and producer.inputs[0] is not None and not self.is_const(producer.inputs[0])):
+                return True
+        return any(user.op_type == "QuantizeLinear" for value in node.outputs for user, _ in value.uses())
 
     def _stays_with_convs(self, node: ir.Node) -> bool:
         """In the CNN region the precision decision keeps in float32 (graphopt.passes.precision_decision):
