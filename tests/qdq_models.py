@@ -105,6 +105,57 @@ def float_tiny_bert(path: Path) -> dict[str, np.ndarray]:
     return {"input_ids": ids}
 
 
+def handmade_qdq_cnn(path: Path, activations_quantized: bool = True) -> dict[str, np.ndarray]:
+    """A QDQ CNN in the form other quantizers write (torch.ao, TensorRT-style): the activation
+    stays between the op and its QuantizeLinear -- DQ -> Conv -> Relu -> Q, DQ -> Conv -> Clip(0, 6) -> Q,
+    DQ -> Gemm -> Relu -> Q -- where a rule fusing the activation into the op would hide the unit.
+    ``activations_quantized=False``: weight-only (DQ of the weights, no Q/DQ on activations), no unit."""
+    rng = np.random.default_rng(SEED)
+
+    def q(name: str, array: np.ndarray, dtype: type = np.int8) -> TensorProto:
+        return numpy_helper.from_array(np.asarray(array).astype(dtype), name)
+
+    inits = [
+        _init("s_x", np.array(0.05)), q("z_x", np.array(128), np.uint8), q("w", rng.integers(-100, 100, (8, 3, 3, 3))),
+        _init("s_w", np.array(0.01)), q("z_w", np.array(0)), q("b", rng.integers(-50, 50, 8), np.int32),
+        _init("s_b", np.array(0.05 * 0.01)), q("z_b", np.array(0), np.int32),
+        _init("s_y", np.array(0.05)), q("z_y", np.array(0), np.uint8), q("w2", rng.integers(-100, 100, (8, 8, 1, 1))),
+        _init("s_y2", np.array(0.1)), q("z_y2", np.array(0), np.uint8), q("fc_w", rng.integers(-100, 100, (4, 8))),
+        _init("lo", np.array(0.0)), _init("hi", np.array(6.0)),
+    ]
+
+    def qdq(x: str, scale: str, zero: str) -> list[onnx.NodeProto]:
+        if not activations_quantized:
+            return [helper.make_node("Identity", [x], [f"{x}_dq"])]
+        return [helper.make_node("QuantizeLinear", [x, scale, zero], [f"{x}_q"]),
+                helper.make_node("DequantizeLinear", [f"{x}_q", scale, zero], [f"{x}_dq"])]
+
+    nodes = [
+        *qdq("x", "s_x", "z_x"),
+        helper.make_node("DequantizeLinear", ["w", "s_w", "z_w"], ["w_dq"]),
+        helper.make_node("DequantizeLinear", ["b", "s_b", "z_b"], ["b_dq"]),
+        helper.make_node("Conv", ["x_dq", "w_dq", "b_dq"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        *qdq("r1", "s_y", "z_y"),
+        helper.make_node("DequantizeLinear", ["w2", "s_w", "z_w"], ["w2_dq"]),
+        helper.make_node("Conv", ["r1_dq", "w2_dq"], ["c2"], name="conv2"),
+        helper.make_node("Clip", ["c2", "lo", "hi"], ["r2"], name="relu6"),
+        *qdq("r2", "s_y2", "z_y2"),
+        helper.make_node("GlobalAveragePool", ["r2_dq"], ["p"], name="pool"),
+        helper.make_node("Flatten", ["p"], ["f"], name="flatten"),
+        *qdq("f", "s_y2", "z_y2"),
+        helper.make_node("DequantizeLinear", ["fc_w", "s_w", "z_w"], ["fc_w_dq"]),
+        helper.make_node("Gemm", ["f_dq", "fc_w_dq"], ["g"], transB=1, name="fc"),
+        helper.make_node("Relu", ["g"], ["gr"], name="relu_fc"),
+        *qdq("gr", "s_y", "z_y"),
+        helper.make_node("Identity", ["gr_dq"], ["y"]),
+    ]
+    graph = helper.make_graph(nodes, "handmade_qdq_cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return {"x": rng.standard_normal((1, 3, 16, 16)).astype(np.float32)}
+
+
 class _Reader:
     def __init__(self, feeds: dict[str, np.ndarray], count: int = 4) -> None:
         rng = np.random.default_rng(SEED + 1)

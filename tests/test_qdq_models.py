@@ -34,6 +34,7 @@ BUILDS = {
     "mlp-qdq-pt-u8s8": (qm.float_mlp, lambda s, d, f: qm.static_qdq(s, d, f, per_channel=False, activation_int8=False)),
     "bert-qdq-pc-s8s8": (qm.float_tiny_bert, lambda s, d, f: qm.static_qdq(s, d, f, per_channel=True, activation_int8=True)),
     "bert-dynamic": (qm.float_tiny_bert, lambda s, d, f: qm.dynamic_int8(s, d)),
+    "cnn-handmade-qdq-act": (qm.handmade_qdq_cnn, lambda s, d, f: __import__("shutil").copyfile(s, d)),
     "mlp-dynamic": (qm.float_mlp, lambda s, d, f: qm.dynamic_int8(s, d)),
 }
 
@@ -123,3 +124,17 @@ def test_cse_still_merges_equal_float_constants() -> None:
     irm = ir.from_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
     assert eliminate_common_subexpressions(irm) >= 1
     assert len(irm.graph.initializers) == 1
+
+
+def test_rules_leave_qdq_units_alone(tmp_path: Path) -> None:
+    """Conv + Relu -> FusedConv would hide DQ -> Conv -> Relu -> Q from onnxruntime's QLinearConv
+    fusion: the driver refuses it and says why; with weight-only DQs (no unit) the rule still applies."""
+    quantized, weight_only = tmp_path / "qdq.onnx", tmp_path / "weights.onnx"
+    qm.handmade_qdq_cnn(quantized)
+    qm.handmade_qdq_cnn(weight_only, activations_quantized=False)
+    report = graphopt.optimize_file(quantized, tmp_path / "qdq.opt.onnx", target="ort-cpu", trace=True)
+    stats = report.rules["FuseConvActivation"]
+    assert stats.matches >= 2 and stats.applications == 0
+    assert sum("QDQ node unit" in miss.reason for miss in stats.near_misses) == 2
+    report = graphopt.optimize_file(weight_only, tmp_path / "weights.opt.onnx", target="ort-cpu")
+    assert report.rules["FuseConvActivation"].applications == 2
