@@ -138,3 +138,17 @@ def test_rules_leave_qdq_units_alone(tmp_path: Path) -> None:
     assert sum("QDQ node unit" in miss.reason for miss in stats.near_misses) == 2
     report = graphopt.optimize_file(weight_only, tmp_path / "weights.opt.onnx", target="ort-cpu")
     assert report.rules["FuseConvActivation"].applications == 2
+
+
+def test_nhwc_layout_leaves_qdq_convs_alone(quantized, tmp_path: Path) -> None:
+    """--layout nhwc on ort-cuda: a QDQ unit's Conv stays an NCHW Conv (Transposes between it and
+    its Q/DQ would hide the unit); the float model's Convs still become NhwcConv."""
+    src, feeds = quantized["cnn-qdq-pt-u8s8"]
+    out = tmp_path / "opt.onnx"
+    graphopt.optimize_file(src, out, target="ort-cuda", layout="nhwc")
+    ops = [n.op_type for n in onnx.load(str(out)).graph.node]
+    assert ops.count("Conv") == 3 and "NhwcConv" not in ops and "Transpose" not in ops
+    float_model = tmp_path / "float.onnx"
+    qm.float_cnn(float_model)
+    graphopt.optimize_file(float_model, tmp_path / "float.opt.onnx", target="ort-cuda", layout="nhwc")
+    assert sum(n.op_type == "NhwcConv" for n in onnx.load(str(tmp_path / "float.opt.onnx")).graph.node) == 3

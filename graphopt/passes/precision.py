@@ -59,7 +59,7 @@ import onnx_ir as ir
 
 from graphopt.ops.registry import fp32_inputs, fp32_outputs, has_fact
 from graphopt.ops.targets import GRAPHOPT_DOMAIN, Target
-from graphopt.passes._common import ONNX_DOMAINS, has_subgraphs, record
+from graphopt.passes._common import ONNX_DOMAINS, has_subgraphs, in_qdq_unit, record
 from graphopt.passes.precision_plan import (
     _LOW,
     DEFAULT_KEEP_FP32,
@@ -246,7 +246,7 @@ class _Converter:
             return "shape", None
         if domain in ONNX_DOMAINS and node.op_type in DEFAULT_KEEP_FP32:
             return "block_list", None
-        if self._in_qdq_unit(node):
+        if in_qdq_unit(node):   # a Cast between the op and its Q/DQ would hide the unit
             return "qdq_unit", None
         if any(v.dtype is None for v in node.outputs) or any(v is not None and self.dtype(v) is None for v in node.inputs):
             return "unknown_type", None
@@ -270,18 +270,6 @@ class _Converter:
         if has_fact(domain, node.op_type, "follows_inputs") and readers and all(id(v) in self.fp32_values for v in readers):
             return "follows_fp32", None
         return None, _Decision(ins, outs)
-
-    def _in_qdq_unit(self, node: ir.Node) -> bool:
-        """The op of a QDQ node unit (DequantizeLinear -> op -> QuantizeLinear): it reads a dequantized
-        activation or its output is quantized again. A Cast between it and its Q/DQ would hide the
-        unit from onnxruntime's QDQ fusions (QLinearConv, QLinearMatMul, ...), so it stays float32.
-        A weight-only DequantizeLinear (of a constant, no QuantizeLinear after) is no unit."""
-        for value in node.inputs:
-            producer = value.producer() if value is not None else None
-            if (producer is not None and producer.op_type == "DequantizeLinear" and producer.inputs
-                    and producer.inputs[0] is not None and not self.is_const(producer.inputs[0])):
-                return True
-        return any(user.op_type == "QuantizeLinear" for value in node.outputs for user, _ in value.uses())
 
     def _stays_with_convs(self, node: ir.Node) -> bool:
         """In the CNN region the precision decision keeps in float32 (graphopt.passes.precision_decision):
