@@ -16,6 +16,8 @@
 #   bash benchmarks/gpu_session.sh norms cuda  # residual norms fused or not (ort_cpu_norms.py) on the CUDA provider; "norms cpu": 4 CPU threads
 #   bash benchmarks/gpu_session.sh llm-onnx    # decode steps of a 4-layer TinyLlama-shaped export with a KV cache, fp16, CUDA, io-binding:
 #                                              # the export against graphopt's GroupQueryAttention (llm_onnx_decode.py)
+#   bash benchmarks/gpu_session.sh qdq cuda    # quantized models (qdq_zoo.py, built there: torch, transformers): original, ORT offline,
+#                                              # graphopt --target ort-cuda (qdq_bench.py); "qdq cpu": the CPU provider, 4 threads
 #
 # Every step prints the GPU's name and writes its full results under $OUT; the short tables come last.
 set -uo pipefail
@@ -117,6 +119,14 @@ torch-cost)
   timeout 560 python3 benchmarks/torch_compile_cost.py --models "${2:-llama,t5,convnext}" \
     --out "$OUT/torch_compile_cost.json" > "$OUT/torch-cost.log" 2>&1
   grep -A12 "^model " "$OUT/torch-cost.log"
+  ;;
+qdq)
+  device=${2:-cuda}
+  threads=0; [ "$device" = cpu ] && threads=4
+  timeout 200 python3 benchmarks/qdq_zoo.py --list > "$OUT/qdq_zoo.log" 2>&1 || { tail -20 "$OUT/qdq_zoo.log"; exit 1; }
+  timeout 360 python3 benchmarks/qdq_bench.py --device "$device" --threads "$threads" --runs 20 --rounds 8 --warmup 5 \
+    --out "$OUT/qdq_bench-$device.json" > "$OUT/qdq-$device.log" 2>&1
+  tail -12 "$OUT/qdq-$device.log"
   ;;
 *)
   echo "unknown step $step" >&2; exit 2

@@ -186,7 +186,8 @@ def build(names: list[str] | None = None, force: bool = False, cache: Path = CAC
     built = []
     for name in names or list(QUANTIZED):
         if name not in QUANTIZED:
-            raise SystemExit(f"error: no QDQ zoo model {name!r} (known: {', '.join(QUANTIZED)})")
+            print(f"error: no QDQ zoo model {name!r} (known: {', '.join(QUANTIZED)})", file=sys.stderr)
+            raise SystemExit(2)
         base, quantize = QUANTIZED[name]
         float_dir = cache / base
         if force or not (float_dir / "model.onnx").exists():
