@@ -20,7 +20,8 @@ DynamicQuantizeMatMul, MatMulNBits, ...): graphopt's count must not be lower.
 
 Timing as benchmarks/zoo_bench.py does it (its Runner: io-binding on CUDA): after a warm-up,
 ``--rounds`` rounds each run every variant ``--runs`` times, the variants in a new order every
-round; the figure is the median of all runs. Where graphopt comes out slower than
+round; the figure is the median of all runs (wall time; ``--clock thread --threads 1``: the
+CPU time of the calling thread, for a machine shared with other jobs). Where graphopt comes out slower than
 ort-offline, both are measured again (``--remeasure`` times at most) and the runs pooled.
 The goal (issue 18): graphopt <= 1.00x ort-offline on every model. Output: a table, and JSON with ``--out``.
 """
@@ -35,6 +36,7 @@ import platform
 import random
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -93,15 +95,29 @@ def max_rel_error(expected: list[np.ndarray], actual: list[np.ndarray]) -> float
     return worst
 
 
-def time_variants(runners: dict[str, Runner], names: list[str], runs: int, rounds: int, times: dict[str, list[float]]) -> None:
+def _thread_clock_runs(runner: Runner, n: int) -> list[float]:
+    """CPU time of the calling thread per run (ms): with one intra-op thread onnxruntime computes
+    on the caller's thread, so other jobs on a shared machine barely move the figure."""
+    times = []
+    for _ in range(n):
+        t0 = time.thread_time()
+        runner.session.run(None, runner.feeds)
+        times.append((time.thread_time() - t0) * 1e3)
+    return times
+
+
+def time_variants(runners: dict[str, Runner], names: list[str], runs: int, rounds: int, times: dict[str, list[float]],
+                  clock: str = "wall") -> None:
     order = list(names)
     for _ in range(rounds):
         random.shuffle(order)
         for name in order:
-            times[name].extend(runners[name].time_runs(runs))
+            runner = runners[name]
+            times[name].extend(_thread_clock_runs(runner, runs) if clock == "thread" else runner.time_runs(runs))
 
 
-def bench_model(name: str, device: str, runs: int, rounds: int, warmup: int, threads: int, remeasure: int) -> dict[str, Any]:
+def bench_model(name: str, device: str, runs: int, rounds: int, warmup: int, threads: int, remeasure: int,
+                clock: str = "wall") -> dict[str, Any]:
     model_dir = qdq_zoo.build([name])[0]
     feeds = qdq_zoo.load_feeds(model_dir)
     result: dict[str, Any] = {"model": name}
@@ -117,11 +133,11 @@ def bench_model(name: str, device: str, runs: int, rounds: int, warmup: int, thr
             for _ in range(warmup):
                 runner.run()
         times: dict[str, list[float]] = {v: [] for v in runners}
-        time_variants(runners, list(runners), runs, rounds, times)
+        time_variants(runners, list(runners), runs, rounds, times, clock)
         for _ in range(remeasure):
             if np.median(times["graphopt"]) <= np.median(times["ort-offline"]):
                 break
-            time_variants(runners, ["graphopt", "ort-offline"], runs, rounds, times)
+            time_variants(runners, ["graphopt", "ort-offline"], runs, rounds, times, clock)
         for v in runners:
             variants[v]["median_ms"] = float(np.median(times[v]))
             variants[v]["runs"] = len(times[v])
@@ -159,12 +175,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--threads", type=int, default=0, help="intra-op threads (0: onnxruntime's default)")
     parser.add_argument("--remeasure", type=int, default=2, help="extra measurements where graphopt comes out slower")
+    parser.add_argument("--clock", choices=("wall", "thread"), default="wall",
+                        help="thread: CPU time of the calling thread (CPU provider, --threads 1 only; for a shared machine)")
     parser.add_argument("--out", help="write the results as JSON here")
     args = parser.parse_args(argv)
     names = args.models.split(",") if args.models else list(qdq_zoo.QUANTIZED)
     unknown = [n for n in names if n not in qdq_zoo.QUANTIZED]
     if unknown:
         print(f"error: unknown model(s) {', '.join(unknown)} (known: {', '.join(qdq_zoo.QUANTIZED)})", file=sys.stderr)
+        return 2
+    if args.clock == "thread" and (args.device != "cpu" or args.threads != 1):
+        print("error: --clock thread needs --device cpu --threads 1", file=sys.stderr)
         return 2
     ort = _ort()
     if args.device == "cuda" and "CUDAExecutionProvider" not in ort.get_available_providers():
@@ -173,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for name in names:
         try:
-            results.append(bench_model(name, args.device, args.runs, args.rounds, args.warmup, args.threads, args.remeasure))
+            results.append(bench_model(name, args.device, args.runs, args.rounds, args.warmup, args.threads, args.remeasure, args.clock))
         except Exception as e:  # noqa: BLE001 - one model's failure is recorded, the run goes on
             results.append({"model": name, "error": f"{type(e).__name__}: {str(e).strip()[:200]}"})
         print(table(results[-1:]).splitlines()[-1], flush=True)
@@ -183,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
 
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "device": args.device,
             "machine": platform.processor() or platform.machine(), "onnxruntime": onnxruntime.__version__,
-            "graphopt": getattr(graphopt, "__version__", "?"), "command": " ".join(sys.argv), "threads": args.threads}
+            "graphopt": getattr(graphopt, "__version__", "?"), "command": " ".join(sys.argv), "threads": args.threads, "clock": args.clock}
     if args.out:
         Path(args.out).write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
     print(json.dumps(meta))
