@@ -16,7 +16,8 @@
 #   bash benchmarks/gpu_session.sh norms cuda  # residual norms fused or not (ort_cpu_norms.py) on the CUDA provider; "norms cpu": 4 CPU threads
 #   bash benchmarks/gpu_session.sh llm-onnx    # decode steps of a 4-layer TinyLlama-shaped export with a KV cache, fp16, CUDA, io-binding:
 #                                              # the export against graphopt's GroupQueryAttention (llm_onnx_decode.py)
-#   bash benchmarks/gpu_session.sh qdq cuda    # quantized models (qdq_zoo.py, built there: torch, transformers): original, ORT offline,
+#   bash benchmarks/gpu_session.sh qdq cuda    # quantized models (qdq_zoo.py, built there with torch and transformers, or carried:
+#                                              # benchmarks/.qdq_zoo without its float folders, ~50 MB): original, ORT offline,
 #                                              # graphopt --target ort-cuda (qdq_bench.py); "qdq cpu": the CPU provider, 4 threads
 #
 # Every step prints the GPU's name and writes its full results under $OUT; the short tables come last.

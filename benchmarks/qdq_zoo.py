@@ -184,17 +184,20 @@ QUANTIZED: dict[str, tuple[str, Callable[[Path, Path, dict[str, np.ndarray]], No
 def build(names: list[str] | None = None, force: bool = False, cache: Path = CACHE_DIR) -> list[Path]:
     """Build the quantized models ``names`` (all by default) into ``cache``; returns their directories."""
     built = []
+    exported: set[str] = set()
     for name in names or list(QUANTIZED):
         if name not in QUANTIZED:
             print(f"error: no QDQ zoo model {name!r} (known: {', '.join(QUANTIZED)})", file=sys.stderr)
             raise SystemExit(2)
         base, quantize = QUANTIZED[name]
         float_dir = cache / base
-        if force or not (float_dir / "model.onnx").exists():
-            float_dir.mkdir(parents=True, exist_ok=True)
-            np.savez(float_dir / "inputs.npz", **export_float(base, float_dir / "model.onnx"))
         out_dir = cache / name
         if force or not (out_dir / "model.onnx").exists():
+            # the float model only where a quantized one is made (a carried cache may hold only those)
+            if base not in exported and (force or not (float_dir / "model.onnx").exists()):
+                float_dir.mkdir(parents=True, exist_ok=True)
+                np.savez(float_dir / "inputs.npz", **export_float(base, float_dir / "model.onnx"))
+                exported.add(base)
             out_dir.mkdir(parents=True, exist_ok=True)
             with np.load(float_dir / "inputs.npz") as data:
                 feeds = {k: data[k] for k in data.files}
