@@ -30,6 +30,9 @@
 #                                              # the export against graphopt's GroupQueryAttention (llm_onnx_decode.py)
 #   bash benchmarks/gpu_session.sh llm-onnx-weights [LAYERS] [BLOCK]  # the same export, fp16: graphopt against graphopt
 #                                              # --weights int4 / int8 (com.microsoft.MatMulNBits, block 32 by default)
+#   bash benchmarks/gpu_session.sh qdq cuda    # quantized models (qdq_zoo.py, built there with torch and transformers, or carried:
+#                                              # benchmarks/.qdq_zoo without its float folders, ~50 MB): original, ORT offline,
+#                                              # graphopt --target ort-cuda (qdq_bench.py); "qdq cpu": the CPU provider, 4 threads
 #
 # Every step prints the GPU's name and writes its full results under $OUT; the short tables come last.
 set -uo pipefail
@@ -193,6 +196,14 @@ torch-cost)
   timeout 560 python3 benchmarks/torch_compile_cost.py --models "${2:-llama,t5,convnext}" \
     --out "$OUT/torch_compile_cost.json" > "$OUT/torch-cost.log" 2>&1
   grep -A12 "^model " "$OUT/torch-cost.log"
+  ;;
+qdq)
+  device=${2:-cuda}
+  threads=0; [ "$device" = cpu ] && threads=4
+  timeout 200 python3 benchmarks/qdq_zoo.py --list > "$OUT/qdq_zoo.log" 2>&1 || { tail -20 "$OUT/qdq_zoo.log"; exit 1; }
+  timeout 360 python3 benchmarks/qdq_bench.py --device "$device" --threads "$threads" --runs 20 --rounds 8 --warmup 5 \
+    --out "$OUT/qdq_bench-$device.json" > "$OUT/qdq-$device.log" 2>&1
+  tail -12 "$OUT/qdq-$device.log"
   ;;
 *)
   echo "unknown step $step" >&2; exit 2
