@@ -178,8 +178,8 @@ def test_fp32_or_none_changes_nothing() -> None:
 
 
 def test_unknown_precision_is_an_error() -> None:
-    with pytest.raises(GraphoptError, match="unknown precision 'fp8'"):
-        convert(mlp(), "fp8")
+    with pytest.raises(GraphoptError, match="unknown precision 'fp4'"):
+        convert(mlp(), "fp4")
 
 
 def test_keep_fp32_by_op_type_and_by_node_name() -> None:
@@ -476,8 +476,8 @@ def test_cli_precision(tmp_path: Path) -> None:
     assert document["precision"] == "fp16" and document["precision_conversion"]["kept"]["keep_fp32"] == 1
     assert document["verification"]["rtol"] == 1e-2
 
-    bad = run_cli("optimize", source, "-o", tmp_path / "bad.onnx", "--precision", "fp8", cwd=tmp_path)
-    assert bad.returncode == 2 and bad.stderr.startswith("error: unknown precision 'fp8'")
+    bad = run_cli("optimize", source, "-o", tmp_path / "bad.onnx", "--precision", "fp4", cwd=tmp_path)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: unknown precision 'fp4'")
     assert not (tmp_path / "bad.onnx").exists()
     lonely = run_cli("optimize", source, "-o", tmp_path / "bad.onnx", "--keep-fp32", "Relu", cwd=tmp_path)
     assert lonely.returncode == 2 and "--keep-fp32 only applies with --precision" in lonely.stderr

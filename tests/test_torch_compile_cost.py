@@ -29,7 +29,8 @@ def test_dry_run_reports_the_ratio_per_model(monkeypatch: pytest.MonkeyPatch, tm
     data = json.loads((tmp_path / "torch_compile_cost-resnet50-tiny.json").read_text())
     (result,) = data["results"]
     assert result["graphs"] == 1 and result["graphopt_s"] > 0 and result["inductor_s"] > 0
-    assert result["ratio"] == pytest.approx(result["graphopt_s"] / result["inductor_s"], abs=2e-3)
+    # the times are rounded in the JSON: their ratio agrees to about a percent, not to the third decimal
+    assert result["ratio"] == pytest.approx(result["graphopt_s"] / result["inductor_s"], rel=0.02)
     assert result["runs"]["graphopt"][0]["rewrites"]["FoldConvBatchNorm"] > 0  # graphopt did its work on the graph timed
     assert data["environment"]["device"] == "cpu" and "command" in data["environment"]
 
