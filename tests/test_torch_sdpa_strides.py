@@ -95,6 +95,24 @@ def test_t5_position_bias_reaches_sdpa_dense(monkeypatch: pytest.MonkeyPatch, dt
     assert _changes("dense_attention_inputs") == 1  # one copy, made at compile time
 
 
+def test_t5_with_a_padding_mask_gets_the_sum_dense(monkeypatch: pytest.MonkeyPatch) -> None:
+    """bias + padding mask is computed per call (the sum of the strided constant and the mask
+    kept its strides): one copy, in the layout inductor writes the sum in anyway."""
+    seen = _stub_inductor(monkeypatch)
+    model, ids = _t5(), torch.randint(0, 100, (2, 16))
+    padding = torch.ones_like(ids)
+    padding[1, 10:] = 0
+    with torch.no_grad():
+        got = torch.compile(model, backend="graphopt")(input_ids=ids, attention_mask=padding).last_hidden_state
+        torch.testing.assert_close(got, model(input_ids=ids, attention_mask=padding).last_hidden_state, atol=1e-4, rtol=1e-4)
+    assert _strided(seen[-1]) == []
+    sdpas = [n for n in seen[-1].graph.nodes if n.target is SDPA]
+    masks = {n.kwargs.get("attn_mask", n.args[3] if len(n.args) > 3 else None) for n in sdpas}
+    assert len(sdpas) == 2 and len(masks) == 1  # one sum, read by both attentions
+    (mask,) = masks
+    assert mask.target is torch.ops.aten.clone.default and _changes("dense_attention_inputs") == 1
+
+
 def test_without_the_pass_the_bias_would_be_strided(monkeypatch: pytest.MonkeyPatch) -> None:
     """The failure the pass repairs: the same graph, the pass made a no-op."""
     import graphopt.passes.fx_sdpa as fx_sdpa
