@@ -9,6 +9,7 @@
 #   bash benchmarks/gpu_session.sh torch       # torch.compile: graphopt against inductor on the issue-15 models
 #   bash benchmarks/gpu_session.sh torch-modes M  # one model (llama, t5, convnext): default, reduce-overhead, max-autotune, each against inductor's
 #   bash benchmarks/gpu_session.sh train       # training steps through the backend against inductor (torch_train.py); "train-dist": DDP and FSDP2 on all GPUs
+#   bash benchmarks/gpu_session.sh torch-kernels M # one model (default t5): default and reduce-overhead against inductor's, with GPU kernel profiles
 #   bash benchmarks/gpu_session.sh torch-cost M,N # graphopt's passes against inductor's compile time (torch_compile_cost.py)
 #   bash benchmarks/gpu_session.sh profile M,N # the ops onnxruntime runs and the kernels they launch, per variant (ort_profile.py)
 #   bash benchmarks/gpu_session.sh cpu 1/1     # the zoo on onnxruntime's CPU provider (the GPU machine's 16 cores, 4 threads a session)
@@ -191,6 +192,24 @@ train-dist)
       --out "$OUT/torch_train-$wrap.json" > "$OUT/torch-train-$wrap.log" 2>&1
     tail -8 "$OUT/torch-train-$wrap.log"
   done
+  ;;
+torch-kernels)
+  # Default and reduce-overhead against inductor's, with each variant's GPU kernels (count, time, the top ones):
+  # whether every attention runs a fused SDPA kernel (fmha/flash/cudnn) or SDPA's math form (bmm + softmax).
+  timeout 560 python3 benchmarks/torch_compile.py --models "${2:-t5}" --kernels \
+    --variants inductor,graphopt+inductor,inductor-ro,graphopt+inductor-ro \
+    --out "$OUT/torch_compile-kernels-${2:-t5}.json" > "$OUT/torch-kernels.log" 2>&1
+  tail -12 "$OUT/torch-kernels.log"
+  python3 - "$OUT/torch_compile-kernels-${2:-t5}.json" <<'PY'
+import json, re, sys
+for result in json.load(open(sys.argv[1]))["results"]:
+    for variant, entry in result["variants"].items():
+        k = entry.get("kernels") or {}
+        attention = sorted({re.match(r"[\w:]*", re.sub(r"^void\s+", "", t["name"])).group(0)[:48] for t in k.get("top", [])
+                            if re.search(r"fmha|flash|attention|cudnn|bmm|softmax", t["name"], re.I)})
+        print(f"{result['model']:6s} {variant:22s} kernels/run {k.get('kernels_per_run', '-')!s:>7s}  "
+              f"GPU ms/run {k.get('gpu_ms_per_run', '-')!s:>8s}  attention kernels: {', '.join(attention) or '-'}")
+PY
   ;;
 torch-cost)
   timeout 560 python3 benchmarks/torch_compile_cost.py --models "${2:-llama,t5,convnext}" \

@@ -96,8 +96,11 @@ def _compile(model: Any, variant: str) -> Any:
     if variant == "inductor":
         return torch.compile(model)
     if variant == "graphopt":
+        from torch_compile import _ensure_backend_registered
+
         from graphopt.torch_backend import clear_reports
 
+        _ensure_backend_registered()  # also where graphopt is on the path but not installed (its entry point unknown)
         clear_reports()  # this variant's rewrites only
         return torch.compile(model, backend="graphopt")
     raise ValueError(f"unknown variant {variant}")
