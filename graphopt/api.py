@@ -349,8 +349,8 @@ def _convert_precision(model: ir.Model, target: Any, report: Report, plan: Any, 
     convolutions' and the recurrent ops' precision decisions), convert, then collapse the Casts that are left."""
     from graphopt.decisions import DecisionPoint
     from graphopt.passes.precision_decision import decide_conv_precision
-    from graphopt.passes.precision_recurrent import decide_recurrent_precision
     from graphopt.passes.precision_range import range_checked_plan
+    from graphopt.passes.precision_recurrent import decide_recurrent_precision
 
     if plan.precision == "fp16" and options.range_check:
         plan, kept, note = range_checked_plan(model, target, plan, options.calibration_data, say=options.progress)
