@@ -19,6 +19,11 @@ candidate form of each decision, and each form is timed in onnxruntime on the pr
   the layout the layout decision will give it. On the CPU provider only the NCHW forms
   run (a check of the script, not figures for the table: ort-cpu has no fp16 Conv).
 
+* `recurrent_precision` (`--decisions recurrent_precision`; CUDA, and CPU as a check): one
+  LSTM/GRU/RNN per block (benchmarks/decisions_recurrent.py: `--rnn-ops`, `--directions`,
+  `--hidden`, `--sequences`, `--batches`), `fp32` (kept float32) against `fp16` (converted, the
+  Casts at the block's ends included), as graphopt/passes/precision_recurrent.py reads them.
+
 Every form's output is compared with the NCHW form's (a form that differs is reported and
 left out of the table). Sessions run with ORT_ENABLE_ALL; on CUDA inputs and outputs stay
 on the device (io-binding). Medians of `--runs` runs after `--warmup`.
@@ -27,6 +32,7 @@ on the device (io-binding). Medians of `--runs` runs after `--warmup`.
     python benchmarks/decisions_bench.py --decisions precision --dtypes f32 --kinds dense1,dense3,dense7,depthwise3,depthwise5,grouped3 \
         --budget-s 140 --out $OUT              # GPU: the precision entries, < 3 min
     python benchmarks/decisions_bench.py --provider cpu --channels 16 --batches 1 --kinds dense3 --runs 5 --out /tmp/db   # CPU check
+    python benchmarks/decisions_bench.py --decisions recurrent_precision --budget-s 180 --out $OUT/rnn   # GPU: recurrent entries, < 4 min
 
 Writes `--out/decisions_bench-<provider>.json` (environment, every timing) and
 `--out/cost_table.json` (the measured entries, in the shipped table's format). To ship them:
