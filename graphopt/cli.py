@@ -215,7 +215,7 @@ def optimize(
         typer.Option(
             "--precision-recurrent",
             metavar="auto|low|fp32",
-            help="With --precision: the recurrent ops (LSTM, GRU, RNN) in the low type (low) or float32 (fp32); auto: decided as for --precision-convs.",
+            help="With --precision: the recurrent ops (LSTM, GRU, RNN) in the low type (low) or float32 (fp32); auto: decided like the convolutions, from the cost table (or --tune), on ort-cuda.",
         ),
     ] = "auto",
     layout: Annotated[
