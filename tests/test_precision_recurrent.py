@@ -40,11 +40,23 @@ def table(times: dict[str, float], *, op: str = "LSTM", match: dict | None = Non
     return CostTable(entries)
 
 
-def crnn(op: str = "LSTM", batch: int | str = 1) -> onnx.ModelProto:
+def crnn(op: str = "LSTM", batch: int | str = 1, head: str = "gemm") -> onnx.ModelProto:
     """A tiny CRNN: Conv + Relu over [batch, 3, 4, T], the columns as a sequence (Reshape,
     Transpose to [T, batch, 32]), a bidirectional recurrent op, its two directions side by side
-    (Transpose, Reshape to [T * batch, 16]) and a Gemm head."""
+    (Transpose, Reshape to [T * batch, 16]) and a Gemm head; or (`head="matmul"`, paddle-crnn's
+    form) the directions side by side per step ([T, batch, 16]), a MatMul + bias, a Softmax."""
     gates = _GATES[op]
+    if head == "matmul":
+        model = crnn(op, batch)
+        graph = model.graph
+        del graph.node[-1]
+        graph.node.extend([helper.make_node("MatMul", ["rows", "wm"], ["logits"], name="head"),
+                           helper.make_node("Add", ["logits", "bh"], ["scores"], name="head_bias"),
+                           helper.make_node("Softmax", ["scores"], ["y"], axis=-1, name="probabilities")])
+        graph.initializer.extend([init("wm", rand(2 * HIDDEN, CLASSES) * 0.3)])
+        [shape] = [t for t in graph.initializer if t.name == "to_rows"]
+        shape.CopyFrom(init("to_rows", np.array([T, -1, 2 * HIDDEN], np.int64)))
+        return model
     nodes = [
         helper.make_node("Conv", ["x", "w0", "b0"], ["c0"], pads=[1, 1, 1, 1], name="conv0"),
         helper.make_node("Relu", ["c0"], ["r0"], name="relu0"),
@@ -110,6 +122,36 @@ def test_table_says_fp16_slower_a_crnn_stays_wholly_float32(op: str) -> None:
     conversion = report.precision_conversion
     assert {"rnn", "directions", "rows", "head"} <= set(conversion.kept_for_speed) and conversion.nodes_converted == 0
     np.testing.assert_allclose(run_cpu(out, x), run_cpu(model, x), rtol=1e-5, atol=1e-5)
+
+
+def test_a_per_step_classifier_after_the_recurrence_stays_with_it() -> None:
+    # paddle-crnn's head: a MatMul on [T, batch, 2 * hidden] with nothing heavy after it (a tail
+    # head): it stays float32 with the recurrence rather than convert alone between two Casts.
+    model, x = crnn(head="matmul"), rand(1, 3, 4, T)
+    out, report = fp16(model, cost_table=table(FP16_SLOWER, convs=FP16_SLOWER))
+    assert the_decision(report).chosen == "fp32" and weight_type(out, "wm") == "FLOAT"
+    assert not [n for n in out.graph.node if n.op_type == "Cast"]
+    assert {"head", "head_bias"} <= set(report.precision_conversion.kept_for_speed)
+    np.testing.assert_allclose(run_cpu(out, x), run_cpu(model, x), rtol=1e-5, atol=1e-6)
+    # When the recurrence converts, so does the head.
+    out, report = fp16(model, cost_table=table(FP16_FASTER, convs=FP16_SLOWER))
+    assert weight_type(out, "W") == "FLOAT16" and weight_type(out, "wm") == "FLOAT16"
+    close(run_cpu(out, x), run_cpu(model, x))
+
+
+def test_only_a_product_with_nothing_heavy_after_it_is_a_tail_head() -> None:
+    import onnx_ir as ir
+
+    from graphopt.passes.precision_region import tail_heads
+
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"], name="first"), helper.make_node("Relu", ["h"], ["r"], name="act"),
+             helper.make_node("MatMul", ["r", "w2"], ["o"], name="second"), helper.make_node("MatMul", ["x", "x2"], ["p"], name="dynamic"),
+             helper.make_node("Add", ["o", "p"], ["y"], name="sum")]
+    model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 4]),
+                               helper.make_tensor_value_info("x2", TensorProto.FLOAT, [2, 4, 4])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [init("w1", rand(4, 4)), init("w2", rand(4, 4))])
+    graph = ir.serde.deserialize_model(model).graph
+    assert {n.name for n in graph if id(n) in tail_heads(graph)} == {"second"}  # "dynamic" has no constant weight
 
 
 def test_recurrent_ops_stay_float32_while_the_convolutions_convert() -> None:

@@ -68,7 +68,7 @@ from graphopt.passes.precision_plan import (
     _op_names,
     _schema,
 )
-from graphopt.passes.precision_region import joins_region, recurrent_seed, region_seed
+from graphopt.passes.precision_region import joins_region, recurrent_seed, region_seed, tail_heads
 from graphopt.report.model import PrecisionSummary, RangeKeep
 
 __all__ = ["convert_precision", "remove_cast_pairs"]
@@ -127,6 +127,7 @@ class _Converter:
     _kept_ops: Counter[str] = field(default_factory=Counter)
     _matched_keep: set[str] = field(default_factory=set)
     _no_kernel: dict[int, str] = field(default_factory=dict)  # id(node) -> the target's reason it has no low-type kernel
+    _tails: frozenset[int] | None = None  # ids of the tail heads (precision_region.tail_heads), found when first needed
 
     def __post_init__(self) -> None:
         self.graph = self.model.graph
@@ -277,7 +278,9 @@ class _Converter:
         a seed (2-D convolution, recurrent op), or a node of the region's ops reading only float32 values."""
         if (self.plan.fp32_convs and region_seed(node)) or (self.plan.fp32_recurrent and recurrent_seed(node)):
             return True
-        if not joins_region(node, convs=self.plan.fp32_convs):
+        if self._tails is None:
+            self._tails = tail_heads(self.graph)
+        if not joins_region(node, convs=self.plan.fp32_convs, tails=self._tails):
             return False
         readers = [v for v in node.inputs if v is not None and self.dtype(v) == _FLOAT and not self.is_const(v)]
         return bool(readers) and all(id(v) in self.fp32_values or v.is_graph_input() for v in readers)
