@@ -32,8 +32,9 @@ NCHW fp16 and 4.32 ms fp32). So converting the convolutions is a decision
   RMSNorm, recurrent ops, Einsum, graphopt's fused transformer ops: heavy ops
   (registry fact `heavy`) other than the convolution family (Conv, ConvTranspose,
   FusedConv, Batch/Instance/GroupNormalization) and classifier heads (MatMul/Gemm on
-  rank-2 inputs). So a pure CNN stays wholly float32 (as `--precision fp32` would write
-  it) and a transformer neck after a CNN backbone still runs in the low type.
+  rank-2 inputs, or tail heads: a constant weight and no heavy op after them). So a pure
+  CNN stays wholly float32 (as `--precision fp32` would write it) and a transformer neck
+  after a CNN backbone still runs in the low type.
 
 The report has the decision (`decisions[]`, kind `precision`, both candidates' predicted
 or measured times) and the nodes it kept (`precision_conversion.kept_for_speed`, reason

@@ -22,8 +22,9 @@ and the Casts at its ends are extra. So converting the recurrent ops is a decisi
   float32 in and out, so the Casts into and out of the low type are in the fp16 figures.
 * The region kept (graphopt.passes.precision_region): the recurrent ops, and every node
   reading only float32 values that is not heavy (layout and elementwise ops, fused
-  activations, classifier heads on rank-2 tensors); convolutions stay with it only when the
-  convolutions' decision keeps them too. Listed in `precision_conversion.kept_for_speed`.
+  activations, classifier heads on rank-2 tensors and tail heads: a MatMul/Gemm with a constant
+  weight and no heavy op after it, like a CRNN's per-step classifier); convolutions stay with it
+  only when the convolutions' decision keeps them too. Listed in `precision_conversion.kept_for_speed`.
 """
 
 from __future__ import annotations
