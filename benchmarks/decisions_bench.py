@@ -19,6 +19,11 @@ candidate form of each decision, and each form is timed in onnxruntime on the pr
   the layout the layout decision will give it. On the CPU provider only the NCHW forms
   run (a check of the script, not figures for the table: ort-cpu has no fp16 Conv).
 
+* `recurrent_precision` (`--decisions recurrent_precision`; CUDA, and CPU as a check): one
+  LSTM/GRU/RNN per block (benchmarks/decisions_recurrent.py: `--rnn-ops`, `--directions`,
+  `--hidden`, `--sequences`, `--batches`), `fp32` (kept float32) against `fp16` (converted, the
+  Casts at the block's ends included), as graphopt/passes/precision_recurrent.py reads them.
+
 Every form's output is compared with the NCHW form's (a form that differs is reported and
 left out of the table). Sessions run with ORT_ENABLE_ALL; on CUDA inputs and outputs stay
 on the device (io-binding). Medians of `--runs` runs after `--warmup`.
@@ -27,6 +32,7 @@ on the device (io-binding). Medians of `--runs` runs after `--warmup`.
     python benchmarks/decisions_bench.py --decisions precision --dtypes f32 --kinds dense1,dense3,dense7,depthwise3,depthwise5,grouped3 \
         --budget-s 140 --out $OUT              # GPU: the precision entries, < 3 min
     python benchmarks/decisions_bench.py --provider cpu --channels 16 --batches 1 --kinds dense3 --runs 5 --out /tmp/db   # CPU check
+    python benchmarks/decisions_bench.py --decisions recurrent_precision --budget-s 180 --out $OUT/rnn   # GPU: recurrent entries, < 4 min
 
 Writes `--out/decisions_bench-<provider>.json` (environment, every timing) and
 `--out/cost_table.json` (the measured entries, in the shipped table's format). To ship them:
@@ -56,6 +62,9 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import decisions_recurrent  # noqa: E402  (beside this script)
 
 from graphopt.decisions.shapes import batch_buckets, channel_bucket  # noqa: E402
 from graphopt.decisions.table import TABLE_FORMAT, CostTable, Entry  # noqa: E402
@@ -69,7 +78,7 @@ KINDS = {
 DEFAULT_KINDS = "dense1,dense3,depthwise3,depthwise5"
 #: Channels per group of a "grouped" convolution (RegNet's group widths are 8 to 64+).
 GROUP_WIDTH = 8
-DECISIONS = ("layout", "fused_conv", "precision")
+DECISIONS = ("layout", "fused_conv", "precision", "recurrent_precision")
 #: Spatial size per channel count (ResNet-like: fewer channels, larger maps).
 SPATIAL = {16: 112, 64: 56, 256: 28, 512: 14}
 PROVIDERS = {"cuda": "CUDAExecutionProvider", "cpu": "CPUExecutionProvider"}
@@ -207,6 +216,36 @@ class Session:
         return float(statistics.median(times))
 
 
+def time_forms(models: dict[str, onnx.ModelProto], args: argparse.Namespace, x: np.ndarray, label: str, decision: str,
+               tolerance: float, rows: list[dict[str, Any]], timed: dict[int, tuple[float, np.ndarray]]) -> dict[str, float]:
+    """Time each form of one decision (a row each in `rows`); returns candidate -> median ms for
+    the forms whose output matches the first form's within `tolerance` (relative to its largest value)."""
+    times: dict[str, float] = {}
+    reference: np.ndarray | None = None
+    for candidate, form in models.items():
+        row: dict[str, Any] = {"config": label, "decision": decision, "candidate": candidate,
+                               "ops": sorted({node.op_type for node in form.graph.node})}
+        try:
+            if id(form) not in timed:
+                session = Session(form, args.provider, x)
+                timed[id(form)] = (session.median_ms(args.warmup, args.runs), session.output())
+            ms, out = timed[id(form)]
+        except Exception as error:  # noqa: BLE001 - onnxruntime raises its own types
+            row["error"] = str(error).splitlines()[0][:200]
+            rows.append(row)
+            continue
+        reference = out if reference is None else reference
+        diff = float(np.max(np.abs(out.astype(np.float64) - reference.astype(np.float64)), initial=0.0))
+        scale = float(np.max(np.abs(reference.astype(np.float64)), initial=1.0)) or 1.0
+        row.update(median_ms=round(ms, 5), max_rel_diff=diff / scale)
+        if diff / scale > tolerance:
+            row["error"] = f"output differs from {next(iter(models))}: max rel diff {diff / scale:.3g}"
+        else:
+            times[candidate] = round(ms, 5)
+        rows.append(row)
+    return times
+
+
 def environment(provider: str) -> dict[str, Any]:
     import onnxruntime as ort
 
@@ -221,13 +260,12 @@ def environment(provider: str) -> dict[str, Any]:
     }
 
 
-def measure(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(timing rows, cost-table entries)."""
+def measure(args: argparse.Namespace, started: float) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(timing rows, cost-table entries) of the convolutions' decisions."""
     from graphopt.decisions.tune import device_name
 
     ep = PROVIDERS[args.provider]
     device = device_name(ep)
-    started = time.perf_counter()
     rows: list[dict[str, Any]] = []
     entries: list[dict[str, Any]] = []
     dtypes = [d for d in args.dtypes.split(",") if d]
@@ -250,29 +288,8 @@ def measure(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[s
             continue
         timed: dict[int, tuple[float, np.ndarray]] = {}  # the same model object is timed once
         for decision, models in forms.items():
-            times: dict[str, float] = {}
-            reference: np.ndarray | None = None
-            for candidate, form in models.items():
-                row: dict[str, Any] = {"config": label, "decision": decision, "candidate": candidate,
-                                       "ops": sorted({node.op_type for node in form.graph.node})}
-                try:
-                    if id(form) not in timed:
-                        session = Session(form, args.provider, x)
-                        timed[id(form)] = (session.median_ms(args.warmup, args.runs), session.output())
-                    ms, out = timed[id(form)]
-                except Exception as error:  # noqa: BLE001 - onnxruntime raises its own types
-                    row["error"] = str(error).splitlines()[0][:200]
-                    rows.append(row)
-                    continue
-                reference = out if reference is None else reference
-                diff = float(np.max(np.abs(out.astype(np.float64) - reference.astype(np.float64)), initial=0.0))
-                scale = float(np.max(np.abs(reference.astype(np.float64)), initial=1.0)) or 1.0
-                row.update(median_ms=round(ms, 5), max_rel_diff=diff / scale)
-                if diff / scale > (3e-2 if dtype == "f16" or decision == "precision" else 5e-3):
-                    row["error"] = f"output differs from {next(iter(models))}: max rel diff {diff / scale:.3g}"
-                else:
-                    times[candidate] = round(ms, 5)
-                rows.append(row)
+            tolerance = 3e-2 if dtype == "f16" or decision == "precision" else 5e-3
+            times = time_forms(models, args, x, label, decision, tolerance, rows, timed)
             print(f"[{n}/{len(configs)}] {decision:10s} {label:34s} " + "  ".join(f"{c} {t:.4f}" for c, t in times.items()), flush=True)
             kept = entry_times(decision, times)
             if kept is not None:
@@ -286,6 +303,36 @@ def measure(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[s
                                f"{size}x{size}, batch {batch}, {dtype}{casts}; median of {args.runs} runs, ORT_ENABLE_ALL"
                                + (", io-binding" if args.provider == "cuda" else "")),
                 })
+    return rows, entries
+
+
+def measure_recurrent(args: argparse.Namespace, started: float) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(timing rows, cost-table entries) of the recurrent ops' precision decision: batch 1 first."""
+    from graphopt.decisions.tune import device_name
+
+    ep = PROVIDERS[args.provider]
+    device = device_name(ep)
+    rows: list[dict[str, Any]] = []
+    entries: list[dict[str, Any]] = []
+    configs = [(b, o, d, s, h) for b in args.batch_list for o in args.rnn_op_list for d in args.direction_list
+               for s in args.sequence_list for h in args.hidden_list]
+    for n, (batch, op_label, direction, sequence, hidden) in enumerate(configs, 1):
+        if time.perf_counter() - started > args.budget_s:
+            print(f"budget of {args.budget_s:.0f} s spent: {len(configs) - n + 1} recurrent configurations not measured", flush=True)
+            break
+        op = decisions_recurrent.OPS[op_label]
+        label = f"f32 {op} {direction} h{hidden} s{sequence} b{batch}"
+        try:
+            forms = decisions_recurrent.recurrent_forms(decisions_recurrent.recurrent_block(op, direction, hidden, sequence, batch))
+        except Exception as error:  # noqa: BLE001 - a configuration graphopt cannot build is reported, not fatal
+            rows.append({"config": label, "error": f"optimize: {str(error).splitlines()[0][:200]}"})
+            continue
+        x = np.random.default_rng(1).standard_normal((sequence, batch, hidden)).astype(np.float32)
+        times = time_forms(forms, args, x, label, "recurrent_precision", 3e-2, rows, {})
+        print(f"[{n}/{len(configs)}] recurrent  {label:40s} " + "  ".join(f"{c} {t:.4f}" for c, t in times.items()), flush=True)
+        entry = decisions_recurrent.recurrent_entry(ep, device, op, direction, hidden, sequence, batch, times, args.runs, args.provider == "cuda")
+        if entry is not None:
+            entries.append(entry)
     return rows, entries
 
 
@@ -315,6 +362,10 @@ def main() -> None:
     parser.add_argument("--kinds", default=DEFAULT_KINDS, help=f"comma-separated: {', '.join(KINDS)}")
     parser.add_argument("--decisions", default="layout,fused_conv", help=f"comma-separated: {', '.join(DECISIONS)}")
     parser.add_argument("--channels", default="16,64,256,512")
+    parser.add_argument("--rnn-ops", default="lstm,gru", help=f"recurrent_precision: comma-separated: {', '.join(decisions_recurrent.OPS)}")
+    parser.add_argument("--directions", default="forward,bidirectional", help="recurrent_precision: forward, bidirectional")
+    parser.add_argument("--hidden", default="64,128,256,512", help="recurrent_precision: hidden sizes (input size the same)")
+    parser.add_argument("--sequences", default="25,100", help="recurrent_precision: sequence lengths")
     parser.add_argument("--batches", default="1,32")
     parser.add_argument("--dtypes", default="f16,f32")
     parser.add_argument("--depth", type=int, default=6, help="convolutions per block")
@@ -336,6 +387,12 @@ def main() -> None:
     if not args.decision_list or any(d not in DECISIONS for d in args.decision_list):
         parser.error(f"--decisions: comma-separated names among {', '.join(DECISIONS)}")
     args.channel_list = [int(c) for c in args.channels.split(",") if c]
+    args.rnn_op_list = [o for o in args.rnn_ops.split(",") if o]
+    args.direction_list = [d for d in args.directions.split(",") if d]
+    if any(o not in decisions_recurrent.OPS for o in args.rnn_op_list) or any(d not in decisions_recurrent.DIRECTIONS for d in args.direction_list):
+        parser.error(f"--rnn-ops among {', '.join(decisions_recurrent.OPS)}; --directions among {', '.join(decisions_recurrent.DIRECTIONS)}")
+    args.hidden_list = [int(h) for h in args.hidden.split(",") if h]
+    args.sequence_list = [int(q) for q in args.sequences.split(",") if q]
     args.batch_list = [int(b) for b in args.batches.split(",") if b]
 
     import onnxruntime as ort
@@ -348,7 +405,13 @@ def main() -> None:
     env = environment(args.provider)
     print(f"device: {env['device']}  onnxruntime {env['onnxruntime']}  provider {PROVIDERS[args.provider]}", flush=True)
     started = time.perf_counter()
-    rows, entries = measure(args)
+    rows: list[dict[str, Any]] = []
+    entries: list[dict[str, Any]] = []
+    if set(args.decision_list) - {"recurrent_precision"}:
+        rows, entries = measure(args, started)
+    if "recurrent_precision" in args.decision_list:
+        more_rows, more_entries = measure_recurrent(args, started)
+        rows, entries = rows + more_rows, entries + more_entries
     elapsed = time.perf_counter() - started
     args.out.mkdir(parents=True, exist_ok=True)
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}

@@ -5,6 +5,7 @@
 #   bash benchmarks/gpu_session.sh setup       # onnxruntime-gpu from /tmp/ort (its parts copied there first), lark from .whl/
 #   bash benchmarks/gpu_session.sh decisions   # measure the cost table (decisions_bench.py), merge it, then the zoo's first half
 #   bash benchmarks/gpu_session.sh precision   # the precision decision's entries (fp16 vs fp32 convolutions, casts included), merged (< 3 min)
+#   bash benchmarks/gpu_session.sh precision-rnn  # the recurrent ops' precision entries (LSTM/GRU fp16 vs fp32, casts included), merged (< 4 min)
 #   bash benchmarks/gpu_session.sh zoo 2/2     # the zoo's second half (or 1/1 for all)
 #   bash benchmarks/gpu_session.sh torch       # torch.compile: graphopt against inductor on the issue-15 models
 #   bash benchmarks/gpu_session.sh torch-modes M  # one model (llama, t5, convnext): default, reduce-overhead, max-autotune, each against inductor's
@@ -42,7 +43,7 @@ export PYTHONUNBUFFERED=1
 export PYTHONPATH=$PWD:/tmp/ort:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 # The cost table measured by the decisions step (kept on the machine: each run gets a fresh checkout).
-for measured in /tmp/measured_cost_table.json /tmp/measured_precision_table.json; do
+for measured in /tmp/measured_cost_table.json /tmp/measured_precision_table.json /tmp/measured_recurrent_table.json; do
   if [ -f "$measured" ]; then
     python3 benchmarks/decisions_bench.py --merge "$measured" --into graphopt/decisions/cost_table.json >/dev/null
   fi
@@ -75,6 +76,17 @@ precision)
   if [ -f "$OUT/cost_table.json" ]; then
     cp "$OUT/cost_table.json" /tmp/measured_precision_table.json
     python3 benchmarks/decisions_bench.py --merge "$OUT/cost_table.json" --into graphopt/decisions/cost_table.json
+  fi
+  ;;
+precision-rnn)
+  # one LSTM/GRU per block, forward and bidirectional, hidden 64-512, sequences 25 and 100, batch 1 first then 32:
+  # fp32 vs fp16 (Casts included); 64 configurations, the budget may cut some batch-32 ones.
+  timeout 230 python3 benchmarks/decisions_bench.py --decisions recurrent_precision --rnn-ops lstm,gru --directions forward,bidirectional \
+    --hidden 64,128,256,512 --sequences 25,100 --batches 1,32 --runs 50 --budget-s 180 --out "$OUT/rnn" > "$OUT/precision-rnn.log" 2>&1
+  tail -70 "$OUT/precision-rnn.log"
+  if [ -f "$OUT/rnn/cost_table.json" ]; then
+    cp "$OUT/rnn/cost_table.json" /tmp/measured_recurrent_table.json
+    python3 benchmarks/decisions_bench.py --merge "$OUT/rnn/cost_table.json" --into graphopt/decisions/cost_table.json
   fi
   ;;
 zoo)

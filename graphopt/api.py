@@ -93,6 +93,9 @@ class OptimizeOptions:
     #: decision (graphopt.passes.precision_decision; ort-cuda): converted as asked unless the
     #: cost table predicts (or --tune measures) float32 faster; "low": converted; "fp32": kept.
     precision_convs: str = "auto"
+    #: With `precision`: the model's recurrent ops (LSTM, GRU, RNN) in the low type or float32, the
+    #: same way (graphopt.passes.precision_recurrent; ort-cuda): "auto", "low" or "fp32".
+    precision_recurrent: str = "auto"
     #: Built-in rules that a rule of the same name in `patterns` replaces. A user rule
     #: named like a built-in one is an error unless its name is here.
     replace: Sequence[str] = ()
@@ -343,10 +346,11 @@ def _decision_point(target: str, options: OptimizeOptions) -> Any:
 
 def _convert_precision(model: ir.Model, target: Any, report: Report, plan: Any, options: OptimizeOptions, decider: Any) -> None:
     """Fusion rules ran in float32; now decide what stays float32 (range check, the
-    convolutions' precision decision), convert, then collapse the Casts that are left."""
+    convolutions' and the recurrent ops' precision decisions), convert, then collapse the Casts that are left."""
     from graphopt.decisions import DecisionPoint
     from graphopt.passes.precision_decision import decide_conv_precision
     from graphopt.passes.precision_range import range_checked_plan
+    from graphopt.passes.precision_recurrent import decide_recurrent_precision
 
     if plan.precision == "fp16" and options.range_check:
         plan, kept, note = range_checked_plan(model, target, plan, options.calibration_data, say=options.progress)
@@ -361,6 +365,7 @@ def _convert_precision(model: ir.Model, target: Any, report: Report, plan: Any, 
                           lambda steps: [fn() for _, fn in steps], lambda message: None)
 
     plan, _ = decide_conv_precision(model, target, plan, decider, layout=options.layout, forced=options.precision_convs, finish=finish)
+    plan, _ = decide_recurrent_precision(model, target, plan, decider, layout=options.layout, forced=options.precision_recurrent, finish=finish)
     summary = _convert_and_clean(model, target, report, plan)
     summary.kept_for_range, summary.calibration = kept, note
     if "range check skipped" in note or "did not run" in note or "still not finite" in note:

@@ -210,6 +210,14 @@ def optimize(
             help="With --precision: the 2-D convolutions in the low type (low) or float32 (fp32); auto: converted where the cost table (or --tune) finds the low type faster on the target at every batch size the model allows (ort-cuda).",
         ),
     ] = "auto",
+    precision_recurrent: Annotated[
+        str,
+        typer.Option(
+            "--precision-recurrent",
+            metavar="auto|low|fp32",
+            help="With --precision: the recurrent ops (LSTM, GRU, RNN) in the low type (low) or float32 (fp32); auto: decided like the convolutions, from the cost table (or --tune), on ort-cuda.",
+        ),
+    ] = "auto",
     layout: Annotated[
         str,
         typer.Option(
@@ -221,7 +229,7 @@ def optimize(
         bool,
         typer.Option(
             "--tune",
-            help="Time the candidates of each decision (layout, conv bias form, FusedConv, the convolutions' precision) on the target's execution provider when present, and keep the faster (cached).",
+            help="Time the candidates of each decision (layout, conv bias form, FusedConv, the convolutions' and the recurrent ops' precision) on the target's execution provider when present, and keep the faster (cached).",
         ),
     ] = False,
     calibration_data: Annotated[
@@ -280,10 +288,11 @@ def optimize(
             precision_name = parse_precision(precision)  # so is an unknown precision
         if keep_fp32 and precision_name is None:
             raise GraphoptError("--keep-fp32 only applies with --precision fp16 or bf16")
-        if precision_convs not in ("auto", "low", "fp32"):
-            raise GraphoptError(f"unknown --precision-convs '{precision_convs}' (known: auto, low, fp32)")
-        if precision_convs != "auto" and precision_name is None:
-            raise GraphoptError("--precision-convs only applies with --precision fp16 or bf16")
+        for flag, forced in (("--precision-convs", precision_convs), ("--precision-recurrent", precision_recurrent)):
+            if forced not in ("auto", "low", "fp32"):
+                raise GraphoptError(f"unknown {flag} '{forced}' (known: auto, low, fp32)")
+            if forced != "auto" and precision_name is None:
+                raise GraphoptError(f"{flag} only applies with --precision fp16 or bf16")
         if layout not in ("auto", "nchw", "nhwc"):
             raise GraphoptError(f"unknown layout '{layout}' (known: auto, nchw, nhwc)")
         if layout != "auto" and target != "ort-cuda":
@@ -315,6 +324,7 @@ def optimize(
                 precision=precision_name,
                 keep_fp32=list(keep_fp32 or []),
                 precision_convs=precision_convs,
+                precision_recurrent=precision_recurrent,
                 layout=layout,
                 strict=strict,
                 tune=tune,

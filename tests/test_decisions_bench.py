@@ -90,3 +90,52 @@ def test_the_precision_forms_for_the_cuda_provider() -> None:
     assert decisions_bench.entry_times("precision", {"fp32": 1.0, "fp16": 2.0, "fp16-nhwc-add": 0.7, "fp16-nhwc-kernel": 0.5}) == {
         "fp32": 1.0, "fp16": 2.0, "fp16-nhwc": 0.5}
     assert decisions_bench.entry_times("precision", {"fp16": 2.0}) is None
+
+
+def test_tiny_cpu_run_of_the_recurrent_entries_reads_back_and_merges(tmp_path: Path) -> None:
+    # On the CPU a check of the script (onnxruntime runs the fp16 op through Casts of its own): the figures are for CUDA.
+    from graphopt.decisions.shapes import recurrent_class
+
+    out = tmp_path / "out"
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+    run = subprocess.run(
+        [sys.executable, "benchmarks/decisions_bench.py", "--provider", "cpu", "--decisions", "recurrent_precision", "--rnn-ops", "lstm,gru",
+         "--directions", "bidirectional", "--hidden", "16", "--sequences", "60", "--batches", "1", "--runs", "3", "--warmup", "1", "--out", str(out)],
+        capture_output=True, text=True, cwd=ROOT, env=env, timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    assert "0 errors" in run.stdout and "2 entries" in run.stdout
+    table = CostTable.load(out / "cost_table.json")
+    assert [(e.decision, e.op, e.per) for e in table.entries] == [("recurrent_precision", "LSTM", 1), ("recurrent_precision", "GRU", 1)]
+    assert all(set(e.times_ms) == {"fp32", "fp16"} and "Casts" in e.source for e in table.entries)
+    # The decision finds them under the class graphopt/passes/precision_recurrent.py gives such an op.
+    cls = recurrent_class("LSTM", "f32", 16, "bidirectional", "s51+", "b1")
+    assert table.lookup("CPUExecutionProvider", "recurrent_precision", cls) == table.entries[0]
+    rows = json.loads((out / "decisions_bench-cpu.json").read_text())["rows"]
+    assert {(r["candidate"], "Cast" in r["ops"]) for r in rows} == {("fp32", False), ("fp16", True)}
+    assert all(0 < r["max_rel_diff"] < 3e-2 for r in rows if r["candidate"] == "fp16")
+    shipped = tmp_path / "shipped.json"
+    shipped.write_text((ROOT / "graphopt" / "decisions" / "cost_table.json").read_text())
+    before = len(CostTable.load(shipped).entries)
+    for _ in range(2):  # merging twice replaces, never duplicates
+        merged = subprocess.run(
+            [sys.executable, "benchmarks/decisions_bench.py", "--merge", str(out / "cost_table.json"), "--into", str(shipped)],
+            capture_output=True, text=True, cwd=ROOT, env=env, timeout=120,
+        )
+        assert merged.returncode == 0, merged.stderr
+        assert len(CostTable.load(shipped).entries) == before + 2
+
+
+def test_the_recurrent_forms() -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import decisions_recurrent
+    from onnx import TensorProto
+
+    model = decisions_recurrent.recurrent_block("GRU", "bidirectional", 32, 25, 1)
+    forms = decisions_recurrent.recurrent_forms(model)
+    for name, form in forms.items():
+        inits = {t.name: t.data_type for t in form.graph.initializer}
+        [node] = [n for n in form.graph.node if n.op_type == "GRU"]
+        assert TensorProto.DataType.Name(inits[node.input[1]]) == ("FLOAT16" if name == "fp16" else "FLOAT"), name
+        assert [n.op_type for n in form.graph.node].count("Cast") == (2 if name == "fp16" else 0), name
+        assert form.graph.input[0].type.tensor_type.elem_type == form.graph.output[0].type.tensor_type.elem_type == TensorProto.FLOAT

@@ -17,6 +17,7 @@ from typing import Any
 __all__ = [
     "OpClass", "CHANNEL_BUCKETS", "channel_bucket", "batch_buckets", "conv_kind", "conv_class", "conv_worlds",
     "ROW_BUCKETS", "HIDDEN_BUCKETS", "bucket", "norm_class", "norm_worlds",
+    "RECURRENT_HIDDEN_BUCKETS", "SEQUENCE_BUCKETS", "recurrent_class", "recurrent_worlds",
 ]
 
 #: (lowest, highest or None, label): the channel buckets (max of input and output channels).
@@ -144,3 +145,44 @@ def norm_worlds(op: str, dtype: str, shape: Sequence[Any], *, bias: bool, sum_us
     else:
         labels = [label for _, _, label in ROW_BUCKETS]
     return [[norm_class(op, dtype, label, int(shape[-1]), bias=bias, sum_used=sum_used)] for label in labels]
+
+
+# --------------------------------------------------------------------------- recurrent ops
+#: Hidden size and sequence length of a recurrent op (LSTM, GRU, RNN): benchmarks/decisions_bench.py
+#: (`--decisions recurrent_precision`) measures hidden 64, 128, 256, 512 and sequences 25 and 100,
+#: one point per bucket.
+RECURRENT_HIDDEN_BUCKETS: tuple[tuple[int, int | None, str], ...] = (
+    (1, 96, "h1-96"), (97, 192, "h97-192"), (193, 384, "h193-384"), (385, None, "h385+"),
+)
+SEQUENCE_BUCKETS: tuple[tuple[int, int | None, str], ...] = ((1, 50, "s1-50"), (51, None, "s51+"))
+
+
+def recurrent_class(op: str, dtype: str, hidden: int, direction: str, sequence: str, batch: str) -> OpClass:
+    """The class of a recurrent op (`op`: LSTM, GRU or RNN) of `hidden` units, run in one
+    direction (forward or reverse: "forward") or both ("bidirectional"), over a sequence of a
+    SEQUENCE_BUCKETS label, at batch b1 or bN."""
+    features = (
+        ("hidden", bucket(RECURRENT_HIDDEN_BUCKETS, hidden)),
+        ("direction", "bidirectional" if direction == "bidirectional" else "forward"),
+        ("sequence", sequence),
+        ("batch", batch),
+    )
+    return OpClass(op, dtype, features)
+
+
+def recurrent_worlds(sites: Sequence[tuple[str, str, int, str, Any, Any]]) -> list[list[OpClass]]:
+    """The classes of a model's recurrent ops, (op, dtype, hidden, direction, sequence length,
+    batch) each, in every "world" their symbolic dimensions allow: a symbolic batch is b1 or bN,
+    a symbolic sequence short or long, so a model with both has four worlds."""
+    batches = ("b1", "bN") if any(not isinstance(s[5], int) for s in sites) else ("b1",)
+    sequences = [label for _, _, label in SEQUENCE_BUCKETS] if any(not isinstance(s[4], int) for s in sites) else [""]
+    worlds = []
+    for assumed_batch in batches:
+        for assumed_sequence in sequences:
+            world = []
+            for op, dtype, hidden, direction, length, batch in sites:
+                b = batch_buckets(batch)[0] if isinstance(batch, int) else assumed_batch
+                s = bucket(SEQUENCE_BUCKETS, length) if isinstance(length, int) else assumed_sequence
+                world.append(recurrent_class(op, dtype, hidden, direction, s, b))
+            worlds.append(world)
+    return worlds

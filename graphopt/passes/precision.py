@@ -68,7 +68,7 @@ from graphopt.passes.precision_plan import (
     _op_names,
     _schema,
 )
-from graphopt.passes.precision_region import joins_region, region_seed
+from graphopt.passes.precision_region import joins_region, recurrent_seed, region_seed, tail_heads
 from graphopt.report.model import PrecisionSummary, RangeKeep
 
 __all__ = ["convert_precision", "remove_cast_pairs"]
@@ -127,6 +127,7 @@ class _Converter:
     _kept_ops: Counter[str] = field(default_factory=Counter)
     _matched_keep: set[str] = field(default_factory=set)
     _no_kernel: dict[int, str] = field(default_factory=dict)  # id(node) -> the target's reason it has no low-type kernel
+    _tails: frozenset[int] | None = None  # ids of the tail heads (precision_region.tail_heads), found when first needed
 
     def __post_init__(self) -> None:
         self.graph = self.model.graph
@@ -256,7 +257,7 @@ class _Converter:
                 return "attribute_type", None
             self._no_kernel[id(node)] = why  # listed in the report, node by node
             return "no_kernel", None
-        if self.plan.fp32_convs and self._stays_with_convs(node):
+        if (self.plan.fp32_convs or self.plan.fp32_recurrent) and self._stays_for_speed(node):
             return "speed_decision", None
         ins, outs = self._positions(node, domain, f32_in, f32_out)
         if not ins and not outs:
@@ -271,12 +272,15 @@ class _Converter:
             return "follows_fp32", None
         return None, _Decision(ins, outs)
 
-    def _stays_with_convs(self, node: ir.Node) -> bool:
-        """In the CNN region the precision decision keeps in float32 (graphopt.passes.precision_decision):
-        a 2-D convolution, or a node of the region's ops reading only float32 values."""
-        if region_seed(node):
+    def _stays_for_speed(self, node: ir.Node) -> bool:
+        """In a region a precision decision keeps in float32 (the CNN region of
+        graphopt.passes.precision_decision, the recurrent one of graphopt.passes.precision_recurrent):
+        a seed (2-D convolution, recurrent op), or a node of the region's ops reading only float32 values."""
+        if (self.plan.fp32_convs and region_seed(node)) or (self.plan.fp32_recurrent and recurrent_seed(node)):
             return True
-        if not joins_region(node):
+        if self._tails is None:
+            self._tails = tail_heads(self.graph)
+        if not joins_region(node, convs=self.plan.fp32_convs, tails=self._tails):
             return False
         readers = [v for v in node.inputs if v is not None and self.dtype(v) == _FLOAT and not self.is_const(v)]
         return bool(readers) and all(id(v) in self.fp32_values or v.is_graph_input() for v in readers)

@@ -32,8 +32,9 @@ NCHW fp16 and 4.32 ms fp32). So converting the convolutions is a decision
   RMSNorm, recurrent ops, Einsum, graphopt's fused transformer ops: heavy ops
   (registry fact `heavy`) other than the convolution family (Conv, ConvTranspose,
   FusedConv, Batch/Instance/GroupNormalization) and classifier heads (MatMul/Gemm on
-  rank-2 inputs). So a pure CNN stays wholly float32 (as `--precision fp32` would write
-  it) and a transformer neck after a CNN backbone still runs in the low type.
+  rank-2 inputs, or tail heads: a constant weight and no heavy op after them). So a pure
+  CNN stays wholly float32 (as `--precision fp32` would write it) and a transformer neck
+  after a CNN backbone still runs in the low type.
 
 The report has the decision (`decisions[]`, kind `precision`, both candidates' predicted
 or measured times) and the nodes it kept (`precision_conversion.kept_for_speed`, reason
@@ -55,7 +56,7 @@ from graphopt.passes.precision_plan import PrecisionPlan
 from graphopt.passes.precision_region import joins_region, region_seed
 from graphopt.report.model import DecisionRecord
 
-__all__ = ["KIND", "FP32", "PRECISION_CONVS", "decide_conv_precision", "region_seed", "joins_region"]
+__all__ = ["KIND", "FP32", "PRECISION_CONVS", "decide_conv_precision", "whole_model_builder", "region_seed", "joins_region"]
 
 KIND = "precision"
 FP32 = "fp32"
@@ -161,7 +162,7 @@ def decide_conv_precision(
 
     build, signature = None, ""
     if forced == "auto" and decider.can_tune and finish is not None:
-        build, signature = _builder(model, plan, kept, finish, layout)
+        build, signature = whole_model_builder(model, plan, kept, finish, layout)
     chosen = {"auto": None, "low": low, "fp32": FP32}[forced]
     site = f"model ({len(seeds)} convolutions)"
     record = decider.choose(KIND, site, [FP32, low], FP32, worlds, forced=chosen, build=build, signature=signature, readings=readings)
@@ -180,8 +181,12 @@ def decide_conv_precision(
     return kept, record
 
 
-def _builder(model: ir.Model, plan: PrecisionPlan, kept: PrecisionPlan, finish: Finish, layout: Any) -> tuple[Any, str]:
-    """For --tune: each candidate as the whole model graphopt would write, with random inputs."""
+def whole_model_builder(
+    model: ir.Model, plan: PrecisionPlan, kept: PrecisionPlan, finish: Finish, layout: Any, kind: str = KIND
+) -> tuple[Any, str]:
+    """For --tune: each candidate as the whole model graphopt would write, with random inputs
+    (`FP32` built with the plan `kept`, the low type with `plan`); and the signature the
+    measurements are cached under (decision `kind`)."""
     from graphopt.inputs import _resolve_shapes, make_inputs
 
     data = ir.serde.serialize_model(model).SerializeToString()
@@ -197,4 +202,5 @@ def _builder(model: ir.Model, plan: PrecisionPlan, kept: PrecisionPlan, finish: 
         return ir.serde.serialize_model(copy).SerializeToString(), feeds
 
     keeps = (sorted(plan.keep), sorted(plan.range_keep))
-    return build, signature_of(KIND, data, plan.precision, keeps, repr(layout))
+    decided = () if kind == KIND else (plan.fp32_convs,)  # the decisions made before this one
+    return build, signature_of(kind, data, plan.precision, keeps, repr(layout), *decided)

@@ -90,6 +90,9 @@ class PrecisionPlan:
     #: Keep the 2-D convolutions and the CNN region around them in float32: the precision
     #: decision found the low type slower for them (graphopt.passes.precision_decision).
     fp32_convs: bool = False
+    #: Keep the recurrent ops (LSTM, GRU, RNN) and the light ops around them in float32: the
+    #: recurrent precision decision found the low type slower (graphopt.passes.precision_recurrent).
+    fp32_recurrent: bool = False
 
     @classmethod
     def make(cls, precision: str | None, keep: Iterable[str] = ()) -> PrecisionPlan | None:

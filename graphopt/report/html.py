@@ -296,7 +296,10 @@ class _Page:
             speed = [str(name) for name in conversion.get("kept_for_speed") or []]
             if speed:
                 more = f" and {len(speed) - 12} more" if len(speed) > 12 else ""
-                lines.append(f"kept in fp32 for speed (decision precision): {len(speed)} nodes: {', '.join(speed[:12])}{more}")
+                kinds = [str(d.get("kind")) for d in self.doc.get("decisions") or []
+                         if isinstance(d, dict) and d.get("kind") in ("precision", "recurrent_precision") and d.get("chosen") == "fp32"]
+                which = f"decision{'s' if len(kinds) > 1 else ''} {', '.join(kinds or ['precision'])}"
+                lines.append(f"kept in fp32 for speed ({which}): {len(speed)} nodes: {', '.join(speed[:12])}{more}")
             for keep in conversion.get("kept_for_kernel") or []:
                 if isinstance(keep, dict):
                     lines.append(f"kept in fp32: {_str(keep, 'node')} ({_str(keep, 'op')}): {_str(keep, 'detail') or _str(keep, 'reason')}")

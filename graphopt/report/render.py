@@ -89,6 +89,8 @@ def _ms(seconds: float) -> str:
 MAX_DECISION_ROWS = 8
 #: Nodes kept in fp32 for want of a low-type kernel, listed one per line (the JSON report has all).
 MAX_KERNEL_KEEP_ROWS = 20
+#: The decisions that keep nodes in float32 for speed (precision_conversion.kept_for_speed).
+SPEED_KINDS = ("precision", "recurrent_precision")
 
 
 def _decision_ms(ms: float | None) -> str:
@@ -220,9 +222,9 @@ def print_summary(report: Report, console: Console, *, json_report: str | os.Pat
             console.print(f"  range check: {escape(conversion.calibration)}", highlight=False)
         if conversion.kept_for_speed:
             kept_names = ", ".join(conversion.kept_for_speed[:6]) + (f" and {len(conversion.kept_for_speed) - 6} more" if len(conversion.kept_for_speed) > 6 else "")
-            console.print(
-                f"  kept in fp32 for speed (decision 'precision'): {len(conversion.kept_for_speed)} nodes: {escape(kept_names)}", highlight=False
-            )
+            kinds = [d.kind for d in report.decisions if d.kind in SPEED_KINDS and d.chosen == "fp32"] or ["precision"]
+            which = f"decision{'s' if len(kinds) > 1 else ''} {', '.join(repr(k) for k in kinds)}"
+            console.print(f"  kept in fp32 for speed ({which}): {len(conversion.kept_for_speed)} nodes: {escape(kept_names)}", highlight=False)
 
     if report.weight_quantization is not None:
         _print_weights(report.weight_quantization, console)
