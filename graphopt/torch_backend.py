@@ -47,7 +47,7 @@ from graphopt.errors import GraphoptError
 from graphopt.ir.fx_view import FxView, is_neutral
 from graphopt.match.driver import DriverOptions, RuleSet
 from graphopt.ops import torch_lowering
-from graphopt.passes import fx_gqa, fx_pack, fx_passes, fx_sdpa
+from graphopt.passes import fx_gqa, fx_pack, fx_passes
 from graphopt.passes.fx_reinplace import reinplace_input_writes, written_inputs
 from graphopt.pipeline import GraphKind, Pipeline
 from graphopt.report.model import Alternative, DecisionRecord, GraphSummary, Report
@@ -389,8 +389,6 @@ def optimize_fx(gm: fx.GraphModule, fake_mode: Any, rules: RuleSet, target: Any,
     ])
     if opts.precision == "fp8":
         _fp8(pipeline, gm, new_constant, fake_mode, opts, report)
-    # Last: what dropped clones and folding left strided must not send SDPA to its math form on a GPU.
-    pipeline.run_pass("dense_attention_inputs", lambda: fx_sdpa.dense_attention_inputs(gm, new_constant, fake_mode))
     pipeline.run_pass("dce", lambda: fx_passes.remove_dead_code(gm))
     if not opts.inductor:  # inductor re-inplaces on its own; the graph run as it is must not copy a KV cache per step
         pipeline.run_pass("reinplace_input_writes", lambda: reinplace_input_writes(gm))
