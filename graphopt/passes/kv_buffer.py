@@ -1,0 +1,168 @@
+"""A fixed-size KV buffer shared by past and present (onnxruntime's past_present_share_buffer).
+
+onnxruntime's GroupQueryAttention appends the new k, v into present_key / present_value; when
+the caller binds the same max-length buffer as past and present (io-binding), it writes the
+new tokens in place at seqlens_k and reads only the valid prefix (total_sequence_length): no
+copy of the cache per step, and shapes that do not change from step to step. The
+onnxruntime-genai builder's models run that way.
+
+graphopt's GroupQueryAttention (FuseGroupQueryAttention) reads the past length from the past
+input's shape (Shape(past_k)[2]: the cache positions, seqlens_k = past + seq - 1, the rotary
+caches padded to absolute positions). With a max-length buffer that shape is the buffer's
+length, not the number of valid tokens. This pass takes the past length from the
+attention_mask instead, as the builder's models do: past = attention_mask's length - the new
+tokens (input_ids' length), replacing each Shape read of a past input's sequence axis. The
+model then runs both ways: with a growing cache (past of `past` tokens, mask of past + seq) and
+with a shared buffer (past and present one buffer of max length, mask of past + seq).
+
+An export without an attention_mask input gets one, [batch, total_sequence_length] int64, read
+for its length only (all ones, as the builder's runner feeds). Refused (the model is left as it
+is, with the reason) where a past input is read other than by GroupQueryAttention's past inputs
+and Shape, where a present output is not GroupQueryAttention's, or without an input_ids
+[batch, seq] input.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import onnx_ir as ir
+
+from graphopt.ops.targets import MS_DOMAIN
+from graphopt.passes._common import detach_and_remove, record
+
+__all__ = ["share_kv_buffer", "KV_BUFFER_MODES", "PRESENT_LENGTH"]
+
+KV_BUFFER_MODES = ("growing", "shared")
+# the present outputs' sequence axis: max(past buffer, total) in onnxruntime's kernel
+PRESENT_LENGTH = "present_sequence_length"
+
+
+def _gqa_nodes(graph: ir.Graph) -> list[ir.Node]:
+    return [n for n in graph if n.domain == MS_DOMAIN and n.op_type == "GroupQueryAttention"]
+
+
+def _problem(graph: ir.Graph, gqas: list[ir.Node]) -> str | None:
+    """Why the past length cannot be moved onto the attention_mask, or None."""
+    if not gqas:
+        return "no com.microsoft.GroupQueryAttention in the model"
+    graph_inputs = set(map(id, graph.inputs))
+    graph_outputs = set(map(id, graph.outputs))
+    for node in gqas:
+        for index in (3, 4):
+            past = node.inputs[index] if len(node.inputs) > index else None
+            if past is None or id(past) not in graph_inputs:
+                return f"{node.name}'s past input {index} is not a graph input"
+            for user, slot in past.uses():
+                if user.op_type == "Shape" and user.domain in ("", "ai.onnx"):
+                    continue
+                if user.domain == MS_DOMAIN and user.op_type == "GroupQueryAttention" and slot in (3, 4):
+                    continue
+                return f"the past input {past.name} is read by {user.op_type} {user.name}, not only by GroupQueryAttention and Shape"
+            if past.shape is None or len(past.shape) != 4:
+                return f"the past input {past.name} is not 4-D [batch, kv_heads, past, head]"
+        for index in (1, 2):
+            present = node.outputs[index]
+            if id(present) not in graph_outputs or len(present.uses()):
+                return f"{node.name}'s present output {index} is not only a graph output"
+    if _input(graph, "input_ids", rank=2) is None:
+        return "the model has no input_ids [batch, seq] input to count the new tokens"
+    mask = next((v for v in graph.inputs if v.name == "attention_mask"), None)
+    if mask is not None and (mask.shape is None or len(mask.shape) != 2):
+        return "the attention_mask input is not [batch, total]"
+    return None
+
+
+def _input(graph: ir.Graph, name: str, rank: int) -> ir.Value | None:
+    value = next((v for v in graph.inputs if v.name == name), None)
+    return value if value is not None and value.shape is not None and len(value.shape) == rank else None
+
+
+def _shape_range(node: ir.Node, rank: int) -> range:
+    """The axes a Shape node reads (its start / end attributes, negative ones counted from the end)."""
+    start = node.attributes["start"].as_int() if "start" in node.attributes else 0
+    end = node.attributes["end"].as_int() if "end" in node.attributes else rank
+    start, end = (max(0, min(rank, a + rank if a < 0 else a)) for a in (start, end))
+    return range(start, end)
+
+
+def share_kv_buffer(model: ir.Model, *, stats: Any = None) -> tuple[int, str | None]:
+    """(Shape reads rewritten, None), or (0, why not) with the model unchanged."""
+    started = time.perf_counter()
+    graph = model.graph
+    gqas = _gqa_nodes(graph)
+    problem = _problem(graph, gqas)
+    if problem is not None:
+        record(stats, 0, started)
+        return 0, problem
+    pasts = {id(node.inputs[i]): node.inputs[i] for node in gqas for i in (3, 4)}
+    input_ids = _input(graph, "input_ids", rank=2)
+    mask = _input(graph, "attention_mask", rank=2)
+    if mask is None:  # read for its length only
+        batch = next(iter(pasts.values())).shape[0]
+        mask = ir.Value(name="attention_mask", type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape([batch, "total_sequence_length"]))
+        graph.inputs.append(mask)
+    made = [
+        ir.Node("", "Shape", [mask], [ir.AttrInt64("start", 1), ir.AttrInt64("end", 2)], name="kv_buffer_total"),
+        ir.Node("", "Shape", [input_ids], [ir.AttrInt64("start", 1), ir.AttrInt64("end", 2)], name="kv_buffer_seq"),
+    ]
+    made.append(ir.Node("", "Sub", [made[0].outputs[0], made[1].outputs[0]], name="kv_buffer_past"))
+    past_length = made[2].outputs[0]
+    past_length.name = "kv_buffer_past_length"
+    graph.insert_before(next(iter(graph)), made)
+
+    rewritten = 0
+    for past in pasts.values():
+        for user, _ in list(past.uses()):
+            if user.op_type != "Shape":
+                continue
+            axes = _shape_range(user, 4)
+            if 2 not in axes:
+                continue
+            pieces: list[ir.Value] = []
+            new_nodes: list[ir.Node] = []
+            for axis in axes:
+                if axis == 2:
+                    pieces.append(past_length)
+                    continue
+                part = ir.Node("", "Shape", [past], [ir.AttrInt64("start", axis), ir.AttrInt64("end", axis + 1)], name=f"{user.name}_axis{axis}")
+                new_nodes.append(part)
+                pieces.append(part.outputs[0])
+            if len(pieces) > 1:
+                concat = ir.Node("", "Concat", pieces, [ir.AttrInt64("axis", 0)], name=f"{user.name}_with_mask_past")
+                new_nodes.append(concat)
+                result = concat.outputs[0]
+            else:
+                result = pieces[0]
+            if new_nodes:
+                graph.insert_before(user, new_nodes)
+            user.outputs[0].replace_all_uses_with(result, replace_graph_outputs=True)
+            detach_and_remove(model, user)
+            rewritten += 1
+    _forget_past_shapes(graph, gqas, pasts)
+    record(stats, rewritten, started)
+    return rewritten, None
+
+
+def _forget_past_shapes(graph: ir.Graph, gqas: list[ir.Node], pasts: dict[int, ir.Value]) -> None:
+    """The recorded shapes that count on the past input's length (Symbolic `past` expressions) no
+    longer hold with a max-length buffer: drop them; the present outputs' sequence axis gets a
+    name of its own (max(buffer, total) in the kernel)."""
+    symbols = {str(v.shape[2]) for v in pasts.values() if v.shape is not None and not isinstance(v.shape[2], int)}
+    for node in gqas:
+        for present in node.outputs[1:3]:
+            if present.shape is not None and len(present.shape) == 4:
+                dims = list(present.shape)
+                dims[2] = PRESENT_LENGTH
+                present.shape = ir.Shape(dims)
+    if not symbols:
+        return
+    outputs = set(map(id, graph.outputs))
+    for node in graph:
+        for value in node.outputs:
+            if id(value) in outputs or value.shape is None:
+                continue
+            if any(not isinstance(d, int) and any(s in str(d) for s in symbols) for d in value.shape):
+                value.shape = None
+
