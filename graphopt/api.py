@@ -296,7 +296,7 @@ def _lower_and_decide(model: ir.Model, target: Any, report: Report, options: Opt
 
         say("kv buffer: shared")
         problem: list[str] = []
-        run_passes([("kv_buffer", lambda: _count_or_note(share_kv_buffer(model, stats=report.pass_stats("kv_buffer")), problem))])
+        run_passes([("kv_buffer", lambda: _count_or_note(share_kv_buffer(model), problem))])
         if problem:
             report.warnings.append(f"--kv-buffer shared: not applied: {problem[0]}")
         else:  # the layers' seqlens_k, total and rotary pads now read one past length: merge them

@@ -111,17 +111,20 @@ GROWING_KV_CACHE_ON_CUDA = (
 )
 
 
-def _cuda_mha(attrs: Mapping[str, Any], shapes: Sequence[Any]) -> str | None:
-    """k, v read a KV cache that grows each call (kv_cache = 1, set by FuseAttention): slower
-    fused than unfused on onnxruntime's CUDA provider (GROWING_KV_CACHE_ON_CUDA)."""
-    return GROWING_KV_CACHE_ON_CUDA if attrs.get("kv_cache") == 1 else None
-
-
 # Set by graphopt.api.optimize for its run: OptimizeOptions.kv_buffer == "shared" (the caller binds one
 # max-length buffer as past and present, graphopt.passes.kv_buffer): the total length no longer
 # changes the buffers' shapes, which is what made the growing cache slow on CUDA (the builder's
 # GroupQueryAttention models run that way).
 SHARED_KV_BUFFER: ContextVar[bool] = ContextVar("graphopt_shared_kv_buffer", default=False)
+
+
+def _cuda_mha(attrs: Mapping[str, Any], shapes: Sequence[Any]) -> str | None:
+    """k, v read a KV cache that grows each call (kv_cache = 1, set by FuseAttention): slower
+    fused than unfused on onnxruntime's CUDA provider (GROWING_KV_CACHE_ON_CUDA)."""
+    # With a shared buffer asked for, the MultiHeadAttention is the step before GroupQueryAttention
+    # (FuseGroupQueryAttention); a float32 model has no CUDA GroupQueryAttention and keeps it over
+    # the growing cache (slow: use float16 there).
+    return GROWING_KV_CACHE_ON_CUDA if attrs.get("kv_cache") == 1 and not SHARED_KV_BUFFER.get() else None
 
 
 def _cuda_gqa(attrs: Mapping[str, Any], shapes: Sequence[Any]) -> str | None:

@@ -11,15 +11,15 @@ input's shape (Shape(past_k)[2]: the cache positions, seqlens_k = past + seq - 1
 caches padded to absolute positions). With a max-length buffer that shape is the buffer's
 length, not the number of valid tokens. This pass takes the past length from the
 attention_mask instead, as the builder's models do: past = attention_mask's length - the new
-tokens (input_ids' length), replacing each Shape read of a past input's sequence axis. The
+tokens (input_ids' length, or another input's seq axis), replacing each Shape read of a past input's sequence axis. The
 model then runs both ways: with a growing cache (past of `past` tokens, mask of past + seq) and
 with a shared buffer (past and present one buffer of max length, mask of past + seq).
 
 An export without an attention_mask input gets one, [batch, total_sequence_length] int64, read
 for its length only (all ones, as the builder's runner feeds). Refused (the model is left as it
 is, with the reason) where a past input is read other than by GroupQueryAttention's past inputs
-and Shape, where a present output is not GroupQueryAttention's, or without an input_ids
-[batch, seq] input.
+and Shape, where a present output is not GroupQueryAttention's, or where no input counts the new
+tokens (input_ids [batch, seq], or an input whose axis 1 is the query's symbolic seq).
 """
 
 from __future__ import annotations
@@ -66,11 +66,29 @@ def _problem(graph: ir.Graph, gqas: list[ir.Node]) -> str | None:
             present = node.outputs[index]
             if id(present) not in graph_outputs or len(present.uses()):
                 return f"{node.name}'s present output {index} is not only a graph output"
-    if _input(graph, "input_ids", rank=2) is None:
-        return "the model has no input_ids [batch, seq] input to count the new tokens"
+    if _new_tokens_input(graph, gqas[0]) is None:
+        return "no graph input counts the new tokens (input_ids [batch, seq], or one whose axis 1 is the query's seq)"
     mask = next((v for v in graph.inputs if v.name == "attention_mask"), None)
     if mask is not None and (mask.shape is None or len(mask.shape) != 2):
         return "the attention_mask input is not [batch, total]"
+    return None
+
+
+def _new_tokens_input(graph: ir.Graph, gqa: ir.Node) -> ir.Value | None:
+    """input_ids [batch, seq], else the graph input whose axis 1 is the query's symbolic seq (hidden
+    states [batch, seq, hidden])."""
+    ids = _input(graph, "input_ids", rank=2)
+    if ids is not None:
+        return ids
+    query = gqa.inputs[0].shape if gqa.inputs[0] is not None else None
+    if query is None or len(query) != 3 or isinstance(query[1], int) or query[1].value is None:
+        return None
+    pasts = {id(v) for v in gqa.inputs[3:5]}
+    for value in graph.inputs:
+        if id(value) in pasts or value.shape is None or len(value.shape) < 2 or value.name == "attention_mask":
+            continue
+        if not isinstance(value.shape[1], int) and value.shape[1].value == query[1].value:
+            return value
     return None
 
 
@@ -97,7 +115,7 @@ def share_kv_buffer(model: ir.Model, *, stats: Any = None) -> tuple[int, str | N
         record(stats, 0, started)
         return 0, problem
     pasts = {id(node.inputs[i]): node.inputs[i] for node in gqas for i in (3, 4)}
-    input_ids = _input(graph, "input_ids", rank=2)
+    new_tokens = _new_tokens_input(graph, gqas[0])
     mask = _input(graph, "attention_mask", rank=2)
     if mask is None:  # read for its length only
         batch = next(iter(pasts.values())).shape[0]
@@ -105,7 +123,7 @@ def share_kv_buffer(model: ir.Model, *, stats: Any = None) -> tuple[int, str | N
         graph.inputs.append(mask)
     made = [
         ir.Node("", "Shape", [mask], [ir.AttrInt64("start", 1), ir.AttrInt64("end", 2)], name="kv_buffer_total"),
-        ir.Node("", "Shape", [input_ids], [ir.AttrInt64("start", 1), ir.AttrInt64("end", 2)], name="kv_buffer_seq"),
+        ir.Node("", "Shape", [new_tokens], [ir.AttrInt64("start", 1), ir.AttrInt64("end", 2)], name="kv_buffer_seq"),
     ]
     made.append(ir.Node("", "Sub", [made[0].outputs[0], made[1].outputs[0]], name="kv_buffer_past"))
     past_length = made[2].outputs[0]
