@@ -19,7 +19,9 @@ past/present pair (onnxruntime's past_present_share_buffer: GroupQueryAttention 
 tokens in place; --max-length), with an all-ones attention_mask of the valid length;
 builder-growing, graphopt-growing and original (the export as it is) get the presents of a step
 bound as the next step's past. Each: prefill of --prompt random tokens (seeded), then greedy
-decode for --steps tokens; prefill ms, decode ms/token (median after --warmup), tok/s, and how
+decode for --steps tokens, --rounds times, all variants in lockstep (each one's step i in turn: load
+from other work on the machine falls on all alike); prefill ms (median), decode ms/token (median
+of the steps after --warmup), tok/s, and how
 many greedy tokens equal torch eager fp32's (transformers, DynamicCache) from the first; op
 counts of each model. Output: a table and DIR/llm_genai_compare.json (device, versions, command).
 """
@@ -36,6 +38,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -181,15 +184,13 @@ class Decoder:
     def value(self, array: np.ndarray) -> Any:
         return self.ort.OrtValue.ortvalue_from_numpy(array, self.device, 0)
 
-    def generate(self, prompt: np.ndarray, steps: int) -> tuple[np.ndarray, float, list[float], np.ndarray]:
-        """(greedy tokens [batch, steps], prefill s, per-step s, first logits row)."""
+    def run(self, prompt: np.ndarray, steps: int) -> Iterator[float]:
+        """Prefill, then `steps` greedy steps: yields each session run's seconds (the prefill's first);
+        the tokens [batch, steps] are in self.tokens afterwards."""
         batch, length = prompt.shape
-        if self.shared:
-            cache = {p: self.value(np.zeros((batch, self.kv_heads, self.max_length, self.head), self.float_type)) for p, _ in self.pairs}
-        else:
-            cache = {p: self.value(np.zeros((batch, self.kv_heads, 0, self.head), self.float_type)) for p, _ in self.pairs}
-        tokens, times, ids, total, first = [], [], prompt, length, None
-        prefill = 0.0
+        rows = self.max_length if self.shared else 0
+        cache = {p: self.value(np.zeros((batch, self.kv_heads, rows, self.head), self.float_type)) for p, _ in self.pairs}
+        tokens, ids, total = [], prompt, length
         for step in range(steps + 1):
             binding = self.session.io_binding()
             binding.bind_ortvalue_input("input_ids", self.value(ids.astype(np.int64)))
@@ -208,18 +209,28 @@ class Decoder:
             binding.synchronize_outputs()
             outputs = dict(zip(self.outputs, binding.get_outputs(), strict=True))
             logits = outputs["logits"].numpy()[:, -1, :].astype(np.float32)
-            elapsed = time.perf_counter() - start
-            if step == 0:
-                prefill, first = elapsed, logits
-            else:
-                times.append(elapsed)
+            yield time.perf_counter() - start
             if not self.shared:
                 cache = {past: outputs[present] for past, present in self.pairs}
             if step < steps:
                 tokens.append(logits.argmax(-1))
                 ids = tokens[-1][:, None]
                 total += 1
-        return np.stack(tokens, 1), prefill, times, first
+        self.tokens = np.stack(tokens, 1)
+
+
+def lockstep(decoders: dict[str, Decoder], prompt: np.ndarray, steps: int, rounds: int) -> dict[str, dict[str, Any]]:
+    """Every variant's prefill, then its step 1, ..., one after another in turn (a machine shared
+    with other work slows them alike), `rounds` times: per variant its prefill and step seconds."""
+    times: dict[str, dict[str, Any]] = {name: {"prefill": [], "steps": []} for name in decoders}
+    for _ in range(rounds):
+        runs = {name: decoder.run(prompt, steps) for name, decoder in decoders.items()}
+        for step in range(steps + 1):
+            for name, run in runs.items():
+                times[name]["prefill" if step == 0 else "steps"].append(next(run))
+        for run in runs.values():
+            next(run, None)  # let each finish (its tokens)
+    return times
 
 
 def torch_reference(folder: Path, prompt: np.ndarray, steps: int) -> tuple[np.ndarray, np.ndarray]:
@@ -260,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt", type=int, default=128)
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--warmup", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=3, help="generations per variant, all variants in lockstep")
     parser.add_argument("--max-length", type=int, default=512, help="the shared KV buffers' length (and the config's max positions)")
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--variants", default=",".join(VARIANTS))
@@ -268,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="a python that has onnxruntime_genai (default: $GENAI_PYTHON or this one)")
     args = parser.parse_args(argv)
     args.disable = [r for r in args.disable.split(",") if r]
-    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    variants = list(dict.fromkeys(v.strip() for v in args.variants.split(",") if v.strip()))
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown or args.prompt + args.steps > args.max_length or (args.dtype == "fp16") != (args.device == "cuda"):
         print(f"error: variants must be of {','.join(VARIANTS)} (got {unknown}); prompt + steps <= --max-length; "
@@ -301,21 +313,25 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cuda":
         device_name = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True,
                                      check=False).stdout.strip()
+    decoders: dict[str, Decoder] = {}
     rows = []
     for variant in variants:
-        model = files[variant.split("-")[0]]
         try:
-            decoder = Decoder(model, args.device, args.threads, variant.endswith("-shared"), args.max_length,
-                              config.num_key_value_heads, config.hidden_size // config.num_attention_heads)
-            tokens, prefill, times, _ = decoder.generate(prompt, args.steps)
-        except Exception as error:  # noqa: BLE001 - a variant that fails is a row with its error
+            decoders[variant] = Decoder(files[variant.split("-")[0]], args.device, args.threads, variant.endswith("-shared"),
+                                        args.max_length, config.num_key_value_heads, config.hidden_size // config.num_attention_heads)
+            next(decoders[variant].run(prompt[:, :4], 1))  # loads and runs once: a variant that fails is a row with its error
+        except Exception as error:  # noqa: BLE001
+            decoders.pop(variant, None)
             rows.append({"variant": variant, "error": str(error).splitlines()[0][:300]})
             print(f"{variant}: {rows[-1]['error']}", flush=True)
-            continue
-        decode = statistics.median(times[args.warmup:] or times)
-        agree = agreement(tokens, reference)
+    times = lockstep(decoders, prompt, args.steps, args.rounds)
+    for variant, decoder in decoders.items():
+        per_round = args.steps
+        decode = statistics.median([t for r in range(args.rounds) for t in times[variant]["steps"][r * per_round + args.warmup:(r + 1) * per_round]])
+        prefill = statistics.median(times[variant]["prefill"])
+        agree = agreement(decoder.tokens, reference)
         rows.append({"variant": variant, "prefill_ms": prefill * 1e3, "decode_ms": decode * 1e3, "tok_s": args.batch / decode,
-                     "agree": agree, "tokens": tokens.tolist()})
+                     "agree": agree, "tokens": decoder.tokens.tolist()})
         if agree < args.steps:
             rows[-1]["reference_gap_at_divergence"] = float(gaps[:, agree].min())
         print(f"{variant}: prefill {prefill * 1e3:.2f} ms, decode {decode * 1e3:.3f} ms/token, {args.batch / decode:.1f} tok/s, "

@@ -89,12 +89,12 @@ def _assert_same_decode(original: onnx.ModelProto, optimized: onnx.ModelProto, s
 
 def test_golden_a_causal_block_gets_an_attention_mask_and_decodes_in_one_buffer() -> None:
     """The causal block (no attention_mask): the pass adds attention_mask [batch, total], rewrites
-    the one Shape read of the past's length; prefill of 5 tokens at batch 2 then 4 steps in a
+    the two Shape reads of the past (its length, its batch); prefill of 5 tokens at batch 2 then 4 steps in a
     16-token buffer give the export's outputs and cache."""
     model = decoder_block(mask="causal", hidden=64)
     optimized, report = graphopt.optimize(model, target="ort-cpu", kv_buffer="shared")
     assert report.rules["FuseGroupQueryAttention"].applications == 1
-    assert report.pass_stats("kv_buffer").changes == 1
+    assert report.pass_stats("kv_buffer").changes == 2
     assert not [w for w in report.warnings if "kv-buffer" in w]
     assert [i.name for i in optimized.graph.input] == ["hidden", "past_key", "past_value", "attention_mask"]
     assert _ops(optimized)[GQA] == 1
@@ -109,7 +109,7 @@ def test_a_padding_mask_input_is_read_for_the_past_length() -> None:
     the CPU) no input is added; all-ones masks decode the same in the buffer."""
     model = decoder_block(mask="causal_padding", hidden=64)
     optimized, report = graphopt.optimize(model, target="ort-cpu", kv_buffer="shared")
-    assert report.pass_stats("kv_buffer").changes == 1
+    assert report.pass_stats("kv_buffer").changes == 2
     assert [i.name for i in optimized.graph.input] == [i.name for i in model.graph.input]
     _assert_same_decode(model, optimized, (4, 1, 1, 1), batch=2)
 
@@ -137,6 +137,10 @@ def test_tiny_llama_export_decodes_in_shared_buffers() -> None:
     assert report.rules["FuseGroupQueryAttention"].applications == 2
     assert report.pass_stats("kv_buffer").changes >= 2  # every past_k<i>'s length read
     assert _ops(optimized)[GQA] == 2
+    # one seqlens_k, total_sequence_length and query_seqlens for both layers, from the mask
+    gqas = [n for n in optimized.graph.node if n.op_type == "GroupQueryAttention"]
+    assert gqas[0].input[5] == gqas[1].input[5] == "kv_buffer_seqlens_k"
+    assert gqas[0].input[6] == gqas[1].input[6] == "kv_buffer_total_sequence_length"
     _assert_same_decode(model, optimized, (6, 1, 1, 1, 1), batch=2, atol=2e-5)
 
 
@@ -186,7 +190,7 @@ def test_ort_cuda_emits_group_query_attention_for_a_shared_buffer() -> None:
     model = decoder_block(mask="causal", hidden=64, dtype=np.float16)
     shared, report = graphopt.optimize(model, target="ort-cuda", kv_buffer="shared")
     assert _ops(shared)[GQA] == 1 and _ops(shared)["Softmax"] == 0
-    assert report.pass_stats("kv_buffer").changes == 1
+    assert report.pass_stats("kv_buffer").changes == 2
     growing, _ = graphopt.optimize(model, target="ort-cuda")
     assert _ops(growing)[GQA] == 0 and _ops(growing)["Softmax"] == 1
 

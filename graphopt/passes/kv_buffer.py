@@ -11,7 +11,9 @@ input's shape (Shape(past_k)[2]: the cache positions, seqlens_k = past + seq - 1
 caches padded to absolute positions). With a max-length buffer that shape is the buffer's
 length, not the number of valid tokens. This pass takes the past length from the
 attention_mask instead, as the builder's models do: past = attention_mask's length - the new
-tokens (input_ids' length, or another input's seq axis), replacing each Shape read of a past input's sequence axis. The
+tokens (input_ids' length, or another input's seq axis), replacing each Shape read of a past input's
+sequence axis (and of its batch axis, read from the same input), and giving every layer one
+seqlens_k (total - 1 per row), total_sequence_length (the mask's length) and query_seqlens. The
 model then runs both ways: with a growing cache (past of `past` tokens, mask of past + seq) and
 with a shared buffer (past and present one buffer of max length, mask of past + seq).
 
@@ -27,6 +29,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import numpy as np
 import onnx_ir as ir
 
 from graphopt.ops.targets import MS_DOMAIN
@@ -126,9 +129,13 @@ def share_kv_buffer(model: ir.Model, *, stats: Any = None) -> tuple[int, str | N
         ir.Node("", "Shape", [new_tokens], [ir.AttrInt64("start", 1), ir.AttrInt64("end", 2)], name="kv_buffer_seq"),
     ]
     made.append(ir.Node("", "Sub", [made[0].outputs[0], made[1].outputs[0]], name="kv_buffer_past"))
-    past_length = made[2].outputs[0]
-    past_length.name = "kv_buffer_past_length"
+    made.append(ir.Node("", "Shape", [new_tokens], [ir.AttrInt64("start", 0), ir.AttrInt64("end", 1)], name="kv_buffer_batch"))
+    past_length, batch = made[2].outputs[0], made[3].outputs[0]
+    past_length.name, batch.name = "kv_buffer_past_length", "kv_buffer_batch_size"
     graph.insert_before(next(iter(graph)), made)
+    # the batch too from one input: every layer's seqlens_k, total and rotary pads become one
+    # computation (CSE) instead of one per past input
+    shared_axes = {0: batch, 2: past_length}
 
     rewritten = 0
     for past in pasts.values():
@@ -136,13 +143,13 @@ def share_kv_buffer(model: ir.Model, *, stats: Any = None) -> tuple[int, str | N
             if user.op_type != "Shape":
                 continue
             axes = _shape_range(user, 4)
-            if 2 not in axes:
+            if not set(axes) & set(shared_axes):
                 continue
             pieces: list[ir.Value] = []
             new_nodes: list[ir.Node] = []
             for axis in axes:
-                if axis == 2:
-                    pieces.append(past_length)
+                if axis in shared_axes:
+                    pieces.append(shared_axes[axis])
                     continue
                 part = ir.Node("", "Shape", [past], [ir.AttrInt64("start", axis), ir.AttrInt64("end", axis + 1)], name=f"{user.name}_axis{axis}")
                 new_nodes.append(part)
@@ -158,9 +165,41 @@ def share_kv_buffer(model: ir.Model, *, stats: Any = None) -> tuple[int, str | N
             user.outputs[0].replace_all_uses_with(result, replace_graph_outputs=True)
             detach_and_remove(model, user)
             rewritten += 1
+    _share_lengths(graph, gqas, made[0].outputs[0], made[1].outputs[0], batch)
     _forget_past_shapes(graph, gqas, pasts)
     record(stats, rewritten, started)
     return rewritten, None
+
+
+def _constant(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
+    value = ir.Value(name=name, const_value=ir.tensor(array, name=name))
+    graph.register_initializer(value)
+    return value
+
+
+def _share_lengths(graph: ir.Graph, gqas: list[ir.Node], total: ir.Value, seq: ir.Value, batch: ir.Value) -> None:
+    """One seqlens_k (total - 1 per row), total_sequence_length and query_seqlens (seq per row; where
+    given) for every layer, from the mask and the new tokens, instead of each layer's own from its k, v."""
+    one = _constant(graph, "kv_buffer_one", np.array([1], np.int64))
+    scalar = _constant(graph, "kv_buffer_scalar_shape", np.array([], np.int64))
+    nodes = [
+        ir.Node("", "Sub", [total, one], name="kv_buffer_last"),
+        ir.Node("", "Reshape", [total, scalar], name="kv_buffer_total_scalar"),
+        ir.Node("", "Expand", [seq, batch], name="kv_buffer_seq_rows"),
+    ]
+    nodes.append(ir.Node("", "Expand", [nodes[0].outputs[0], batch], name="kv_buffer_last_rows"))
+    seqlens = ir.Node("", "Cast", [nodes[3].outputs[0]], [ir.AttrInt64("to", ir.DataType.INT32)], name="kv_buffer_seqlens_k")
+    total32 = ir.Node("", "Cast", [nodes[1].outputs[0]], [ir.AttrInt64("to", ir.DataType.INT32)], name="kv_buffer_total_sequence_length")
+    query = ir.Node("", "Cast", [nodes[2].outputs[0]], [ir.AttrInt64("to", ir.DataType.INT32)], name="kv_buffer_query_seqlens")
+    nodes += [seqlens, total32, query]
+    for node in nodes:
+        node.outputs[0].name = node.name
+    graph.insert_after(next(n for n in graph if n.name == "kv_buffer_batch"), nodes)
+    for node in gqas:
+        node.replace_input_with(5, seqlens.outputs[0])
+        node.replace_input_with(6, total32.outputs[0])
+        if len(node.inputs) > 16 and node.inputs[16] is not None:
+            node.replace_input_with(16, query.outputs[0])
 
 
 def _forget_past_shapes(graph: ir.Graph, gqas: list[ir.Node], pasts: dict[int, ir.Value]) -> None:
