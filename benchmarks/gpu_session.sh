@@ -16,6 +16,11 @@
 #   bash benchmarks/gpu_session.sh norms cuda  # residual norms fused or not (ort_cpu_norms.py) on the CUDA provider; "norms cpu": 4 CPU threads
 #   bash benchmarks/gpu_session.sh llm-onnx    # decode steps of a 4-layer TinyLlama-shaped export with a KV cache, fp16, CUDA, io-binding:
 #                                              # the export against graphopt's GroupQueryAttention (llm_onnx_decode.py)
+#   bash benchmarks/gpu_session.sh genai-build # issue 17: the 1.1B-shaped LlamaConfig's folder, the onnxruntime-genai builder's fp16 CUDA
+#                                              # model (its wheel from .whl/, installed by setup), the fp16 export and graphopt's
+#                                              # --kv-buffer shared output, into /tmp/genai (kept on the warm machine)
+#   bash benchmarks/gpu_session.sh genai       # then (same warm machine): both decoded in onnxruntime-gpu with io-binding and shared
+#                                              # KV buffers, the export and the builder's growing cache too (llm_genai_compare.py)
 #
 # Every step prints the GPU's name and writes its full results under $OUT; the short tables come last.
 set -uo pipefail
@@ -106,6 +111,17 @@ llm-onnx)
   timeout 540 python3 benchmarks/llm_onnx_decode.py --out "$OUT" --device cuda --dtype fp16 --layers "${2:-4}" \
     --batch 1,8 --prompt 128 --steps 64 > "$OUT/llm_onnx_decode.log" 2>&1
   tail -20 "$OUT/llm_onnx_decode.log"
+  ;;
+genai-build)
+  timeout 580 python3 benchmarks/llm_genai_compare.py --out "$OUT" --work /tmp/genai --device cuda --dtype fp16 --shape tinyllama \
+    --genai-python python3 --build-only > "$OUT/genai-build.log" 2>&1
+  grep -v -i warn "$OUT/genai-build.log" | tail -12
+  ;;
+genai)
+  timeout 560 python3 benchmarks/llm_genai_compare.py --out "$OUT" --work /tmp/genai --device cuda --dtype fp16 --shape tinyllama \
+    --genai-python python3 --prompt 128 --steps 128 --rounds 3 --warmup 8 --reuse \
+    --variants "${2:-builder-shared,graphopt-shared,original,builder-growing}" > "$OUT/genai.log" 2>&1
+  tail -12 "$OUT/genai.log"
   ;;
 torch-modes)
   timeout 560 python3 benchmarks/torch_compile.py --models "${2:-llama}" \

@@ -37,8 +37,8 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -139,6 +139,8 @@ def optimize(source: Path, path: Path, args: argparse.Namespace) -> tuple[Path, 
     import graphopt
 
     target = "ort-cuda" if args.device == "cuda" else "ort-cpu"
+    if path.exists() and path.stat().st_mtime > source.stat().st_mtime and args.reuse:
+        return path, {"target": target, "reused": str(path)}
     started = time.perf_counter()
     report = graphopt.optimize_file(source, path, target=target, kv_buffer="shared", disable=args.disable)
     applied = {name: rule.applications for name, rule in report.rules.items() if rule.applications}
@@ -275,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-length", type=int, default=512, help="the shared KV buffers' length (and the config's max positions)")
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--reuse", action="store_true", help="keep graphopt's output from an earlier run in --work (default: optimize again)")
+    parser.add_argument("--build-only", action="store_true", help="build the folder and the models (into --work) and stop")
     parser.add_argument("--disable", default="", help="graphopt rules to leave out, comma-separated")
     parser.add_argument("--genai-python", default=os.environ.get("GENAI_PYTHON", sys.executable),
                         help="a python that has onnxruntime_genai (default: $GENAI_PYTHON or this one)")
@@ -305,6 +309,8 @@ def main(argv: list[str] | None = None) -> int:
     counts = {name: op_counts(path) for name, path in files.items()}
     for name, count in counts.items():
         print(f"{name} ops: {count}", flush=True)
+    if args.build_only:
+        return 0
 
     rng = np.random.default_rng(0)
     prompt = rng.integers(3, config.vocab_size, (args.batch, args.prompt))

@@ -117,12 +117,13 @@ def share_kv_buffer(model: ir.Model, *, stats: Any = None) -> tuple[int, str | N
     if problem is not None:
         record(stats, 0, started)
         return 0, problem
-    pasts = {id(node.inputs[i]): node.inputs[i] for node in gqas for i in (3, 4)}
+    pasts: dict[int, ir.Value] = {id(v): v for node in gqas for v in node.inputs[3:5] if v is not None}  # graph inputs (_problem)
     new_tokens = _new_tokens_input(graph, gqas[0])
     mask = _input(graph, "attention_mask", rank=2)
     if mask is None:  # read for its length only
-        batch = next(iter(pasts.values())).shape[0]
-        mask = ir.Value(name="attention_mask", type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape([batch, "total_sequence_length"]))
+        past_shape = next(iter(pasts.values())).shape
+        batch_dim = past_shape[0] if past_shape is not None else "batch"
+        mask = ir.Value(name="attention_mask", type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape([batch_dim, "total_sequence_length"]))
         graph.inputs.append(mask)
     made = [
         ir.Node("", "Shape", [mask], [ir.AttrInt64("start", 1), ir.AttrInt64("end", 2)], name="kv_buffer_total"),
@@ -210,7 +211,7 @@ def _forget_past_shapes(graph: ir.Graph, gqas: list[ir.Node], pasts: dict[int, i
     for node in gqas:
         for present in node.outputs[1:3]:
             if present.shape is not None and len(present.shape) == 4:
-                dims = list(present.shape)
+                dims: list[Any] = list(present.shape)
                 dims[2] = PRESENT_LENGTH
                 present.shape = ir.Shape(dims)
     if not symbols:
