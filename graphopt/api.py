@@ -291,6 +291,10 @@ def _lower_and_decide(model: ir.Model, target: Any, report: Report, options: Opt
 
         say("decisions: SkipLayerNormalization")  # ort-cuda keeps the fused ops (graphopt/passes/skip_norm.py)
         run_passes([("skip_norm_decisions", lambda: decide_skip_norms(model, decider, target))])
+    if target.name in ("ort-cpu", "ort-cuda"):
+        from graphopt.passes.pack_qkv import pack_qkv
+
+        run_passes([("pack_qkv", lambda: pack_qkv(model))])  # GroupQueryAttention's q, k, v projections as one MatMul
     if options.kv_buffer == "shared":
         from graphopt.passes.kv_buffer import share_kv_buffer
 
