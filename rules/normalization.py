@@ -85,6 +85,18 @@ def scalar_of(ctx, c):
     return {"value": value}
 
 
+@native_constraint("CastsBackTo")
+def casts_back_to(ctx, x, low):
+    """x is float16 or bfloat16 and the normalized value is cast back to that type (Cast to = low)."""
+    codes = {"f16": 10, "bf16": 16}
+    dtype = ctx.dtype(x)
+    if dtype not in codes:
+        return f"the input is {dtype}, not float16 or bfloat16 (float32 RMSNorm needs no upcast)"
+    if int(low) != codes[dtype]:
+        return f"the result is cast to type {int(low)}, not back to the input's {dtype}"
+    return True
+
+
 @native_constraint("IsOne")
 def is_one(ctx, form, one):
     """Div(1, sqrt) takes the reciprocal only when the dividend is the constant 1."""

@@ -255,3 +255,58 @@ def test_tiny_llama_rms_norm_fusions(tmp_path, target: str) -> None:
         assert {r: rewrites(report, r) for r in rules} == {r: 0 for r in rules}
     result = verify(source, optimized)
     assert result.passed, result.message
+
+
+# ----------------------------------------------------------------------------- float16 with the upcast
+
+
+def _upcast_rms_norm(back_to: int = TensorProto.FLOAT16, skip: bool = False) -> onnx.ModelProto:
+    """transformers' LlamaRMSNorm in float16: Cast(x, float) / Pow 2 / ReduceMean / Add eps / Sqrt /
+    Reciprocal / Mul / Cast back (to `back_to`) / weight * (the weight first, as the export writes it)."""
+    f16 = TensorProto.FLOAT16
+    inits = [init("weight", rand(H).astype(np.float16)), init("two", np.array(2.0, np.float32)),
+             init("eps", np.array(1e-6, np.float32)), init("axes", np.array([-1], np.int64))]
+    nodes = [helper.make_node("Add", ["a", "b"], ["x"])] if skip else []
+    nodes += [
+        helper.make_node("Cast", ["x"], ["xf"], to=TensorProto.FLOAT),
+        helper.make_node("Pow", ["xf", "two"], ["sq"]),
+        helper.make_node("ReduceMean", ["sq", "axes"], ["var"], keepdims=1),
+        helper.make_node("Add", ["var", "eps"], ["ve"]),
+        helper.make_node("Sqrt", ["ve"], ["std"]),
+        helper.make_node("Reciprocal", ["std"], ["r"]),
+        helper.make_node("Mul", ["xf", "r"], ["n"]),
+        helper.make_node("Cast", ["n"], ["nl"], to=back_to),
+        helper.make_node("Mul", ["weight", "nl"], ["y"]),
+    ]
+    x_inputs = ["a", "b"] if skip else ["x"]
+    inputs = [helper.make_tensor_value_info(n, f16, [2, 4, H]) for n in x_inputs]
+    out = helper.make_tensor_value_info("y", f16 if back_to == f16 else TensorProto.BFLOAT16, [2, 4, H])
+    return make_model(nodes, inputs, [out], inits, opset=18)
+
+
+@pytest.mark.parametrize("target", ["ort-cpu", "ort-cuda"])
+def test_float16_rms_norm_with_its_upcast_fuses(target: str) -> None:
+    model = _upcast_rms_norm()
+    optimized, report = optimize_with(model, None, target=target)
+    assert rewrites(report, "FuseRMSNormUpcast") == 1
+    assert op_types(optimized) == ["SimplifiedLayerNormalization"]
+    [node] = optimized.graph.node
+    assert list(node.input) == ["x", "weight"] and abs(_attrs(node)["epsilon"] - 1e-6) < 1e-12
+    assert_same_outputs(model, optimized, rtol=2e-3, atol=2e-3)
+
+
+def test_float16_rms_norm_with_its_upcast_and_a_residual_becomes_skip_rms_norm_on_cuda() -> None:
+    model = _upcast_rms_norm(skip=True)
+    optimized, report = optimize_with(model, None, target="ort-cuda")
+    assert rewrites(report, "FuseRMSNormUpcast") == 1 and rewrites(report, "FuseSkipRMSNorm") == 1
+    assert _ops(optimized) == [(MS, "SkipSimplifiedLayerNormalization")]
+
+
+def test_negative_a_cast_to_another_type_is_not_the_upcast_form() -> None:
+    """float16 in, bfloat16 out: not the input's type back; refused with the reason."""
+    model = _upcast_rms_norm(back_to=TensorProto.BFLOAT16)
+    optimized, report = optimize_with(model, None, target="ort-cuda")
+    assert rewrites(report, "FuseRMSNormUpcast") == 0
+    assert "SimplifiedLayerNormalization" not in op_types(optimized)
+    reasons = [m.reason for m in report.rules["FuseRMSNormUpcast"].near_misses]
+    assert any("cast to type 16, not back to the input's f16" in r for r in reasons), reasons
