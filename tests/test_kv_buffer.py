@@ -216,3 +216,16 @@ def test_negative_without_the_pass_a_shared_buffer_reads_its_length_as_the_past(
     optimized, _ = graphopt.optimize(decoder_block(mask="causal", hidden=64), target="ort-cpu")
     with pytest.raises(Exception, match=r"has shape \{1,2,16,16\} but the computed output shape for this run is \{1,2,20,16\}"):
         _decode(optimized, (4, 1, 1), batch=1, shared=True)
+
+
+def test_cli_kv_buffer(tmp_path) -> None:
+    """--kv-buffer shared on the command line; an unknown mode is one error line and exit 2."""
+    from conftest import run_cli
+
+    source = tmp_path / "block.onnx"
+    onnx.save(decoder_block(mask="causal", hidden=64), str(source))
+    done = run_cli("optimize", source, tmp_path / "o.onnx", "--target", "ort-cpu", "--kv-buffer", "shared", "-q")
+    assert done.returncode == 0, done.stderr
+    assert [i.name for i in onnx.load(str(tmp_path / "o.onnx")).graph.input][-1] == "attention_mask"
+    bad = run_cli("optimize", source, tmp_path / "x.onnx", "--target", "ort-cpu", "--kv-buffer", "static")
+    assert bad.returncode == 2 and bad.stderr.strip() == "error: unknown --kv-buffer 'static' (known: growing, shared)"
