@@ -56,13 +56,24 @@ SHAPES = {
 VARIANTS = ("builder-shared", "graphopt-shared", "original", "graphopt-growing", "builder-growing")
 # The builder needs only its Python code: import the package without its native extension (the GPU
 # machine's onnxruntime-gpu is not the one the wheel was built with; nothing here runs genai itself).
+# Its builders import model classes of newer transformers than some machines have: a placeholder
+# stands in for each missing one (a LLaMA build never touches them), named on stderr.
 BUILDER_SHIM = (
-    "import importlib.util, runpy, sys, types\n"
+    "import importlib.util, re, runpy, sys, types\n"
     "spec = importlib.util.find_spec('onnxruntime_genai')\n"
     "package = types.ModuleType('onnxruntime_genai'); package.__path__ = list(spec.submodule_search_locations)\n"
     "sys.modules['onnxruntime_genai'] = package\n"
     "sys.argv = ['builder'] + sys.argv[1:]\n"
-    "runpy.run_module('onnxruntime_genai.models.builder', run_name='__main__')\n"
+    "import transformers\n"
+    "for attempt in range(40):\n"
+    "    try:\n"
+    "        runpy.run_module('onnxruntime_genai.models.builder', run_name='__main__'); break\n"
+    "    except ImportError as error:\n"
+    "        missing = re.search(r\"cannot import name '(\\w+)' from 'transformers'\", str(error))\n"
+    "        if not missing: raise\n"
+    "        print(f'builder shim: transformers {transformers.__version__} has no {missing.group(1)}: a placeholder', file=sys.stderr)\n"
+    "        setattr(transformers, missing.group(1), type(missing.group(1), (), {}))\n"
+    "        for name in [m for m in sys.modules if m.startswith('onnxruntime_genai.')]: del sys.modules[name]\n"
 )
 
 
