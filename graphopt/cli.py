@@ -201,15 +201,9 @@ def optimize(
             help="ort-cuda only: run Convs in NHWC (com.microsoft.NhwcConv, layout propagated) or keep NCHW; auto: decided per model from the cost table (or timed, with --tune).",
         ),
     ] = "auto",
-    kv_buffer: Annotated[
-        str,
-        typer.Option(
-            "--kv-buffer",
-            metavar="growing|shared",
-            help="shared: the KV cache of GroupQueryAttention may be one max-length buffer bound as past and present "
-            "(onnxruntime's past_present_share_buffer); the past length is read from an attention_mask input (added if absent).",
-        ),
-    ] = "growing",
+    kv_buffer: Annotated[str, typer.Option("--kv-buffer", metavar="growing|shared", help=(
+        "shared: GroupQueryAttention's past and present may be one max-length buffer (onnxruntime's past_present_share_buffer); "
+        "the past length is read from an attention_mask input (added if absent)."))] = "growing",
     tune: Annotated[
         bool,
         typer.Option(
