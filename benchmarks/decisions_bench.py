@@ -63,7 +63,7 @@ from graphopt.decisions.table import TABLE_FORMAT, CostTable, Entry  # noqa: E40
 #: kind label -> (convolution kind, kernel size)
 KINDS = {
     "dense1": ("dense", 1), "dense3": ("dense", 3), "dense7": ("dense", 7), "depthwise3": ("depthwise", 3),
-    "depthwise5": ("depthwise", 5), "grouped3": ("grouped", 3),
+    "depthwise5": ("depthwise", 5), "depthwise7": ("depthwise", 7), "grouped3": ("grouped", 3),
 }
 #: The kinds measured unless --kinds says otherwise (those of the shipped entries).
 DEFAULT_KINDS = "dense1,dense3,depthwise3,depthwise5"

@@ -8,12 +8,24 @@
 #   bash benchmarks/gpu_session.sh zoo 2/2     # the zoo's second half (or 1/1 for all)
 #   bash benchmarks/gpu_session.sh torch       # torch.compile: graphopt against inductor on the issue-15 models
 #   bash benchmarks/gpu_session.sh torch-modes M  # one model (llama, t5, convnext): default, reduce-overhead, max-autotune, each against inductor's
+#   bash benchmarks/gpu_session.sh train       # training steps through the backend against inductor (torch_train.py); "train-dist": DDP and FSDP2 on all GPUs
 #   bash benchmarks/gpu_session.sh torch-cost M,N # graphopt's passes against inductor's compile time (torch_compile_cost.py)
 #   bash benchmarks/gpu_session.sh profile M,N # the ops onnxruntime runs and the kernels they launch, per variant (ort_profile.py)
 #   bash benchmarks/gpu_session.sh cpu 1/1     # the zoo on onnxruntime's CPU provider (the GPU machine's 16 cores, 4 threads a session)
+#   bash benchmarks/gpu_session.sh cpu-control 1/2  # the CPU zoo as "cpu", with each session's threads pinned to the same cores
+#                                              # and the original timed twice (its "control" ratio: this measurement's own spread)
+#   bash benchmarks/gpu_session.sh cpu-profile [M,N] [RULE,..]  # CPU provider, 4 threads: sessions of one model against each
+#                                              # other (ort_session_spread.py), then per-op profiles of the original, graphopt,
+#                                              # the anchors, the original again and graphopt without each RULE, threads pinned;
+#                                              # whether onnxruntime runs the original's graph (ort_cpu_profile.py)
 #   bash benchmarks/gpu_session.sh placement M,N # the nodes the CUDA provider hands to the CPU, original and graphopt fp32/fp16 (ort_placement.py)
 #   bash benchmarks/gpu_session.sh llm         # LLM prefill + greedy decode with a static KV cache (llm_decode.py), under 4 minutes
 #   bash benchmarks/gpu_session.sh norms cuda  # residual norms fused or not (ort_cpu_norms.py) on the CUDA provider; "norms cpu": 4 CPU threads
+#   bash benchmarks/gpu_session.sh wq kernels  # weight-only int8/int4 (issue 18): graphopt::wq_linear's Triton kernel compiled, against its reference
+#   bash benchmarks/gpu_session.sh wq ro       # TinyLlama decode at batch 1: fp16 / int8 / int4 (graphopt + inductor CUDA graphs), torchao int4 if importable
+#   bash benchmarks/gpu_session.sh wq cg       # the same without inductor (graphopt's graph replayed as one CUDA graph)
+#   bash benchmarks/gpu_session.sh fp8         # FP8 GEMMs (issue 18): TinyLlama-shaped bf16 vs precision="fp8", decode (batch 1) and a
+#                                              # 2048-token prefill, and _scaled_mm vs bf16 mm per GEMM shape at M=1,16,2048 (fp8_bench.py)
 #   bash benchmarks/gpu_session.sh llm-onnx    # decode steps of a 4-layer TinyLlama-shaped export with a KV cache, fp16, CUDA, io-binding:
 #                                              # the export against graphopt's GroupQueryAttention (llm_onnx_decode.py)
 #   bash benchmarks/gpu_session.sh genai-build # issue 17: the 1.1B-shaped LlamaConfig's folder, the onnxruntime-genai builder's fp16 CUDA
@@ -21,6 +33,11 @@
 #                                              # --kv-buffer shared output, into /tmp/genai (kept on the warm machine)
 #   bash benchmarks/gpu_session.sh genai       # then (same warm machine): both decoded in onnxruntime-gpu with io-binding and shared
 #                                              # KV buffers, the export and the builder's growing cache too (llm_genai_compare.py)
+#   bash benchmarks/gpu_session.sh llm-onnx-weights [LAYERS] [BLOCK]  # the same export, fp16: graphopt against graphopt
+#                                              # --weights int4 / int8 (com.microsoft.MatMulNBits, block 32 by default)
+#   bash benchmarks/gpu_session.sh qdq cuda    # quantized models (qdq_zoo.py, built there with torch and transformers, or carried:
+#                                              # benchmarks/.qdq_zoo without its float folders, ~50 MB): original, ORT offline,
+#                                              # graphopt --target ort-cuda (qdq_bench.py); "qdq cpu": the CPU provider, 4 threads
 #
 # Every step prints the GPU's name and writes its full results under $OUT; the short tables come last.
 set -uo pipefail
@@ -86,6 +103,26 @@ cpu)
     --out "$OUT/zoo_bench-cpu-${shard%/*}.json" > "$OUT/zoo-cpu-${shard%/*}.log" 2>&1
   tail -60 "$OUT/zoo-cpu-${shard%/*}.log"
   ;;
+cpu-control)
+  shard=${2:-1/1}
+  lscpu | grep -m1 "Model name"
+  timeout 560 python3 benchmarks/zoo_bench.py --device cpu --threads 4 --jobs 12 --runs 10 --rounds 8 --warmup 3 --shard "$shard" \
+    --control --pin --out "$OUT/zoo_bench-cpu-control-${shard%/*}.json" > "$OUT/zoo-cpu-control-${shard%/*}.log" 2>&1
+  tail -60 "$OUT/zoo-cpu-control-${shard%/*}.log"
+  ;;
+cpu-profile)
+  # Sessions of one model in one process (how far apart they run: the measurement's own spread), then per-op
+  # profiles with every session's threads pinned (ort_cpu_profile.py): graphopt against the original, the anchors,
+  # the original again and graphopt without each RULE (FuseAttention: MultiHeadAttention; FuseSkipLayerNorm: the
+  # residual norms left to onnxruntime, as onnxscript's output has them).
+  lscpu | grep -m1 "Model name"
+  timeout 180 python3 benchmarks/ort_session_spread.py --models resnet-dynamo,tf-resnet,paddle-resnet --threads 4 \
+    --out "$OUT/spread" > "$OUT/cpu-spread.log" 2>&1
+  timeout 370 python3 benchmarks/ort_cpu_profile.py --models "${2:-unet-block-dynamo,tf-resnet,paddle-resnet}" \
+    --variants original,graphopt,ort-offline-all,onnxscript,original-again --rules-off "${3:-FuseAttention,FuseSkipLayerNorm}" \
+    --threads 4 --runs 20 --rounds 20 --pin --out "$OUT/cpu-profile" > "$OUT/cpu-profile.log" 2>&1
+  cat "$OUT/cpu-spread.log" "$OUT/cpu-profile.log" | grep -v -i "warn\|serializ\|skipping constant\|cannot be found" | tail -200
+  ;;
 norms)
   # the skip_norm decision's figures (ort_cpu_norms.py): "cuda" on the GPU (io-binding), "cpu" on this host's CPU provider
   if [ "${2:-cuda}" = cuda ]; then
@@ -107,6 +144,23 @@ llm)
   timeout 230 python3 benchmarks/llm_decode.py --out "$OUT/llm_decode.json" > "$OUT/llm_decode.log" 2>&1
   tail -16 "$OUT/llm_decode.log"
   ;;
+wq)
+  case "${2:-ro}" in
+  kernels)
+    GRAPHOPT_KERNELS_DEVICE=cuda timeout 300 python3 -m pytest -q -p no:cacheprovider tests/wq_interpreter_cases.py \
+      > "$OUT/wq_kernels.log" 2>&1
+    tail -15 "$OUT/wq_kernels.log"
+    ;;
+  ro|cg)
+    if [ "${2:-ro}" = ro ]; then variants=eager,graphopt-ro,graphopt-int8-ro,graphopt-int4-ro,torchao-int4-ro
+    else variants=eager,graphopt-cg,graphopt-int8-cg,graphopt-int4-cg; fi
+    timeout 570 python3 benchmarks/llm_decode.py --variants "$variants" --batches 1 --new-tokens 64 --block-size "${3:-32}" \
+      --budget-s 420 --out "$OUT/llm_decode-wq-${2:-ro}.json" > "$OUT/llm_decode-wq-${2:-ro}.log" 2>&1
+    tail -14 "$OUT/llm_decode-wq-${2:-ro}.log"
+    ;;
+  *) echo "wq takes kernels, ro or cg" >&2; exit 2 ;;
+  esac
+  ;;
 llm-onnx)
   timeout 540 python3 benchmarks/llm_onnx_decode.py --out "$OUT" --device cuda --dtype fp16 --layers "${2:-4}" \
     --batch 1,8 --prompt 128 --steps 64 > "$OUT/llm_onnx_decode.log" 2>&1
@@ -123,16 +177,49 @@ genai)
     --variants "${2:-builder-shared,graphopt-shared,original,builder-growing}" > "$OUT/genai.log" 2>&1
   tail -12 "$OUT/genai.log"
   ;;
+llm-onnx-weights)
+  # issue 18: weight-only int4/int8 against fp16, same GPU, same run; the original again last (process state)
+  timeout 560 python3 benchmarks/llm_onnx_decode.py --out "$OUT/weights" --device cuda --dtype fp16 --layers "${2:-4}" \
+    --batch 1,8 --prompt 128 --steps 64 --block-size "${3:-32}" \
+    --variants original,graphopt,graphopt-int4,graphopt-int8,original > "$OUT/llm_onnx_weights.log" 2>&1
+  tail -20 "$OUT/llm_onnx_weights.log"
+  ;;
+fp8)
+  timeout 560 python3 benchmarks/fp8_bench.py --budget-s 420 --out "$OUT/fp8_bench.json" > "$OUT/fp8_bench.log" 2>&1
+  tail -40 "$OUT/fp8_bench.log"
+  ;;
 torch-modes)
   timeout 560 python3 benchmarks/torch_compile.py --models "${2:-llama}" \
     --variants inductor,graphopt+inductor,inductor-ro,graphopt+inductor-ro,inductor-ma,graphopt+inductor-ma \
     --out "$OUT/torch_compile-modes-${2:-llama}.json" > "$OUT/torch-modes.log" 2>&1
   tail -20 "$OUT/torch-modes.log"
   ;;
+train)
+  # training steps (fwd+bwd+AdamW, autocast bf16) through the backend against inductor (torch_train.py)
+  timeout 560 python3 benchmarks/torch_train.py --models "${2:-bert,vit,resnet50}" --out "$OUT/torch_train.json" > "$OUT/torch-train.log" 2>&1
+  tail -12 "$OUT/torch-train.log"
+  ;;
+train-dist)
+  # the same under DDP and FSDP2 on every GPU of the machine (torchrun), BERT-base
+  n=$(nvidia-smi -L | wc -l)
+  for wrap in ddp fsdp2; do
+    timeout 270 torchrun --standalone --nproc_per_node "$n" benchmarks/torch_train.py --models "${2:-bert}" --wrap $wrap \
+      --out "$OUT/torch_train-$wrap.json" > "$OUT/torch-train-$wrap.log" 2>&1
+    tail -8 "$OUT/torch-train-$wrap.log"
+  done
+  ;;
 torch-cost)
   timeout 560 python3 benchmarks/torch_compile_cost.py --models "${2:-llama,t5,convnext}" \
     --out "$OUT/torch_compile_cost.json" > "$OUT/torch-cost.log" 2>&1
   grep -A12 "^model " "$OUT/torch-cost.log"
+  ;;
+qdq)
+  device=${2:-cuda}
+  threads=0; [ "$device" = cpu ] && threads=4
+  timeout 200 python3 benchmarks/qdq_zoo.py --list > "$OUT/qdq_zoo.log" 2>&1 || { tail -20 "$OUT/qdq_zoo.log"; exit 1; }
+  timeout 360 python3 benchmarks/qdq_bench.py --device "$device" --threads "$threads" --runs 20 --rounds 8 --warmup 5 \
+    --out "$OUT/qdq_bench-$device.json" > "$OUT/qdq-$device.log" 2>&1
+  tail -12 "$OUT/qdq-$device.log"
   ;;
 *)
   echo "unknown step $step" >&2; exit 2

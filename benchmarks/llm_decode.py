@@ -12,6 +12,14 @@ the same process behind its own torch._dynamo.reset():
   graphopt-ro   the same with mode="reduce-overhead" (inductor's CUDA graphs)
   graphopt-cg   backend="graphopt", options={"inductor": False, "mode": "reduce-overhead"}:
                 graphopt's rewritten graph with its Triton kernels, replayed as one CUDA graph
+  graphopt-int8-ro, graphopt-int4-ro, graphopt-int8-cg, graphopt-int4-cg
+                graphopt-ro / graphopt-cg with weight-only quantization (issue 18):
+                options={"weights": "int8"|"int4", "block_size": --block-size}; each matmul's form
+                (graphopt's Triton kernel, dequantize + matmul, torch._weight_int4pack_mm, or the
+                fp16 matmul) is timed at compile time; the report's "weights" decisions are kept
+                in the JSON (per-layer SNR and the winning form)
+  torchao-int4-ro  torchao's int4 weight-only (group --block-size, bf16: its tinygemm kernel's
+                type) + inductor reduce-overhead; skipped where torchao is not importable
 
 Every variant runs the same loop (one forward per token; the next token is the argmax of the
 last logits), --warmup generations (compiling, CUDA-graph recording), then --runs timed ones.
@@ -26,7 +34,9 @@ device-to-device copy otherwise, and always reported beside it) is the fastest a
 
 Tokens: each variant's first timed run against eager's (same batch): equal, or the first step
 that differs with the eager logits' top-2 gap there (an fp16 near-tie looks like a gap of a
-few hundredths).
+few hundredths), and the agreement: the fraction of (sequence, step) tokens equal to eager's
+(after a first difference greedy decoding goes its own way, so this counts the steps before it).
+"of limit" counts fp16 weight bytes for every variant (the quantized ones read fewer).
 
     python benchmarks/llm_decode.py                       # CUDA, fp16, batches 1 and 8 (bounded by --budget-s)
     python benchmarks/llm_decode.py --tiny --device cpu   # a smoke test of the same code on a tiny config (seconds)
@@ -47,12 +57,15 @@ import sys
 import time
 import traceback
 import warnings
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 VARIANTS = ("eager", "inductor-ro", "graphopt", "graphopt-ro", "graphopt-cg")
+#: Weight-only quantized variants (issue 18): not in the default set (their compile quantizes the model).
+WQ_VARIANTS = ("graphopt-int8-ro", "graphopt-int4-ro", "graphopt-int8-cg", "graphopt-int4-cg", "torchao-int4-ro")
 #: memory bandwidth by GPU name (bytes/s, the vendor's figure); others use the measured copy.
 SPEC_BANDWIDTH = (("H200", 4.8e12), ("H100 PCIe", 2.0e12), ("H100", 3.35e12), ("A100-SXM4-80GB", 2.039e12), ("A100", 1.555e12))
 
@@ -181,9 +194,50 @@ def _static_cache(model: Any, batch: int, max_len: int, device: str) -> Any:
     return cache
 
 
-def compiled_forward(model: Any, variant: str) -> tuple[Callable[..., Any], bool]:
+def _torchao_int4(model: Any, group: int) -> Any:
+    """A bf16 copy of the model with torchao's int4 weight-only linears (tinygemm takes bf16)."""
+    import copy
+
+    import torch
+
+    try:
+        from torchao.quantization import quantize_
+    except ImportError as error:
+        raise _Skip(f"torchao not importable ({error})") from None
+    try:
+        from torchao.quantization import Int4WeightOnlyConfig
+
+        config: Any = Int4WeightOnlyConfig(group_size=group)
+    except ImportError:  # older torchao
+        from torchao.quantization import int4_weight_only
+
+        config = int4_weight_only(group_size=group)
+    quantized = copy.deepcopy(model).to(torch.bfloat16)
+    quantize_(quantized, config)
+    return quantized
+
+
+class _Skip(Exception):
+    """A variant that cannot run here (recorded as skipped, not as an error)."""
+
+
+def compiled_forward(model: Any, variant: str, block_size: int = 32) -> tuple[Callable[..., Any], bool]:
     """The forward a variant runs, and whether it runs under inductor's CUDA graphs (step marks)."""
     import torch
+
+    if variant == "torchao-int4-ro":
+        return torch.compile(_torchao_int4(model, block_size).forward, mode="reduce-overhead", fullgraph=True, dynamic=False), True
+    if variant.startswith(("graphopt-int8", "graphopt-int4")):
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from torch_compile import _ensure_backend_registered
+
+        _ensure_backend_registered()
+        weights = {"weights": variant.split("-")[1], "block_size": block_size}
+        if variant.endswith("-ro"):
+            return torch.compile(model.forward, backend="graphopt", options={"mode": "reduce-overhead", **weights},
+                                 fullgraph=True, dynamic=False), True
+        return torch.compile(model.forward, backend="graphopt", options={"inductor": False, "mode": "reduce-overhead", **weights},
+                             fullgraph=True, dynamic=False), False
 
     if variant == "eager":
         return model.forward, False
@@ -249,7 +303,7 @@ def run_variant(model: Any, variant: str, batch: int, args: argparse.Namespace, 
     ids = torch.randint(0, model.config.vocab_size, (batch, args.prompt), device=args.device)
     max_len = args.prompt + args.new_tokens
     cache = None if variant == "eager" else _static_cache(model, batch, max_len, args.device)
-    forward, mark_step = compiled_forward(model, variant)
+    forward, mark_step = compiled_forward(model, variant, args.block_size)
     entry: dict[str, Any] = {"variant": variant, "batch": batch}
     t0 = time.perf_counter()
     runs = []
@@ -287,6 +341,13 @@ def run_variant(model: Any, variant: str, batch: int, args: argparse.Namespace, 
     if reports:
         entry["graphs"] = [{name: s.applications for name, s in r.rules.items() if s.applications} for r in reports]
         entry["warnings"] = sorted({w for r in reports for w in r.warnings})
+        weights = [{"graph": i, "site": d.site, "chosen": d.chosen, "reason": d.reason,
+                    "measured_ms": {a.candidate: a.measured_ms for a in d.alternatives}}
+                   for i, r in enumerate(reports) for d in r.decisions if d.kind == "weights"]
+        if weights:
+            entry["weights"] = weights
+            entry["weight_forms"] = {f"graph {i}": dict(sorted(Counter(w["chosen"] for w in weights if w["graph"] == i).items()))
+                                     for i in range(len(reports))}
     return entry
 
 
@@ -294,25 +355,28 @@ def compare_tokens(tokens: Any, reference: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     expected = torch.tensor(reference["tokens"])
+    agreement = float((tokens == expected).float().mean())
     differ = (tokens != expected).any(0).nonzero()
     if not len(differ):
-        return {"tokens_equal": True, "equal_steps": tokens.shape[1]}
+        return {"tokens_equal": True, "equal_steps": tokens.shape[1], "token_agreement": agreement}
     step = int(differ[0])
     gap = float(reference["gaps"][:, step].min())
-    return {"tokens_equal": False, "equal_steps": step, "first_difference": f"step {step}: eager's top-2 logit gap {gap:.4f}"}
+    return {"tokens_equal": False, "equal_steps": step, "token_agreement": agreement,
+            "first_difference": f"step {step}: eager's top-2 logit gap {gap:.4f}"}
 
 
 def table(results: list[dict[str, Any]], gpu: str) -> str:
     lines = [f"GPU: {gpu}",
-             f"{'batch':>5s} {'variant':12s} {'decode ms':>10s} {'tok/s':>9s} {'of limit':>9s} {'prefill ms':>11s} {'1st gen s':>9s}  tokens"]
+             f"{'batch':>5s} {'variant':16s} {'decode ms':>10s} {'tok/s':>9s} {'of limit':>9s} {'prefill ms':>11s} {'1st gen s':>9s} {'agree':>6s}  tokens"]
     for e in results:
         if "decode_ms" not in e:
-            lines.append(f"{e['batch']:5d} {e['variant']:12s} {e.get('status', '')}")
+            lines.append(f"{e['batch']:5d} {e['variant']:16s} {e.get('status', '')}")
             continue
         limit = f"{100 * e['of_limit']:8.1f}%" if "of_limit" in e else f"{'':>9s}"
         tokens = "reference" if e["variant"] == "eager" else ("equal" if e.get("tokens_equal") else e.get("first_difference", "?"))
-        lines.append(f"{e['batch']:5d} {e['variant']:12s} {e['decode_ms']:10.3f} {e['tokens_per_s']:9.0f} {limit} {e['prefill_ms']:11.2f} "
-                     f"{e['first_generation_s']:9.1f}  {tokens}")
+        agree = f"{100 * e['token_agreement']:5.1f}%" if "token_agreement" in e else f"{'':>6s}"
+        lines.append(f"{e['batch']:5d} {e['variant']:16s} {e['decode_ms']:10.3f} {e['tokens_per_s']:9.0f} {limit} {e['prefill_ms']:11.2f} "
+                     f"{e['first_generation_s']:9.1f} {agree}  {tokens}")
     lines.append("decode ms: median over every timed step; of limit: (weights + KV bytes per step / bandwidth) / decode ms.")
     return "\n".join(lines)
 
@@ -346,7 +410,9 @@ def write_json(data: dict[str, Any], out: str, tiny: bool) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--variants", default=None, help=f"comma-separated: {', '.join(VARIANTS)} (default: all; eager,graphopt-cg with --tiny)")
+    parser.add_argument("--variants", default=None, help=f"comma-separated: {', '.join(VARIANTS + WQ_VARIANTS)} "
+                        "(default: the first five; eager,graphopt-cg with --tiny)")
+    parser.add_argument("--block-size", type=int, default=32, choices=(32, 64, 128), help="quantization block of the int8/int4 variants")
     parser.add_argument("--batches", default=None, help="comma-separated batch sizes (default 1,8; 1,2 with --tiny)")
     parser.add_argument("--prompt", type=int, default=None, help="prompt tokens (default 128; 8 with --tiny)")
     parser.add_argument("--new-tokens", type=int, default=None, help="greedy tokens (default 128; 8 with --tiny)")
@@ -366,9 +432,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error("--device cuda, but torch sees no CUDA device")
     variants = [v for v in (args.variants or ("eager,graphopt-cg" if args.tiny else ",".join(VARIANTS))).split(",") if v]
-    unknown = [v for v in variants if v not in VARIANTS]
+    unknown = [v for v in variants if v not in VARIANTS + WQ_VARIANTS]
     if unknown:
-        parser.error(f"unknown variant: {', '.join(unknown)} (known: {', '.join(VARIANTS)})")
+        parser.error(f"unknown variant: {', '.join(unknown)} (known: {', '.join(VARIANTS + WQ_VARIANTS)})")
     try:
         batches = [int(b) for b in (args.batches or ("1,2" if args.tiny else "1,8")).split(",") if b]
     except ValueError:
@@ -401,6 +467,8 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 entry = run_variant(model, variant, batch, args, bw["used"], reference)
                 entry["status"] = "ok"
+            except _Skip as why:
+                entry = {"variant": variant, "batch": batch, "status": f"skipped: {why}"}
             except Exception as error:  # one variant failing must not stop the others
                 traceback.print_exc()
                 first = (str(error).strip().splitlines() or [""])[0]
@@ -409,7 +477,8 @@ def main(argv: list[str] | None = None) -> int:
                 reference = entry
                 entry["min_top2_gap"] = float(entry["gaps"].min())
             results.append(entry)
-            short = {k: entry[k] for k in ("decode_ms", "tokens_per_s", "prefill_ms", "tokens_equal", "status") if k in entry}
+            short = {k: entry[k] for k in ("decode_ms", "tokens_per_s", "prefill_ms", "tokens_equal", "token_agreement", "weight_forms",
+                                           "status") if k in entry}
             print(f"batch {batch} {variant}: {short}", flush=True)
             if out:  # after every variant: a run stopped by a time limit keeps what it measured
                 data["total_s"] = time.perf_counter() - started

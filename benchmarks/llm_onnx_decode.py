@@ -5,6 +5,7 @@ attention as com.microsoft.MultiHeadAttention over Concat + repeat_kv).
 
     python benchmarks/llm_onnx_decode.py --out DIR                       # CUDA, float16, batch 1 and 8
     python benchmarks/llm_onnx_decode.py --out DIR --device cpu --dtype fp32 --layers 2 --hidden 256 --heads 8 --kv-heads 2 --prompt 32 --steps 8
+    python benchmarks/llm_onnx_decode.py --out DIR --variants original,graphopt,graphopt-int4,graphopt-int8,original   # weight-only
 
 The model: transformers' LlamaModel (no LM head) from a LlamaConfig with random weights
 (--layers, --hidden, --heads, --kv-heads, --intermediate, --vocab), cast to --dtype before the
@@ -20,7 +21,10 @@ with the export's. Output: a table and DIR/llm_onnx_decode.json (device, version
 
 --variants picks and orders the variants (repeats allowed: the original again at the end tells a
 process-state effect from a graph's); graphopt-no-gqa-no-rope and graphopt-no-attention turn
-graphopt's rules off one more at a time, to bisect a slow variant. --profile runs each variant
+graphopt's rules off one more at a time, to bisect a slow variant; graphopt-int4 and graphopt-int8 are
+graphopt's output with `--weights int4|int8 --block-size B` (B: --block-size; every MatMul weight as
+com.microsoft.MatMulNBits; the model has no LM head), compared by the cosine similarity of the first
+decode step's outputs (the `cosine` column) as well as the largest difference. --profile runs each variant
 once more with onnxruntime's profiler (DIR/ort_profile_*.json): per op type and provider, the
 node time per timed step; on CUDA also the GPU kernels of one decode step (CUPTI), so a step
 whose GPU time is far below its wall time is waiting on the host.
@@ -49,7 +53,10 @@ VARIANTS = ("original", "graphopt", "graphopt-no-gqa")
 # (MultiHeadAttention without RotaryEmbedding; no attention rewrite at all)
 DISABLED = {"graphopt": (), "graphopt-no-gqa": ("FuseGroupQueryAttention",),
             "graphopt-no-gqa-no-rope": ("FuseGroupQueryAttention", "FuseRotaryEmbedding"),
-            "graphopt-no-attention": ("FuseGroupQueryAttention", "FuseRotaryEmbedding", "FuseAttention")}
+            "graphopt-no-attention": ("FuseGroupQueryAttention", "FuseRotaryEmbedding", "FuseAttention"),
+            "graphopt-int4": (), "graphopt-int8": ()}
+# weight-only quantization (graphopt optimize --weights; block size from --block-size): com.microsoft.MatMulNBits
+WEIGHTS = {"graphopt-int4": "int4", "graphopt-int8": "int8"}
 
 
 def export_llama(path: Path, args: argparse.Namespace) -> None:
@@ -110,10 +117,13 @@ def build(args: argparse.Namespace, folder: Path, variants: tuple[str, ...] = VA
         if variant == "original":
             continue
         disable = DISABLED[variant]
-        report = graphopt.optimize_file(source, folder / f"{variant}.onnx", target=target, disable=list(disable))
+        weights = {"weights": WEIGHTS[variant], "block_size": args.block_size} if variant in WEIGHTS else {}
+        report = graphopt.optimize_file(source, folder / f"{variant}.onnx", target=target, disable=list(disable), **weights)
         files[variant] = str(folder / f"{variant}.onnx")
         fused = report.rules["FuseGroupQueryAttention"].applications if "FuseGroupQueryAttention" in report.rules else 0
-        print(f"{variant}: --target {target}, FuseGroupQueryAttention x{fused}", flush=True)
+        quantized = report.weight_quantization
+        extra = f", --weights {quantized.weights} --block-size {quantized.block_size}: {quantized.quantized} of {len(quantized.layers)} MatMuls" if quantized else ""
+        print(f"{variant}: --target {target}, FuseGroupQueryAttention x{fused}{extra}", flush=True)
     return source, files
 
 
@@ -229,6 +239,13 @@ def summarize_profile(path: str, last_runs: int, top: int = 12) -> dict[str, Any
             "node_us_per_step": sum(r["us_per_step"] for r in ops), "top": ops[:top]}
 
 
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    """Of the first decode step's outputs (quantized weights change every element a little)."""
+    x, y = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+    norms = float(np.linalg.norm(x) * np.linalg.norm(y))
+    return float(x @ y / norms) if norms else float("nan")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -246,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--warmup", type=int, default=8)
     parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--block-size", type=int, default=32, help="block size of the graphopt-int4/-int8 variants (default: %(default)s)")
     parser.add_argument("--variants", default=",".join(VARIANTS),
                         help=f"comma-separated, of original,{','.join(DISABLED)} (default: %(default)s)")
     parser.add_argument("--profile", action="store_true",
@@ -303,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
         for row, out in outputs:  # against the original's first decode step; none when the original failed
             row["max_abs_diff_vs_original"] = (float(np.max(np.abs(out.astype(np.float64) - reference.astype(np.float64))))
                                                if reference is not None else float("nan"))
+            row["cosine_vs_original"] = _cosine(out, reference) if reference is not None else float("nan")
     record = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S"), "device": device_name, "onnxruntime": ort.__version__,
         "command": " ".join(["python", "benchmarks/llm_onnx_decode.py", *(argv if argv is not None else sys.argv[1:])]),
@@ -310,12 +329,13 @@ def main(argv: list[str] | None = None) -> int:
     }
     (args.out / "llm_onnx_decode.json").write_text(json.dumps(record, indent=1))
     print(f"\n{device_name}, onnxruntime {ort.__version__}, {args.source} {args.dtype}, prompt {args.prompt}, {args.steps} steps")
-    print(f"{'variant':<26}{'batch':>6}{'prefill ms':>12}{'decode ms/step':>16}{'diff':>10}")
+    print(f"{'variant':<26}{'batch':>6}{'prefill ms':>12}{'decode ms/step':>16}{'diff':>10}{'cosine':>10}")
     for r in rows:
         if "error" in r:
             print(f"{r['variant']:<26}{r['batch']:>6}  error: {r['error'][:80]}")
         else:
-            print(f"{r['variant']:<26}{r['batch']:>6}{r['prefill_ms']:>12.2f}{r['decode_ms']:>16.3f}{r['max_abs_diff_vs_original']:>10.2g}")
+            print(f"{r['variant']:<26}{r['batch']:>6}{r['prefill_ms']:>12.2f}{r['decode_ms']:>16.3f}{r['max_abs_diff_vs_original']:>10.2g}"
+                  f"{r['cosine_vs_original']:>10.5f}")
     return 0
 
 

@@ -1,6 +1,6 @@
 """Start-up and small-job times, whole process, against onnxruntime's offline optimizer and onnxsim.
 
-    python benchmarks/startup.py [--runs 5] [--out results/startup.json] [--checkout PATH]
+    python benchmarks/startup.py [--runs 5] [--out results/startup.json] [--checkout PATH] [--baseline PATH]
 
 Builds the README's example model (examples/make_example.py: a 47-node ResNet-style CNN,
 245 KB) and times, as separate processes from start to exit, median of `--runs` after
@@ -18,6 +18,10 @@ single-threaded start-up much less (onnxruntime's thread pool makes its CPU time
 its wall time). The commands run from a temporary folder, so `python -m graphopt`
 imports the checkout named by `--checkout`, not the current folder, and with bytecode
 caches (PYTHONDONTWRITEBYTECODE is dropped), as an installed package runs.
+
+With `--baseline PATH` (another checkout, e.g. main before a change) each graphopt command
+also runs from that checkout, the two runs alternating, so that both see the same load:
+on a shared machine, runs minutes apart are not comparable.
 """
 
 from __future__ import annotations
@@ -47,40 +51,64 @@ ORT_OFFLINE = (
 )
 
 
-def _time(command: list[str], runs: int, env: dict[str, str], cwd: Path) -> dict[str, Any]:
-    """Wall time and CPU time (user + system of the child) per run. On a machine shared with
-    other work the wall time grows with the load; the CPU time much less."""
-    warm = subprocess.run(command, capture_output=True, env=env, text=True, cwd=cwd)  # warm-up: file caches
-    if warm.returncode != 0:  # e.g. an older checkout without --version
-        return {"error": (warm.stderr.strip().splitlines() or [f"exit {warm.returncode}"])[-1]}
-    wall, cpu = [], []
+def _time(command: list[str], runs: int, envs: list[dict[str, str]], cwd: Path) -> list[dict[str, Any]]:
+    """Wall time and CPU time (user + system of the child) per run, for each environment
+    (checkout), the environments taking turns run by run. On a machine shared with other
+    work the wall time grows with the load; the CPU time much less."""
+    results: list[dict[str, Any]] = []
+    for env in envs:
+        warm = subprocess.run(command, capture_output=True, env=env, text=True, cwd=cwd)  # warm-up: file caches
+        if warm.returncode != 0:  # e.g. an older checkout without --version
+            results.append({"error": (warm.stderr.strip().splitlines() or [f"exit {warm.returncode}"])[-1]})
+        else:
+            results.append({"runs_s": [], "cpu_runs_s": []})
     for _ in range(runs):
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        started = time.perf_counter()
-        subprocess.run(command, check=True, capture_output=True, env=env, cwd=cwd)
-        wall.append(time.perf_counter() - started)
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        cpu.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
-    return {
-        "median_s": statistics.median(wall),
-        "min_s": min(wall),
-        "max_s": max(wall),
-        "cpu_median_s": statistics.median(cpu),
-        "runs_s": wall,
-        "cpu_runs_s": cpu,
-    }
+        for env, result in zip(envs, results):
+            if "error" in result:
+                continue
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            started = time.perf_counter()
+            subprocess.run(command, check=True, capture_output=True, env=env, cwd=cwd)
+            result["runs_s"].append(time.perf_counter() - started)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            result["cpu_runs_s"].append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+    for result in results:
+        if "error" not in result:
+            wall, cpu = result["runs_s"], result["cpu_runs_s"]
+            result.update(median_s=statistics.median(wall), min_s=min(wall), max_s=max(wall), cpu_median_s=statistics.median(cpu))
+    return results
+
+
+def _env(checkout: Path) -> dict[str, str]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(checkout), os.environ.get("PYTHONPATH", "")])))
+    # As an installed package runs: from bytecode caches (the warm-up run writes them), not
+    # compiling every module of the checkout anew in every run.
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
+def _line(name: str, result: dict[str, Any]) -> str:
+    if "error" in result:
+        return f"{name:60s} failed: {result['error']}"
+    return (
+        f"{name:60s} wall median {result['median_s']:.3f} s (min {result['min_s']:.3f}, max {result['max_s']:.3f}),"
+        f" CPU median {result['cpu_median_s']:.3f} s"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--checkout", type=Path, default=REPO, help="the graphopt checkout to time (default: this one), e.g. an older commit's worktree")
+    parser.add_argument(
+        "--checkout", type=Path, default=REPO, help="the graphopt checkout to time (default: this one), e.g. an older commit's worktree"
+    )
+    parser.add_argument(
+        "--baseline", type=Path, default=None, help="another checkout whose graphopt commands run in turn with --checkout's"
+    )
     args = parser.parse_args()
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(args.checkout), os.environ.get("PYTHONPATH", "")])))
-    # As an installed package runs: from bytecode caches (the warm-up run writes them), not
-    # compiling every module of the checkout anew in every run.
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env = _env(args.checkout)
+    baseline_env = _env(args.baseline) if args.baseline else None
     py = sys.executable
     graphopt = [py, "-m", "graphopt"]
     script = shutil.which("graphopt")  # the console script; with PYTHONPATH it runs the checkout's code
@@ -104,16 +132,16 @@ def main() -> None:
     except ImportError:
         print("onnxsim is not installed: left out", file=sys.stderr)
     results = {}
+    baseline_results = {}
     for name, command in commands.items():
-        result = results[name] = _time(command, args.runs, env, cwd=folder)  # not the checkout: `python -m` would import from it
-        if "error" in result:
-            print(f"{name:60s} failed: {result['error']}", flush=True)
-        else:
-            print(
-                f"{name:55s} wall median {result['median_s']:.3f} s (min {result['min_s']:.3f}, max {result['max_s']:.3f}),"
-                f" CPU median {result['cpu_median_s']:.3f} s",
-                flush=True,
-            )
+        compared = baseline_env is not None and "graphopt" in name
+        envs = [env, baseline_env] if compared and baseline_env is not None else [env]
+        timed = _time(command, args.runs, envs, cwd=folder)  # not the checkout: `python -m` would import from it
+        results[name] = timed[0]
+        print(_line(name, timed[0]), flush=True)
+        if compared:
+            baseline_results[name] = timed[1]
+            print(_line("  baseline, in turn: " + name, timed[1]), flush=True)
     versions: dict[str, str | None] = {}
     for package in ("onnx", "onnx-ir", "onnxruntime", "sympy", "typer", "onnxsim"):
         try:
@@ -128,6 +156,8 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "model": f"examples/make_example.py ({model.stat().st_size} bytes)",
         "checkout": str(args.checkout),
+        "baseline": str(args.baseline) if args.baseline else None,
+        "baseline_results": baseline_results,
         "runs": args.runs,
         "command": " ".join(["python benchmarks/startup.py", *sys.argv[1:]]),
         "versions": versions,

@@ -3,7 +3,8 @@
     python benchmarks/startup_phases.py [--runs 7] [--out results/startup-phases.json] [--checkout PATH]
 
 Builds the README's example model (examples/make_example.py) and runs, `--runs` times in a
-fresh process each, what `graphopt optimize model.onnx -o out.onnx -q` does: the imports
+fresh process each, what `graphopt optimize model.onnx -o out.onnx -q` does (garbage
+collection paused for the imports, as the command line does): the imports
 (numpy, onnx, onnx-ir, typer, pydantic, graphopt's modules, onnxruntime), loading the model,
 loading the rule library, optimizing, saving with onnxruntime's load check, and the
 interpreter's shutdown (the whole process's CPU time less the phases). Prints the median CPU
@@ -30,7 +31,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 # One run, in its own process: prints "phase<TAB>seconds" lines.
 PHASES = r"""
-import sys, time
+import gc, sys, time
+gc.disable()  # as graphopt/__main__.py and graphopt.cli.main do for the start-up
 marks = [("start", time.process_time())]
 def mark(name):
     marks.append((name, time.process_time()))
@@ -48,6 +50,7 @@ import graphopt.api
 from graphopt.api import OptimizeOptions, builtin_rules, optimize
 from graphopt.ir.onnx_io import load_model, save_model
 mark("import graphopt's optimizer modules")
+gc.freeze(); gc.enable()  # as the optimize command does before it loads the model
 model = load_model(sys.argv[1])
 mark("load the model (checks, strict shape inference)")
 builtin_rules()

@@ -19,6 +19,8 @@ provider (``--device cpu``), graph optimizations at ``ORT_ENABLE_ALL`` as a user
 * ``onnxscript``          ``onnxscript.optimizer.optimize`` + ``onnxscript.rewriter.ort_fusions.optimize_for_ort``
 * ``onnxsim``             ``onnxsim.simplify`` (when installed)
 * ``ort-transformers``    ``onnxruntime.transformers.optimizer.optimize_model`` for the families it knows
+* ``original-again``      with ``--control``: the original in a second session, timed like the others (never an
+  anchor): the ratio of two sessions of one model is this measurement's own spread on this machine
 
 In fp16 the anchors are converted with onnxruntime's ``float16.convert_float_to_float16``
 (``keep_io_types=True``), as their documentation does; graphopt with ``--precision fp16``.
@@ -31,6 +33,12 @@ anchor, or slower than either, those variants are measured again (``--remeasure`
 says whether it stayed within the band. Every output is compared with the fp32 original's
 (max error relative to the output's largest magnitude); a non-finite output where the
 original is finite is flagged.
+
+On the CPU provider every session of a model lives in one process with its own intra-op thread
+pool; ``--pin`` pins the process's thread to one core and every session's worker threads to the
+same next ``--threads - 1`` cores, so no session runs on luckier cores than another (on the
+H100 host's 16-core Xeon, variants that onnxruntime runs as the very same graph came out up to
+20 % apart without it: benchmarks/RESULTS.md, 2026-11-27 evening).
 
 Needs onnx, onnxruntime (onnxruntime-gpu for CUDA), numpy and graphopt; onnxscript and
 onnxsim are optional anchors. Output: JSON (``--out``) and a table printed last.
@@ -204,12 +212,14 @@ def make_variants(entry: ZooEntry, work: Path, device: str, precisions: list[str
 class Runner:
     """One session of one variant; io-binding on CUDA (inputs placed on the device once)."""
 
-    def __init__(self, path: str, feeds: dict[str, np.ndarray], device: str, threads: int) -> None:
+    def __init__(self, path: str, feeds: dict[str, np.ndarray], device: str, threads: int, affinities: str | None = None) -> None:
         ort = _ort()
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         if threads:
             options.intra_op_num_threads = threads
+        if affinities:
+            options.add_session_config_entry("session.intra_op_thread_affinities", affinities)
         self.session = ort.InferenceSession(path, options, providers=_providers(device))
         self.device = device
         names = [i.name for i in self.session.get_inputs()]
@@ -244,6 +254,18 @@ class Runner:
         return times
 
 
+def pin_threads(threads: int) -> str | None:
+    """Pin the calling thread to the first CPU this process may use; returns the affinities of
+    a session's `threads - 1` worker threads on the next ones, in onnxruntime's format
+    (processor ids from 1, one per thread; "" for one thread). None: fewer CPUs than threads,
+    nothing pinned."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if threads < 1 or len(cpus) < threads:
+        return None
+    os.sched_setaffinity(0, {cpus[0]})
+    return ";".join(str(cpu + 1) for cpu in cpus[1:threads])
+
+
 def _check_outputs(expected: list[np.ndarray], actual: list[np.ndarray], precision: str) -> dict[str, Any]:
     worst, nonfinite = 0.0, False
     for e, a in zip(expected, actual):
@@ -273,6 +295,9 @@ def _ratios(result: dict[str, Any], precision: str) -> dict[str, Any]:
     out: dict[str, Any] = {"graphopt_ms": g, "original_ms": orig}
     if g and orig:
         out["vs_original"] = g / orig
+    again = variants.get("original-again", {}).get("median_ms")
+    if again and orig and precision == "fp32":
+        out["control_vs_original"] = again / orig
     if anchors:
         best = min(anchors, key=anchors.__getitem__)
         out["best_anchor"], out["best_anchor_ms"] = best, anchors[best]
@@ -300,12 +325,17 @@ def _prepared(entry: ZooEntry, work: Path | None, device: str, precisions: list[
 
 
 def bench_one(entry: ZooEntry, device: str, precisions: list[str], runs: int, rounds: int, warmup: int,
-              remeasure: int, threads: int, work: Path | None = None) -> dict[str, Any]:
+              remeasure: int, threads: int, work: Path | None = None, control: bool = False, pin: bool = False) -> dict[str, Any]:
     feeds = load_inputs(entry)
     result: dict[str, Any] = {"model": entry.name, "exporter": entry.meta.get("exporter"), "opset": entry.meta.get("opset"),
                               "nodes": entry.meta.get("nodes"), "device": device}
+    affinities = pin_threads(threads) if pin and device == "cpu" else None
+    if pin and device == "cpu":
+        result["pinned"] = affinities is not None
     with tempfile.TemporaryDirectory(prefix=f"zoo-{entry.name}-") as tmp:
         variants = _prepared(entry, work, device, precisions) or make_variants(entry, Path(tmp), device, precisions)
+        if control:
+            variants = {**variants, "original-again": {"precision": "fp32", "role": "control", "path": str(entry.path)}}
         import onnx
 
         runners: dict[str, Runner] = {}
@@ -314,7 +344,7 @@ def bench_one(entry: ZooEntry, device: str, precisions: list[str], runs: int, ro
                 continue
             try:
                 info["nodes"] = len(onnx.load(info["path"], load_external_data=False).graph.node)
-                runners[name] = Runner(info["path"], feeds, device, threads)
+                runners[name] = Runner(info["path"], feeds, device, threads, affinities)
                 info["providers"] = runners[name].providers
             except Exception as e:  # noqa: BLE001
                 info["error"] = f"session: {type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"
@@ -360,7 +390,7 @@ def bench_one(entry: ZooEntry, device: str, precisions: list[str], runs: int, ro
                 if not close:
                     break
                 attempts += 1
-                names = {f"graphopt{sfx}", "original", r.get("best_anchor")} & set(runners)
+                names = {f"graphopt{sfx}", "original", r.get("best_anchor"), "original-again"} & set(runners)
                 for _ in range(rounds):
                     for name in order.permutation(sorted(names)):
                         samples[str(name)] += runners[str(name)].time_runs(runs)
@@ -411,8 +441,9 @@ def print_table(results: list[dict[str, Any]], precisions: list[str]) -> None:
             if "vs_best_anchor" in ratios:
                 vs_best.append((ratios["vs_best_anchor"], r["model"]))
             best = f"{ratios.get('best_anchor', '-')} {ratios.get('best_anchor_ms', 0):.3f}"
+            control = f"  control {ratios['control_vs_original']:.3f}" if "control_vs_original" in ratios else ""
             print(f"{r['model']:32s} {ratios.get('original_ms') or 0:9.3f} {ratios.get('graphopt_ms') or 0:9.3f} {fmt('vs_original'):>7s} "
-                  f"{best:>24s} {fmt('vs_best_anchor'):>7s}{flag}")
+                  f"{best:>24s} {fmt('vs_best_anchor'):>7s}{flag}{control}")
         gm_orig, gm_best = _geomean(vs_orig), _geomean([v for v, _ in vs_best])
         if vs_best:
             worst = max(vs_best)
@@ -437,6 +468,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1,
                         help="make the variants of this many models at once first (CPU work; the timing stays one model at a time)")
     parser.add_argument("--work", type=Path, default=None, help="where --jobs puts the variants (default: a temporary folder)")
+    parser.add_argument("--control", action="store_true",
+                        help="also time the original in a second session (original-again): the measurement's own spread")
+    parser.add_argument("--pin", action="store_true",
+                        help="CPU: pin every session's threads to the same cores (the process's first --threads CPUs)")
     parser.add_argument("--report", type=Path, nargs="+", default=None, help="print the table of earlier JSON results (several merge) and exit")
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)       # internal: bench one model, JSON on stdout
     parser.add_argument("--prepare", default=None, help=argparse.SUPPRESS)   # internal: make one model's variants into --work
@@ -458,7 +493,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.one:
         entry = cached_models(args.cache, [args.one])[0]
-        result = bench_one(entry, args.device, precisions, args.runs, args.rounds, args.warmup, args.remeasure, args.threads, args.work)
+        result = bench_one(entry, args.device, precisions, args.runs, args.rounds, args.warmup, args.remeasure, args.threads, args.work,
+                           control=args.control, pin=args.pin)
         print("@@RESULT@@" + json.dumps(result, default=float))
         return 0
 
@@ -477,7 +513,7 @@ def main(argv: list[str] | None = None) -> int:
         "date": stamp.isoformat(timespec="seconds"), "device": args.device, "precisions": precisions,
         "command": " ".join([Path(sys.executable).name] + sys.argv), "machine": platform.node(), "cpu": platform.processor(),
         "onnxruntime": ort.__version__, "providers": ort.get_available_providers(),
-        "settings": {k: getattr(args, k) for k in ("runs", "rounds", "warmup", "remeasure", "threads")}, "results": [],
+        "settings": {k: getattr(args, k) for k in ("runs", "rounds", "warmup", "remeasure", "threads", "control", "pin")}, "results": [],
     }
     try:
         import graphopt
@@ -509,7 +545,8 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         cmd = [sys.executable, str(Path(__file__).resolve()), "--one", entry.name] + common + [
                "--runs", str(args.runs), "--rounds", str(args.rounds), "--warmup", str(args.warmup),
-               "--remeasure", str(args.remeasure), "--threads", str(args.threads)] + (["--work", str(args.work)] if args.work else [])
+               "--remeasure", str(args.remeasure), "--threads", str(args.threads)] + (["--work", str(args.work)] if args.work else []) + (
+               ["--control"] if args.control else []) + (["--pin"] if args.pin else [])
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
             marker = [line for line in proc.stdout.splitlines() if line.startswith("@@RESULT@@")]

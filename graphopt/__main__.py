@@ -1,6 +1,11 @@
 """`python -m graphopt ...` runs the command line."""
 
-from graphopt.cli import main
+import gc
+
+gc.disable()  # graphopt.cli.main keeps it off for the start-up, then turns it back on
+from graphopt.cli import main  # noqa: E402
+
+gc.enable()
 
 if __name__ == "__main__":
     main()

@@ -101,6 +101,20 @@ class OptimizeOptions:
     #: Built-in rules that a rule of the same name in `patterns` replaces. A user rule
     #: named like a built-in one is an error unless its name is here.
     replace: Sequence[str] = ()
+    #: "int4" or "int8": weight-only quantization of the MatMul/Gemm layers with a constant 2-D weight,
+    #: after --precision (graphopt.passes.weight_quant; docs/cli.md). None: weights keep their type.
+    weights: str | None = None
+    #: With `weights`: consecutive K values sharing one scale (16, 32, 64, 128 or 256).
+    block_size: int = 32
+    #: With `weights`: layers to keep unquantized: fnmatch globs over node, weight and output names and
+    #: op types, added to the default block list (the LM head); "none" clears the default list.
+    weights_keep: Sequence[str] = ()
+    #: With `weights`: None: asymmetric (zero points) for int4, symmetric for int8; True/False forces it.
+    weights_symmetric: bool | None = None
+    #: With `weights`: the least output SNR (dB) a layer must keep to be quantized (None: int8 35, int4 20).
+    weights_min_snr: float | None = None
+    #: With `weights`: MatMulNBits' accuracy_level (None: 4 on ort-cpu, 0 on ort-cuda).
+    weights_accuracy_level: int | None = None
 
 
 _BUILTIN_CACHE: list[Rule] | None = None
@@ -169,7 +183,11 @@ def optimize(model: ModelLike | str | os.PathLike[str], options: OptimizeOptions
 
     options = options or OptimizeOptions(**kwargs)
     target = get_target(options.target)
+    from graphopt.quant.fp8_onnx import refuse_fp8
+
+    refuse_fp8(options.precision, target.name)  # not on the ONNX path: one line saying what the target lacks
     plan = PrecisionPlan.make(options.precision, options.keep_fp32)  # an unknown precision fails before any work
+    weight_plan = _weight_plan(options)
     rules = RuleSet(select_rules(options))
     report = Report(target=target.name, precision=plan.precision if plan else None)
     started = time.perf_counter()
@@ -197,7 +215,7 @@ def optimize(model: ModelLike | str | os.PathLike[str], options: OptimizeOptions
         raise ValueError(f"kv_buffer must be one of {', '.join(KV_BUFFER_MODES)}, not {options.kv_buffer!r}")
     shared_token = SHARED_KV_BUFFER.set(options.kv_buffer == "shared")
     try:
-        _run_pipeline(graph_model, rules, target, report, options, plan)
+        _run_pipeline(graph_model, rules, target, report, options, plan, weight_plan)
     finally:
         SHARED_KV_BUFFER.reset(shared_token)
 
@@ -212,7 +230,26 @@ def optimize(model: ModelLike | str | os.PathLike[str], options: OptimizeOptions
     return (ir.serde.serialize_model(graph_model) if as_proto else graph_model), report
 
 
-def _run_pipeline(model: ir.Model, rules: RuleSet, target: Any, report: Report, options: OptimizeOptions, plan: Any = None) -> None:
+def _weight_plan(options: OptimizeOptions) -> Any:
+    from graphopt.passes.weight_quant import WeightQuantPlan
+
+    return WeightQuantPlan.make(options.weights, options.block_size, options.weights_keep, options.weights_symmetric,
+                                options.weights_min_snr, options.weights_accuracy_level)
+
+
+def _quantize_weights(model: ir.Model, target: Any, report: Report, weight_plan: Any) -> None:
+    """After precision (the weights' final type gives the scales' type), before lowering and cleanup
+    (DCE removes the float weights no layer reads any more)."""
+    from graphopt.passes.weight_quant import quantize_weights
+
+    summary = quantize_weights(model, target, weight_plan, stats=report.pass_stats("weight_quant"))
+    report.weight_quantization = summary
+    for entry in summary._unmatched_keep:
+        report.warnings.append(f"--weights-keep {entry}: no MatMul/Gemm weight layer of that name or op type in the model")
+
+
+def _run_pipeline(model: ir.Model, rules: RuleSet, target: Any, report: Report, options: OptimizeOptions, plan: Any = None,
+                  weight_plan: Any = None) -> None:
     from graphopt import passes
 
     say = options.progress or (lambda message: None)
@@ -267,6 +304,10 @@ def _run_pipeline(model: ir.Model, rules: RuleSet, target: Any, report: Report, 
         say(f"precision: {plan.precision}")
         with tag_new_nodes(model, "precision"):
             _convert_precision(model, target, report, plan, options, decider)
+    if weight_plan is not None:
+        say(f"weights: {weight_plan.weights}")
+        with tag_new_nodes(model, "weight_quant"):
+            _quantize_weights(model, target, report, weight_plan)
     say("cleanup")
     _lower_and_decide(model, target, report, options, decider, pipeline.run_passes, say)
     report.decisions = decider.records

@@ -3,6 +3,7 @@
     graphopt optimize IN -o OUT [--target T] [--patterns DIR]... [--enable RULE]...
                      [--disable RULE]... [--precision fp16|bf16] [--keep-fp32 OP_OR_NODE]...
                      [--precision-convs auto|low|fp32] [--layout auto|nchw|nhwc] [--tune] [--calibration-data FILE.npz]
+                     [--weights int4|int8 [--block-size 32|64|128] [--weights-keep NAME_OR_GLOB]... [--weights-min-snr DB]]
                      [--verify] [--input-shape NAME=D1,D2]... [--report FILE.json|FILE.html] [--quiet] [--force]
     graphopt report REPORT.json [-o REPORT.html]
     graphopt explain MODEL [--rule NAME]... [--node NAME]... [--target T] [--patterns DIR]...
@@ -34,6 +35,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import typer
 
 from graphopt.cli_paths import check_writable_folder, guard_paths, same_file
+from graphopt.cli_weights import WEIGHTS_HELP, check_weight_options
 from graphopt.errors import GraphoptError, printable
 
 if TYPE_CHECKING:  # imported where used: `graphopt --help` must not pay for onnx-ir, sympy or rich
@@ -110,6 +112,20 @@ def _quiet_libraries() -> None:
 PATTERNS_HELP = "Extra pattern file or folder (repeatable). Its .py files are imported and run: only pass code you trust."
 
 
+_collection_paused = False  # main() paused the cyclic garbage collector for the start-up
+
+
+def _collect_from_here() -> None:
+    """Resume the garbage collection main() paused for the start-up: the objects made so far
+    (modules, classes, the libraries' tables) are frozen, so later collections skip them.
+    Does nothing when the command runs without main() (a test's CliRunner, an embedding)."""
+    global _collection_paused
+    if _collection_paused:
+        _collection_paused = False
+        gc.freeze()
+        gc.enable()
+
+
 def _parse_shapes(values: list[str]) -> dict[str, list[int]]:
     if not values:
         return {}
@@ -177,7 +193,7 @@ def optimize(
     precision: Annotated[
         str,
         typer.Option(
-            metavar="fp16|bf16", help="Convert the model to this precision after the rewrites (inputs and outputs keep their types)."
+            metavar="fp16|bf16", help="Convert the model to this precision after the rewrites (inputs and outputs keep their types). fp8: the torch path only (refused here, saying why)."
         ),
     ] = "fp32",
     keep_fp32: Annotated[
@@ -191,7 +207,7 @@ def optimize(
         typer.Option(
             "--precision-convs",
             metavar="auto|low|fp32",
-            help="With --precision: the 2-D convolutions in the low type (low) or float32 (fp32); auto: converted unless the cost table (or --tune) finds float32 faster on the target (ort-cuda).",
+            help="With --precision: the 2-D convolutions in the low type (low) or float32 (fp32); auto: converted where the cost table (or --tune) finds the low type faster on the target at every batch size the model allows (ort-cuda).",
         ),
     ] = "auto",
     layout: Annotated[
@@ -219,6 +235,11 @@ def optimize(
             help="With --precision fp16: inputs (name -> array) on which the range check measures the float32 values (default: random inputs).",
         ),
     ] = None,
+    weights: Annotated[str | None, typer.Option("--weights", metavar="int4|int8", help=WEIGHTS_HELP["weights"])] = None,
+    block_size: Annotated[str, typer.Option("--block-size", metavar="32|64|128", help=WEIGHTS_HELP["block_size"])] = "32",
+    weights_keep: Annotated[list[str] | None, typer.Option("--weights-keep", metavar="NAME_OR_GLOB", help=WEIGHTS_HELP["keep"])] = None,
+    weights_min_snr: Annotated[str | None, typer.Option("--weights-min-snr", metavar="DB", help=WEIGHTS_HELP["min_snr"])] = None,
+    weights_symmetric: Annotated[bool | None, typer.Option("--weights-symmetric/--weights-asymmetric", help=WEIGHTS_HELP["symmetric"])] = None,
     verify: Annotated[
         bool, typer.Option("--verify", help="Compare original and optimized outputs in onnxruntime; leave out rewrites that change them.")
     ] = False,
@@ -252,6 +273,9 @@ def optimize(
 
     with _user_errors():
         get_target(target)  # an unknown target is an error before any work
+        from graphopt.quant.fp8_onnx import refuse_fp8
+
+        refuse_fp8(precision, target)  # fp8: one line saying what the target lacks
         precision_name = None
         if precision.strip().lower() != "fp32":  # the precision pass is imported only when asked for
             from graphopt.passes.precision_plan import parse_precision
@@ -273,6 +297,7 @@ def optimize(
             raise GraphoptError("--calibration-data only applies with --precision fp16")
         if calibration_data is not None and not calibration_data.is_file():
             raise GraphoptError(f"{calibration_data}: no such file")
+        weight_options = check_weight_options(weights, block_size, weights_keep or [], weights_min_snr, weights_symmetric)
         output = _output_path(output_argument, output_option)
         shapes = _parse_shapes(input_shape or [])
         clash = sorted(set(enable or []) & set(disable or []))
@@ -300,8 +325,10 @@ def optimize(
                 tune=tune,
                 kv_buffer=kv_buffer,
                 calibration_data=str(calibration_data) if calibration_data is not None else None,
+                **weight_options,
             )
             say("loading")
+            _collect_from_here()
             t0 = time.perf_counter()
             original = load_model(model)
             load_s = time.perf_counter() - t0
@@ -386,6 +413,7 @@ def render_report(
     from graphopt.report.html import write_html
 
     output = output or report_json.with_suffix(".html")
+    _collect_from_here()
     with _user_errors():
         from graphopt.paths import check_no_aliases
 
@@ -512,6 +540,7 @@ def explain_rules(
     from graphopt.ops.targets import get_target
     from graphopt.passes.precision_plan import parse_precision
 
+    _collect_from_here()
     with _user_errors():
         get_target(target)
         options = OptimizeOptions(target=target, patterns=[str(p) for p in patterns or []], precision=parse_precision(precision))
@@ -532,6 +561,7 @@ def diff_models(
 
     from graphopt.diff import diff_files, print_diff
 
+    _collect_from_here()
     with _user_errors():
         result = diff_files(a, b)
     if as_json:
@@ -581,15 +611,26 @@ def _options(
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point."""
     _quiet_libraries()
+    global _collection_paused
+    collecting = gc.isenabled()
+    # Start-up imports some 500 modules: objects that live until exit and no garbage, yet
+    # the cyclic collector walked them again and again (some 0.045 s of CPU of a small
+    # model's 0.5 s). A command that works on a model turns collection back on once its
+    # libraries are in (_collect_from_here): a model's rewrites do leave cycles behind.
+    gc.disable()
+    _collection_paused = collecting
     try:
         app(args=argv, prog_name="graphopt")
     finally:
+        _collection_paused = False
         # The process ends here. Shutting the interpreter down runs the cyclic garbage
         # collector over every object the imported libraries made (some 60,000): frozen,
         # they are skipped, which saves some 0.08 s of CPU on a small model's half second.
         # (Objects still in reference cycles then go without finalizers, which Python
         # never promises at exit; graphopt closes its files and removes its staging folders.)
         gc.freeze()
+        if collecting:
+            gc.enable()
 
 
 if __name__ == "__main__":

@@ -241,7 +241,7 @@ def _carry_input_sources(aten_gm: fx.GraphModule, dynamo_gm: fx.GraphModule, kep
 
 
 #: Passes whose changes inductor would not make itself (the rest, folding and dead code, it does).
-_PASSES_INDUCTOR_LACKS = ("layout", "pad_gemms", "unrepeat_kv", "pack_projections")
+_PASSES_INDUCTOR_LACKS = ("layout", "pad_gemms", "unrepeat_kv", "pack_projections", "weight_quant", "fp8_matmuls")
 
 
 #: Rules whose rewrites inductor makes itself: views, reshapes and transposes are free in its
@@ -380,10 +380,16 @@ def optimize_fx(gm: fx.GraphModule, fake_mode: Any, rules: RuleSet, target: Any,
     ])
     if _wants_channels_last(gm, opts.layout):
         pipeline.run_pass("layout", lambda: fx_passes.to_channels_last(gm, new_constant))
+    if opts.weights is not None:  # after packing: q/k/v (gate/up) quantized as one GEMM
+        from graphopt.passes import fx_weight_quant  # numpy quantization and the kernels: only when asked for
+
+        pipeline.run_pass("weight_quant", lambda: fx_weight_quant.quantize_weights(gm, new_constant, fake_mode, opts, report))
     pipeline.run_passes([
         ("pad_gemms", lambda: fx_passes.pad_unaligned_gemms(gm, new_constant, fake_mode)),
-        ("dce", lambda: fx_passes.remove_dead_code(gm)),
     ])
+    if opts.precision == "fp8":
+        _fp8(pipeline, gm, new_constant, fake_mode, opts, report)
+    pipeline.run_pass("dce", lambda: fx_passes.remove_dead_code(gm))
     if not opts.inductor:  # inductor re-inplaces on its own; the graph run as it is must not copy a KV cache per step
         pipeline.run_pass("reinplace_input_writes", lambda: reinplace_input_writes(gm))
     assert not any(is_neutral(n) for n in gm.graph.nodes), "every graphopt op is lowered"
@@ -391,6 +397,23 @@ def optimize_fx(gm: fx.GraphModule, fake_mode: Any, rules: RuleSet, target: Any,
     gm.recompile()
     report.times_s["optimize"] = time.perf_counter() - started
     report.finalize()
+
+
+def _fp8(pipeline: Pipeline, gm: fx.GraphModule, new_constant: Any, fake_mode: Any, opts: TorchOptions, report: Report) -> None:
+    """precision="fp8": the GEMMs with constant weights in FP8 (graphopt.passes.fx_fp8)."""
+    from graphopt.passes import fx_fp8
+
+    outcome = fx_fp8.Fp8Outcome()
+
+    def run() -> int:
+        nonlocal outcome
+        outcome = fx_fp8.fp8_matmuls(gm, new_constant, fake_mode, opts.precision_keep)
+        return len(outcome.converted)
+
+    pipeline.run_pass("fp8_matmuls", run)
+    fx_fp8.record(outcome, report)
+    if outcome.refusal is not None:
+        warnings.warn(outcome.refusal, RuntimeWarning, stacklevel=3)
 
 
 # --------------------------------------------------------------------------- what runs the result

@@ -18,7 +18,10 @@ from graphopt.errors import GraphoptError
 __all__ = ["TorchOptions"]
 
 _LAYOUTS = ("auto", "nhwc", "nchw")
+_PRECISIONS = (None, "fp8")
 _MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+_WEIGHTS = (None, "int8", "int4")
+_BLOCK_SIZES = (32, 64, 128)
 _CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # the modes in which inductor replays CUDA graphs
 
 
@@ -57,9 +60,23 @@ class TorchOptions:
     #: it), time both on the example inputs, and keep the faster (the report says which, and
     #: the times). Costs a second compile; graphs graphopt leaves unchanged skip it.
     tune: bool = False
+    #: "fp8": GEMMs with a constant weight run in FP8 E4M3 (torch._scaled_mm, per-row scales;
+    #: CUDA compute capability >= 8.9, needs freeze; graphopt/passes/fx_fp8.py). None: as the model is.
+    precision: str | None = None
+    #: With precision "fp8": GEMMs kept in the model's type, by fnmatch pattern on the weight's
+    #: parameter name ("*.lm_head.*"); None: the lm head (the default), []: none kept.
+    precision_keep: list[str] | None = None
     #: torch.compile's mode (passed to inductor; "reduce-overhead" also means CUDA graphs without it).
     #: torch.compile takes mode= or options=, not both: options={"mode": ...} sets it along with others.
     mode: str | None = None
+    #: Weight-only quantization of the matmuls with constant weights (needs freeze): None, "int8"
+    #: or "int4" (graphopt/passes/fx_weight_quant.py), per block of `block_size` input rows.
+    weights: str | None = None
+    block_size: int = 32
+    #: Module-name / op globs left in full precision; None: the default block list (lm head, embeddings).
+    weights_keep: list[str] | None = None
+    #: Per-layer accuracy budget in dB (SNR of x @ W against x @ dequant(W)); None: 35 for int8, 20 for int4.
+    weights_min_snr: float | None = None
 
     def cuda_graphs(self) -> bool:
         """Whether the compiled graph replays as CUDA graphs (inductor's, or CudaGraphReplay without it)."""
@@ -94,6 +111,13 @@ class TorchOptions:
                 if value is not None and not all(isinstance(v, (str, os.PathLike)) for v in value):
                     raise GraphoptError(f"graphopt option '{key}' takes a list of names, not {value!r}")
                 value = None if value is None else [str(v) for v in value]
+            elif key == "precision_keep":
+                value = [value] if isinstance(value, str) else value
+                if value is not None and not (isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)):
+                    raise GraphoptError(f"graphopt option 'precision_keep' takes a list of name patterns, not {value!r}")
+                value = None if value is None else list(value)
+            elif key == "precision" and value not in _PRECISIONS:
+                raise GraphoptError(f"graphopt option 'precision' takes 'fp8' or None, not {value!r}")
             elif key in ("inductor", "freeze", "trace", "strict", "tune") and not isinstance(value, bool):
                 raise GraphoptError(f"graphopt option '{key}' takes True or False, not {value!r}")
             elif key == "kernels" and value not in ("auto", "all", "none"):
@@ -102,9 +126,28 @@ class TorchOptions:
                 raise GraphoptError(f"graphopt option 'layout' takes one of {', '.join(_LAYOUTS)}, not {value!r}")
             elif key in ("fold_size_limit", "max_sweeps") and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
                 raise GraphoptError(f"graphopt option '{key}' takes a non-negative int, not {value!r}")
+            elif key == "weights" and value not in _WEIGHTS:
+                raise GraphoptError(f"graphopt option 'weights' takes 'int8' or 'int4' (or None), not {value!r}")
+            elif key == "block_size" and (isinstance(value, bool) or value not in _BLOCK_SIZES):
+                raise GraphoptError(f"graphopt option 'block_size' takes one of {', '.join(map(str, _BLOCK_SIZES))}, not {value!r}")
+            elif key == "weights_keep":
+                value = [value] if isinstance(value, str) else value
+                if value is not None and (not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value)):
+                    raise GraphoptError(f"graphopt option 'weights_keep' takes a list of name globs, not {value!r}")
+                value = None if value is None else list(value)
+            elif key == "weights_min_snr" and value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise GraphoptError(f"graphopt option 'weights_min_snr' takes a number of dB, not {value!r}")
             elif key == "report" and value is not None and not isinstance(value, (str, os.PathLike)):
                 raise GraphoptError(f"graphopt option 'report' takes a path, not {value!r}")
             setattr(opts, key, str(value) if key == "report" and value is not None else value)
+        if opts.weights is not None and not opts.freeze:
+            raise GraphoptError("graphopt option 'weights' needs freeze=True: only constant weights can be quantized")
+        if opts.precision == "fp8" and not opts.freeze:
+            raise GraphoptError("graphopt option 'precision': 'fp8' needs freeze=True (the weights are quantized once, at compile time)")
+        if opts.precision_keep is not None and opts.precision is None:
+            raise GraphoptError("graphopt option 'precision_keep' only applies with precision='fp8'")
+        if opts.weights is not None and opts.precision == "fp8":
+            raise GraphoptError("graphopt options 'weights' and precision='fp8' are two ways to quantize the same GEMMs: give one")
         if opts.mode not in _MODES:
             raise GraphoptError(f"torch.compile mode {opts.mode!r} is not one of {', '.join(m for m in _MODES if m)}")
         return opts

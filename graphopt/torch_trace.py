@@ -11,6 +11,7 @@ leaving alone the state the graph mutates.
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -159,6 +160,16 @@ def _inline_number(node: fx.Node, number: float | int) -> None:
             user.args = tuple(number if a is node else a for a in user.args)
 
 
+def _state_name(source_node: fx.Node) -> str | None:
+    """The dotted name of a parameter or buffer ("model.layers.0.mlp.up_proj.weight") from
+    dynamo's source ("L['self']._modules['model']..._parameters['weight']"), or None."""
+    source = getattr(source_node.meta.get("grapharg"), "source", None)
+    name = getattr(source, "name", "")
+    name = name() if callable(name) else str(name)
+    parts = re.findall(r"\._(?:modules|parameters|buffers)\['([^']*)'\]", name)
+    return ".".join(parts) or None
+
+
 def _freeze_module_state(aten_gm: fx.GraphModule, dynamo_gm: fx.GraphModule, example_inputs: Sequence[Any]) -> list[int]:
     """Parameters and buffers the graph does not mutate become constants (get_attr of the
     tensor itself, no copy). Returns the input positions that went."""
@@ -178,12 +189,16 @@ def _freeze_module_state(aten_gm: fx.GraphModule, dynamo_gm: fx.GraphModule, exa
                 frozen.append(i)
                 continue
         name = f"_frozen_{i}"
+        state_name = _state_name(source)
+        if state_name and value.numel():  # by storage: folded transposes and slices are views of it
+            aten_gm.meta.setdefault("graphopt_state_names", {})[value.untyped_storage().data_ptr()] = state_name
         aten_gm.register_buffer(name, value.detach())
         if first._erased:  # a value read back from a number inlined above
             first = next(n for n in graph.nodes if n.op != "placeholder")
         with graph.inserting_before(first):
             constant = graph.get_attr(name)
         constant.meta["val"] = node.meta.get("val")
+        constant.meta["graphopt_source"] = state_name or ""  # the parameter's name ("lm_head.weight"), for reports and keep lists
         node.replace_all_uses_with(constant)
         graph.erase_node(node)
         frozen.append(i)

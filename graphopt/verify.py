@@ -35,7 +35,16 @@ import onnx_ir as ir
 from graphopt.errors import GraphoptError, VerificationError
 from graphopt.inputs import BATCH_DIM, DEFAULT_DIM, MAX_INPUT_BYTES, MAX_INT_VALUE, _inputs, _np_dtype, _resolve_shapes, make_inputs  # noqa: F401  (re-exported)
 from graphopt.report.model import Report, RewriteRecord, Verification
-from graphopt.verify_compare import _EXACT, PRECISION_TOLERANCES, TOLERANCES, Tolerance, _loosest, _tolerance, compare_outputs
+from graphopt.verify_compare import (
+    _EXACT,
+    PRECISION_TOLERANCES,
+    QUANTIZED_MIN_COSINE,
+    TOLERANCES,
+    Tolerance,
+    _loosest,
+    _tolerance,
+    compare_outputs,
+)
 from graphopt.verify_session import _MISSING_KERNEL, Providers, _first_line, _LoadFailed, _run
 
 __all__ = [
@@ -74,6 +83,8 @@ class _Reference:
     prepare: Callable[[ir.Model], ir.Model] | None = None
     #: What the check does not prove here ("" when it runs on the target's provider).
     caveat: str = ""
+    #: With quantized weights: float outputs pass on their cosine similarity (QUANTIZED_MIN_COSINE).
+    min_cosine: float | None = None
 
 
 def _as_model(model: ir.Model | onnx.ModelProto | str | os.PathLike[str]) -> ir.Model:
@@ -158,13 +169,22 @@ def _check(reference: _Reference, candidate: ir.Model) -> Verification:
     except Exception as error:  # noqa: BLE001
         return result(False, {}, f"the optimized model does not run in onnxruntime: {_first_line(error)}")
     diffs: dict[str, float] = {}
+    cosines: dict[str, float] = {}
     for want, got in zip(reference.outputs, outputs, strict=True):
-        run_diffs, problems = compare_outputs(want, got, reference.floor)
+        run_diffs, problems = compare_outputs(want, got, reference.floor, reference.min_cosine, cosines)
         for name, diff in run_diffs.items():
             diffs[name] = max(diffs.get(name, 0.0), diff)
         if problems:
-            return result(False, diffs, "; ".join(problems))
-    return result(True, diffs, f"all {len(diffs)} outputs match on {len(reference.feeds)} random inputs (on {_provider_name(reference.providers)})")
+            failed = result(False, diffs, "; ".join(problems))
+            failed.cosine, failed.min_cosine = cosines, reference.min_cosine
+            return failed
+    within = ""
+    if reference.min_cosine is not None and cosines:
+        worst = min(cosines, key=lambda name: cosines[name])
+        within = f"; quantized weights: cosine similarity >= {reference.min_cosine:g} (lowest {cosines[worst]:.5f}, output '{worst}')"
+    passed = result(True, diffs, f"all {len(diffs)} outputs match on {len(reference.feeds)} random inputs (on {_provider_name(reference.providers)}){within}")
+    passed.cosine, passed.min_cosine = cosines, reference.min_cosine
+    return passed
 
 
 #: A pass (not a rule) made the node onnxruntime refused: bisecting over rewrites cannot find it.
@@ -262,11 +282,14 @@ def verify(
     providers: Providers | None = None,
     precision: str | None = None,
     target: str | None = None,
+    weights: str | None = None,
 ) -> Verification:
     """Run both models on the same random inputs and compare every output (with
     `precision` "fp16" or "bf16", float outputs get that precision's tolerance). With
     `target`, the check runs on that target's provider when present (`providers_for`), and
-    elsewhere says what it does not prove (`Verification.caveat`).
+    elsewhere says what it does not prove (`Verification.caveat`). With `weights` "int4" or "int8"
+    (the model's weights were quantized), float outputs pass on their cosine similarity with the
+    original's (QUANTIZED_MIN_COSINE).
 
     Raises VerificationError when the comparison cannot be made (the original does
     not run, an input shape cannot be resolved); a difference, or an optimized model
@@ -274,6 +297,7 @@ def verify(
     """
     chosen = _providers(providers) if providers or target is None else providers_for(target)
     reference = _reference(_as_model(original), input_shapes, seed, runs, chosen, precision)
+    reference.min_cosine = QUANTIZED_MIN_COSINE.get(str(weights).lower()) if weights else None
     if target is not None:
         reference.prepare, reference.caveat = _stand_ins(target, precision, chosen)
     return _check(reference, _as_model(optimized))
@@ -316,6 +340,8 @@ def verify_and_repair(
     precision = getattr(options, "precision", None)
     chosen = list(providers) if providers else providers_for(target)
     reference = _reference(load_original(), input_shapes, seed, runs, chosen, precision)
+    weights = getattr(options, "weights", None)
+    reference.min_cosine = QUANTIZED_MIN_COSINE.get(str(weights).lower()) if weights else None
     on_cpu = chosen == ["CPUExecutionProvider"]
     # onnxruntime's CPU provider has few bfloat16 kernels: only ort-cpu models are built for it.
     reference.cpu_only = on_cpu and (target == "ort-cuda" or (str(precision).lower() == "bf16" and target != "ort-cpu"))

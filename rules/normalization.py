@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from graphopt.ir.dtypes import onnx_enum_to_name
 from graphopt.ir.symbolic import dims_equal
 from graphopt.pattern.native import RewriteDeclined, native_constraint, native_rewrite
 
@@ -85,18 +86,6 @@ def scalar_of(ctx, c):
     return {"value": value}
 
 
-@native_constraint("CastsBackTo")
-def casts_back_to(ctx, x, low):
-    """x is float16 or bfloat16 and the normalized value is cast back to that type (Cast to = low)."""
-    codes = {"f16": 10, "bf16": 16}
-    dtype = ctx.dtype(x)
-    if dtype not in codes:
-        return f"the input is {dtype}, not float16 or bfloat16 (float32 RMSNorm needs no upcast)"
-    if int(low) != codes[dtype]:
-        return f"the result is cast to type {int(low)}, not back to the input's {dtype}"
-    return True
-
-
 @native_constraint("IsOne")
 def is_one(ctx, form, one):
     """Div(1, sqrt) takes the reciprocal only when the dividend is the constant 1."""
@@ -141,4 +130,17 @@ def not_computed_from(ctx, x, source):
         node = view.producer(value)
         if node is not None:
             stack.extend(v for v in view.inputs(node) if v is not None)
+    return True
+
+
+@native_constraint("IsUpcastAndBack")
+def is_upcast_and_back(ctx, h, up, down):
+    """h is half precision, cast up to float32 and the result cast back to h's type."""
+    source = ctx.dtype(h)
+    if source not in ("f16", "bf16"):
+        return f"the input is {source or 'of unknown type'}, not f16/bf16"
+    if onnx_enum_to_name(up) != "f32":
+        return f"the upcast is to {onnx_enum_to_name(up)}, not f32"
+    if onnx_enum_to_name(down) != source:
+        return f"the result is cast to {onnx_enum_to_name(down)}, not back to {source}"
     return True

@@ -365,7 +365,7 @@ def test_a_model_onnxruntime_cannot_resolve_is_not_written_and_verify_blames_no_
 
     source = tmp_path / "in.onnx"
     onnx.save(_readme_example(), str(source))
-    options = graphopt.OptimizeOptions(target="ort-cuda", precision="fp16", layout="nhwc")
+    options = graphopt.OptimizeOptions(target="ort-cuda", precision="fp16", layout="nhwc", precision_convs="low")
     model, report = graphopt.optimize(str(source), options)
     for node in model.graph:
         if node.op_type == "NhwcConv":

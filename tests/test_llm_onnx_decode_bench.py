@@ -67,3 +67,18 @@ def test_original_last_and_repeated_is_still_the_reference(tmp_path: Path) -> No
     assert [r["variant"] for r in rows] == ["graphopt", "original", "original"]
     assert rows[1]["max_abs_diff_vs_original"] == 0.0 and rows[2]["max_abs_diff_vs_original"] == 0.0
     assert 0 < rows[0]["max_abs_diff_vs_original"] < 1e-4  # graphopt's output against the original's, not against itself
+
+
+def test_weight_variants_run_matmulnbits(tmp_path: Path) -> None:
+    """graphopt-int4/-int8: every MatMul weight of the block as com.microsoft.MatMulNBits, outputs within
+    the quantization error (cosine similarity), not equal."""
+    run = _bench("--out", str(tmp_path), "--source", "block", "--device", "cpu", "--dtype", "fp32", "--hidden", "64", "--heads", "4",
+                 "--kv-heads", "2", "--batch", "1", "--prompt", "8", "--steps", "3", "--warmup", "1", "--threads", "1",
+                 "--variants", "original,graphopt-int4,graphopt-int8", "--block-size", "64")
+    assert run.returncode == 0, run.stderr
+    rows = {r["variant"]: r for r in json.loads((tmp_path / "llm_onnx_decode.json").read_text())["results"]}
+    assert 0.98 < rows["graphopt-int4"]["cosine_vs_original"] < rows["graphopt-int8"]["cosine_vs_original"] < 1.0
+    assert rows["graphopt-int8"]["max_abs_diff_vs_original"] > 1e-4  # quantized: not the original's numbers
+    for variant in ("graphopt-int4", "graphopt-int8"):
+        ops = _ops(tmp_path / f"{variant}.onnx")
+        assert ops["MatMulNBits"] >= 4 and ops["MatMul"] <= 2, (variant, ops)  # left: the attention's own matmuls at most

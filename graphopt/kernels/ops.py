@@ -21,8 +21,9 @@ from graphopt.kernels.gates import gate_fake, geglu_reference, geglu_triton, swi
 from graphopt.kernels.matmul import linear_act_fake, linear_act_reference, linear_act_triton
 from graphopt.kernels.norms import layer_norm_reference, layer_norm_triton, norm_fake, rms_norm_reference, rms_norm_triton
 from graphopt.kernels.rotary import rotary_fake, rotary_reference, rotary_triton
+from graphopt.kernels.wq_matmul import wq_linear_fake, wq_linear_reference, wq_linear_triton
 
-__all__ = ["attention", "decode_attention", "linear_act", "layer_norm", "rms_norm", "swiglu", "geglu", "rotary", "conv_relu"]
+__all__ = ["attention", "decode_attention", "linear_act", "layer_norm", "rms_norm", "swiglu", "geglu", "rotary", "conv_relu", "wq_linear"]
 
 
 @triton_op("graphopt::attention", mutates_args=())
@@ -89,6 +90,15 @@ def rotary(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = False) -> Te
     return rotary_reference(x, cos, sin, interleaved)
 
 
+@triton_op("graphopt::wq_linear", mutates_args=())
+def wq_linear(x: Tensor, packed: Tensor, scales: Tensor, zeros: Tensor | None, bias: Tensor | None, bits: int, block_size: int,
+              k: int) -> Tensor:
+    """x @ dequant(W) + bias, W int4/int8 in blocks of K (see graphopt.kernels.wq_matmul)."""
+    if use_triton(x, scales, bias):
+        return wq_linear_triton(x, packed, scales, zeros, bias, bits, block_size, k)
+    return wq_linear_reference(x, packed, scales, zeros, bias, bits, block_size, k)
+
+
 @custom_op("graphopt::conv_relu", mutates_args=())
 def conv_relu(x: Tensor, w: Tensor, bias: Tensor | None, z: Tensor | None, stride: list[int], padding: list[int],
               dilation: list[int], groups: int) -> Tensor:
@@ -110,6 +120,7 @@ rms_norm.register_kernel("cpu")(rms_norm_reference)
 swiglu.register_kernel("cpu")(swiglu_reference)
 geglu.register_kernel("cpu")(geglu_reference)
 rotary.register_kernel("cpu")(rotary_reference)
+wq_linear.register_kernel("cpu")(wq_linear_reference)
 
 
 # Fake kernels: output shapes only; triton_op would otherwise trace the implementation.
@@ -119,6 +130,7 @@ linear_act.register_fake(linear_act_fake)
 swiglu.register_fake(lambda gate, up: gate_fake("swiglu", gate, up))
 geglu.register_fake(lambda gate, up, approximate=False: gate_fake("geglu", gate, up))
 rotary.register_fake(rotary_fake)
+wq_linear.register_fake(wq_linear_fake)
 
 
 @layer_norm.register_fake

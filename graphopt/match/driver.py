@@ -29,6 +29,7 @@ from graphopt.ir.view import GraphView
 from graphopt.library import BUILTIN_RULES_DIR
 from graphopt.match.cycles import TopoOrder, cycle_through
 from graphopt.match.matcher import Failure, Match, Matcher, OpBinding
+from graphopt.match.qdq import qdq_unit_problem
 from graphopt.match.rewrite import plan_rewrite, target_variants
 from graphopt.ops.registry import has_fact
 from graphopt.ops.targets import Target
@@ -173,6 +174,11 @@ def apply_rules(view: GraphView, rules: RuleSet, target: Target, report: Report,
                     if applied >= budget:
                         report.limit_reached = True
                         return applied
+                    qdq_problem = qdq_unit_problem(view, outcome.nodes)
+                    if qdq_problem is not None:
+                        refused = Failure(len(outcome.nodes) + 2, node, qdq_problem, outcome.nodes)
+                        _near_miss(view, stats, rule, node, scope_label, refused, trace_into, options.observe)
+                        continue
                     try:
                         planned = plan_rewrite(view, outcome)
                         problem = _target_problem(view, target, planned.new_nodes, options.precision, outcome.nodes)

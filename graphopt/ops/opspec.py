@@ -31,6 +31,7 @@ FACTS: Mapping[str, str] = {
     "unbounded_output": "its output size cannot be bounded from its inputs' sizes (constant folding)",
     "never_folded": "constant folding leaves it as it is, constant inputs or not (constant folding)",
     "non_deterministic": "not a function of its inputs: never folded, never merged (folding, CSE)",
+    "never_merged": "CSE leaves equal copies apart: each one belongs to a unit another tool matches (CSE)",
     "keep_fp32": "kept in float32 by --precision fp16/bf16 unless the user says otherwise (precision)",
     "attribute_typed": "an attribute sets its float output type (precision)",
     "follows_inputs": "stays float32 when its float inputs are float32 (precision)",

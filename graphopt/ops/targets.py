@@ -150,6 +150,8 @@ _ORT_CUDA_KNOWN: dict[tuple[str, str], frozenset[str]] = {
     (MS_DOMAIN, "QuickGelu"): _F({"f32", "f64", "f16", "bf16"}),
     (MS_DOMAIN, "Gelu"): _F({"f32", "f64", "f16", "bf16"}),
     (MS_DOMAIN, "BiasSplitGelu"): _F({"f32", "f16"}),
+    # contrib_ops/cuda/quantization/matmul_nbits.cc: weight-only int4/int8 (graphopt.passes.weight_quant).
+    (MS_DOMAIN, "MatMulNBits"): _F({"f32", "f16", "bf16"}),
     # contrib_ops/cuda/diffusion/group_norm.cc: X float/float16 in NHWC (channels_last = 1 only),
     # gamma/beta float32 whatever X is; shape limits in graphopt.GroupNorm's contract (fused_ops.py).
     (MS_DOMAIN, "GroupNorm"): _F({"f32", "f16"}),

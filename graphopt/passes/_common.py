@@ -12,6 +12,7 @@ from graphopt.ops.registry import has_fact
 
 __all__ = [
     "ONNX_DOMAINS",
+    "in_qdq_unit",
     "is_non_deterministic",
     "subgraphs",
     "has_subgraphs",
@@ -70,3 +71,23 @@ def detach_and_remove(model: ir.Model, node: ir.Node) -> None:
         node.replace_input_with(i, None)
     model.graph.remove(node)
 
+
+
+def in_qdq_unit(node: ir.Node) -> bool:
+    """The op of a QDQ node unit (DequantizeLinear -> op -> QuantizeLinear): it reads a dequantized
+    activation, or its output is quantized again. onnxruntime fuses such a unit into QLinearConv,
+    QLinearMatMul, ... only as it is, so passes leave its op alone (graphopt/match/qdq.py is the
+    rules' side). A DequantizeLinear of a constant (weight-only quantization) makes no unit."""
+    for value in node.inputs:
+        producer = value.producer() if value is not None else None
+        if producer is None or producer.op_type != "DequantizeLinear" or not producer.inputs:
+            continue
+        data = producer.inputs[0]
+        if data is not None and (data.is_graph_input() or (data.const_value is None and not _made_by_constant(data))):
+            return True
+    return any(user.op_type == "QuantizeLinear" for value in node.outputs for user, _ in value.uses())
+
+
+def _made_by_constant(value: ir.Value) -> bool:
+    producer = value.producer()
+    return producer is not None and producer.op_type == "Constant" and producer.domain in ONNX_DOMAINS

@@ -14,8 +14,10 @@ graph input). Here one linear, topological pass per scope does all of it:
   re-declaring something the outer graph has reuses the outer value;
 * graph outputs keep their names (the kept value is renamed, or an Identity with the
   output's name is added when the kept value cannot be renamed);
-* non-deterministic ops, nodes with subgraphs, and constants above the limit are
-  never merged.
+* non-deterministic ops, nodes with subgraphs, constants above the limit, ops declared
+  `never_merged` (Quantize/DequantizeLinear: onnxruntime's QDQ transformers want each
+  node unit's own, and rewrite their int8 constants in place) and the constants they
+  read are never merged.
 """
 
 from __future__ import annotations
@@ -78,7 +80,7 @@ class _Cse:
 
     # ------------------------------------------------------------ keys
     def _initializer(self, graph: ir.Graph, value: ir.Value, table: _Table) -> None:
-        if value.is_graph_input() or value.is_graph_output() or value.const_value is None:
+        if value.is_graph_input() or value.is_graph_output() or value.const_value is None or _feeds_never_merged(value):
             return  # inputs can be overridden; outputs keep their names
         key = self._tensor_key(value.const_value)
         if key is None:
@@ -102,14 +104,14 @@ class _Cse:
         return ("const", tensor.dtype, tuple(tensor.shape), data)
 
     def _key(self, node: ir.Node) -> Hashable | None:
-        if is_non_deterministic(node) or not node.outputs:
+        if is_non_deterministic(node) or not node.outputs or has_fact(node.domain, node.op_type, "never_merged"):
             return None
         if node.op_type == "Constant" and node.domain in ONNX_DOMAINS and not node.inputs:
             try:
                 tensor = ir.convenience.get_const_tensor(node.outputs[0])
             except (ValueError, TypeError):
                 tensor = None
-            return None if tensor is None else self._tensor_key(tensor)
+            return None if tensor is None or _feeds_never_merged(node.outputs[0]) else self._tensor_key(tensor)
         attrs: list[tuple[str, Any, Any]] = []
         for name, attr in node.attributes.items():
             if attr.is_ref():
@@ -165,6 +167,10 @@ class _Cse:
             graph.insert_before(node, identities)
         graph.remove(node, safe=True)
         self.count += 1
+
+
+def _feeds_never_merged(value: ir.Value) -> bool:
+    return any(has_fact(user.domain, user.op_type, "never_merged") for user, _ in value.uses())
 
 
 def _can_take_name(value: ir.Value, graph: ir.Graph) -> bool:

@@ -33,6 +33,13 @@ def _right_matrix(gm: fx.GraphModule, operand: Any) -> torch.Tensor | None:
     return _constant_2d(gm, operand)
 
 
+def _source(operand: Any) -> str:
+    """The weight's parameter name (graphopt.torch_trace), through a transpose."""
+    if isinstance(operand, fx.Node) and operand.op == "call_function" and operand.args:
+        operand = operand.args[0]
+    return str(operand.meta.get("graphopt_source") or operand.target) if isinstance(operand, fx.Node) else "?"
+
+
 def pack_projections(gm: fx.GraphModule, new_constant: NewConstant, fake_mode: Any) -> int:
     """Pack every group of bias-free GEMMs of one input with constant [K, N_i] weights; returns
     how many GEMMs went (a group of three counts two)."""
@@ -54,6 +61,8 @@ def pack_projections(gm: fx.GraphModule, new_constant: NewConstant, fake_mode: A
         sizes = [int(w.shape[1]) for _, w in members]
         with graph.inserting_before(first):
             packed = new_constant(torch.cat([w for _, w in members], dim=1).contiguous(), "packed_projections")
+            packed.meta["graphopt_parts"] = [w for _, w in members]  # their names, for the report (fx_weight_quant)
+            packed.meta["graphopt_source"] = "+".join(_source(node.args[1]) for node, _ in members)
             product = graph.call_function(target, (x, packed))
             product.meta["val"] = _fake_call(fake_mode, target, (x.meta["val"], packed.meta["val"]))
             parts = graph.call_function(aten.split_with_sizes.default, (product, sizes, -1))

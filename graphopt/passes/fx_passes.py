@@ -103,6 +103,9 @@ def fold_constants(gm: fx.GraphModule, new_constant: NewConstant, size_limit_byt
             continue
         with graph.inserting_before(node):
             constant = new_constant(result, node.name)
+        sources = {n.meta.get("graphopt_source") for n in node.all_input_nodes} - {None, ""}
+        if len(sources) == 1:  # a weight's transpose or cast keeps the parameter's name (reports, keep lists)
+            constant.meta["graphopt_source"] = sources.pop()
         node.replace_all_uses_with(constant)
         graph.erase_node(node)
         values[constant] = result

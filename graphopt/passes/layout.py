@@ -70,6 +70,7 @@ import numpy as np
 import onnx_ir as ir
 
 from graphopt.ops.targets import MS_DOMAIN, Target
+from graphopt.passes._common import in_qdq_unit
 from graphopt.passes.nhwc_graph import _ONNX, _attr, _dtype, _rank, _x
 from graphopt.passes.nhwc_rewrite import _Layout
 from graphopt.passes.transpose_cleanup import _cancel_transposes, _remove_dead, _transposes_to_reshapes
@@ -130,6 +131,8 @@ def _conv_sites(model: ir.Model, target: Target, options: LayoutOptions) -> tupl
     for node in model.graph:
         if node.op_type not in ("Conv", "FusedConv") or node.domain not in (*_ONNX, MS_DOMAIN) or _rank(node.inputs[0]) != 4:
             continue
+        if in_qdq_unit(node):
+            continue  # stays NCHW: see nhwc_rewrite's anchor
         x, w = _x(node), node.inputs[1]
         dtype = _dtype(x)
         if dtype not in kernels or dtype not in options.auto_dtypes:

@@ -19,6 +19,7 @@ import onnx_ir as ir
 from graphopt.ops.fused_ops import FUSED_CONV_ACTIVATIONS
 from graphopt.ops.registry import has_fact
 from graphopt.ops.targets import MS_DOMAIN, Target
+from graphopt.passes._common import in_qdq_unit
 from graphopt.passes.nhwc_graph import (
     _ONNX,
     NHWC_DOMAIN,
@@ -73,8 +74,8 @@ class _Layout:
             node.domain == MS_DOMAIN and node.op_type == "FusedConv" and self.options.fused_conv == "unfuse"
         ):
             x = node.inputs[0]
-            if _rank(x) != 4 or _dtype(x) not in self.nhwc_conv_dtypes:
-                return False
+            if _rank(x) != 4 or _dtype(x) not in self.nhwc_conv_dtypes or in_qdq_unit(node):
+                return False  # a QDQ unit's Conv stays as it is (Transposes would hide the unit)
             if node.op_type == "FusedConv":
                 activation = _attr(node, "activation")
                 return activation is None or activation in FUSED_CONV_ACTIVATIONS

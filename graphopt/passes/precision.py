@@ -14,6 +14,8 @@ and lowering. What it does, on the main graph of an onnx-ir model:
   `keep_fp32` op types and node or output names), shape computations (float values
   derived only from Shape/Size and constants), nodes with subgraphs (If/Loop/Scan
   and their bodies stay wholly float32), ops whose output type an attribute sets,
+  the op of a QDQ node unit (it reads a dequantized activation or is quantized after:
+  onnxruntime fuses DQ -> op -> Q only without Casts in between),
   ops the target has no kernel for in the low type (the target's capability table;
   for standard ops also the op schema), and elementwise or layout ops whose
   non-constant inputs all come from float32 nodes (so the statistics of a
@@ -57,7 +59,7 @@ import onnx_ir as ir
 
 from graphopt.ops.registry import fp32_inputs, fp32_outputs, has_fact
 from graphopt.ops.targets import GRAPHOPT_DOMAIN, Target
-from graphopt.passes._common import ONNX_DOMAINS, has_subgraphs, record
+from graphopt.passes._common import ONNX_DOMAINS, has_subgraphs, in_qdq_unit, record
 from graphopt.passes.precision_plan import (
     _LOW,
     DEFAULT_KEEP_FP32,
@@ -244,6 +246,8 @@ class _Converter:
             return "shape", None
         if domain in ONNX_DOMAINS and node.op_type in DEFAULT_KEEP_FP32:
             return "block_list", None
+        if in_qdq_unit(node):   # a Cast between the op and its Q/DQ would hide the unit
+            return "qdq_unit", None
         if any(v.dtype is None for v in node.outputs) or any(v is not None and self.dtype(v) is None for v in node.inputs):
             return "unknown_type", None
         why = self.plan.cannot_run_low(self.target, domain, node.op_type, self.opset)

@@ -9,13 +9,17 @@ convolutions win in fp16, by far in NHWC (ResNet-50: 2.63 ms NHWC fp16 against 3
 NCHW fp16 and 4.32 ms fp32). So converting the convolutions is a decision
 (graphopt.decisions), made once per model before the conversion:
 
-* Candidates: the low type asked for (`fp16`/`bf16`, the **baseline**: what the user
-  asked) and `fp32`, where the model's 2-D convolutions and the CNN region around them
-  stay float32. The baseline stays unless the cost table predicts `fp32` faster by more
-  than the noise margin for every convolution and every batch size the model allows, or
-  `--tune` (with the CUDA provider present) measures the whole model built both ways and
-  finds `fp32` faster. A class the table has no `precision` entry for predicts nothing:
-  the conversion goes as asked.
+* Candidates: `fp32`, where the model's 2-D convolutions and the CNN region around them
+  stay float32 (the **baseline**: the original model's form, against which "never slower"
+  is judged), and the low type asked for (`fp16`/`bf16`). The low type is applied when the
+  cost table predicts it faster by more than the noise margin for every convolution in
+  every batch size the model allows (a dynamic batch: batch 1 and batch 32), or `--tune`
+  (with the CUDA provider present) measures the whole model built both ways and finds it
+  faster. A class the table has no `precision` entry for predicts nothing: the conversion
+  goes as asked. (Until 2026-11-27 the low type was the baseline, so a dynamic-batch CNN
+  whose convolutions lose in fp16 at batch 1 but win at batch 32 was converted, and ran
+  slower than its float32 original at batch 1: EfficientNet-B0 1.16x, MobileNetV2 1.04x
+  on the zoo. A user who runs large batches pins the batch with --input-shape.)
 * Each candidate is read in the layout the layout decision will give it: the pass runs
   that decision (table only) on a copy converted each way, and reads the entry's
   `fp16-nhwc` or `fp16` (`fp32-nhwc` or `fp32`) figure accordingly. The entries are
@@ -160,18 +164,19 @@ def decide_conv_precision(
         build, signature = _builder(model, plan, kept, finish, layout)
     chosen = {"auto": None, "low": low, "fp32": FP32}[forced]
     site = f"model ({len(seeds)} convolutions)"
-    record = decider.choose(KIND, site, [low, FP32], low, worlds, forced=chosen, build=build, signature=signature, readings=readings)
+    record = decider.choose(KIND, site, [FP32, low], FP32, worlds, forced=chosen, build=build, signature=signature, readings=readings)
     if nhwc and record.basis == "table":
         record.reason += "; read in the layout each would get: " + ", ".join(f"{c} {'NHWC' if v else 'NCHW'}" for c, v in nhwc.items())
         if failed:
             record.reason += f" (the layout could not be estimated for {'; '.join(failed)}: read in NCHW)"
-    if record.basis == "no_entry":
-        record.reason += f" ({low} as asked)"
+    if record.basis == "no_entry":  # nothing predicted: the conversion goes as asked
+        record.chosen = low
+        record.reason = record.reason.replace("keeping the model as it is", f"{low} as asked")
     if record.chosen != FP32:
         return plan, record
     how = {"measured": "measured", "table": "predicted"}.get(record.basis)
     if how:
-        record.reason += f"; kept in float32: {low} {how} slower here"
+        record.reason += f"; kept in float32: {low} {how} no faster here"
     return kept, record
 
 

@@ -77,15 +77,17 @@ def parse_pdll_file(path: str | Path) -> PatternFile:
 # ------------------------------------------------------------------ cache
 # Parsing the library costs more than optimizing a small model (building the LALR
 # tables alone takes ~0.1 s), so a parsed file is kept, keyed by its bytes, its path
-# (locations name it) and the grammar; set GRAPHOPT_NO_CACHE=1 to turn this off.
+# (locations name it) and the front end's own sources (_FRONT_END_FILES); set
+# GRAPHOPT_NO_CACHE=1 to turn this off.
 
 
 def _cache_path(data: bytes, path: Path) -> Path | None:
-    if os.environ.get("GRAPHOPT_NO_CACHE") == "1":
+    front_end = _front_end_digest()
+    if os.environ.get("GRAPHOPT_NO_CACHE") == "1" or front_end is None:
         return None
     root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "graphopt" / "patterns"
     key = hashlib.sha256()
-    for part in (_CACHE_VERSION.encode(), _grammar_text().encode(), str(path).encode(), data):
+    for part in (front_end, str(path).encode(), data):
         key.update(len(part).to_bytes(8, "little"))
         key.update(part)
     return root / f"{key.hexdigest()[:32]}.pickle"
@@ -95,15 +97,32 @@ def _write_cache(target: Path, result: PatternFile) -> None:
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, temp = tempfile.mkstemp(dir=target.parent, suffix=".tmp")
+    except OSError:
+        return  # a read-only home is no reason to fail: parse next time
+    try:
         with os.fdopen(fd, "wb") as f:
             pickle.dump(result, f, protocol=pickle.HIGHEST_PROTOCOL)
-        os.replace(temp, target)
-    except OSError:
-        pass  # a read-only home is no reason to fail: parse next time
+        os.replace(temp, target)  # whole or not at all: a reader never sees half a file
+    except (OSError, pickle.PicklingError):
+        Path(temp).unlink(missing_ok=True)
 
 
-# Bump when the pattern IR's classes change shape, so old pickles are not read.
-_CACHE_VERSION = "ir-4"
+# The files whose text decides what a .pdll file parses to: the grammar, the front end
+# that builds the IR and the IR's classes (the pickles hold their instances). Any edit to
+# one of them is a new cache key, so a stale parse is never read back.
+_FRONT_END_FILES = ("pdll.lark", "pdll.py", "pdll_build.py", "pdll_rule_build.py", "pdll_source.py", "ir.py")
+
+
+@lru_cache(maxsize=1)
+def _front_end_digest() -> bytes | None:
+    key = hashlib.sha256()
+    for name in _FRONT_END_FILES:
+        try:
+            source = Path(__file__).with_name(name).read_bytes()
+        except OSError:
+            return None  # installed without its sources (bytecode only): no key to trust, no cache
+        key.update(name.encode() + len(source).to_bytes(8, "little") + source)
+    return key.digest()
 
 
 # ------------------------------------------------------------------ syntax

@@ -300,6 +300,18 @@ class _Page:
             for keep in conversion.get("kept_for_kernel") or []:
                 if isinstance(keep, dict):
                     lines.append(f"kept in fp32: {_str(keep, 'node')} ({_str(keep, 'op')}): {_str(keep, 'detail') or _str(keep, 'reason')}")
+        weights = self.doc.get("weight_quantization")
+        if isinstance(weights, dict):
+            layers = [layer for layer in weights.get("layers") or [] if isinstance(layer, dict)]
+            lines.append(
+                f"weights {_str(weights, 'weights')} (block {_int(weights, 'block_size')}, {_str(weights, 'form')}): "
+                f"{_int(weights, 'quantized')} of {len(layers)} layers quantized, {_int(weights, 'kept')} kept"
+            )
+            for layer in layers:
+                if not layer.get("quantized"):
+                    snr = layer.get("snr_db")
+                    shown = f", SNR {snr:.1f} dB" if isinstance(snr, (int, float)) else ""
+                    lines.append(f"weights kept: {_str(layer, 'node')} ({_str(layer, 'op')}): {_str(layer, 'reason')}{shown}")
         for decision in self.doc.get("decisions") or []:
             if isinstance(decision, dict):
                 times = ", ".join(

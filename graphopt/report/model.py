@@ -29,6 +29,8 @@ __all__ = [
     "Alternative",
     "DecisionRecord",
     "RangeKeep",
+    "WeightLayer",
+    "WeightQuantSummary",
     "SnapshotNode",
     "SnapshotValue",
     "SnapshotEdge",
@@ -187,6 +189,10 @@ class Verification:
     provider: str = ""
     #: What the check does not prove when it ran elsewhere than the target's provider ("" when it ran there).
     caveat: str = ""
+    #: With --weights: each float output's cosine similarity with the original's (the lowest over the runs),
+    #: and the least one accepted (QUANTIZED_MIN_COSINE); empty and None otherwise.
+    cosine: dict[str, float] = field(default_factory=dict)
+    min_cosine: float | None = None
 
 
 @dataclass
@@ -218,6 +224,47 @@ class PrecisionSummary:
     kept_for_kernel: list[RangeKeep] = field(default_factory=list)
     #: Where the range check's calibration inputs came from ("synthesized", a file), or why it did not run.
     calibration: str = ""
+
+
+@dataclass
+class WeightLayer:
+    """One MatMul/Gemm with a constant 2-D weight, and what `--weights` did with it."""
+
+    node: str
+    op: str  # "MatMul" or "Gemm"
+    k: int
+    n: int
+    quantized: bool
+    #: Why it was kept: "keep_list" (--weights-keep), "lm_head" (the default block list), "budget"
+    #: (its SNR is under --weights-min-snr), "no_kernel" (the target has no MatMulNBits for its type);
+    #: "" when quantized.
+    reason: str = ""
+    #: Output SNR in dB of x @ W against x @ dequantize(quantize(W)), x standard normal [rows, K]
+    #: (a proxy for calibration activations); None when not measured (kept before measuring).
+    snr_db: float | None = None
+    #: The weight's own SNR in dB (dequantized against original).
+    weight_snr_db: float | None = None
+
+
+@dataclass
+class WeightQuantSummary:
+    """What `--weights int4|int8` did (graphopt.passes.weight_quant)."""
+
+    weights: str  # "int4" or "int8"
+    block_size: int
+    symmetric: bool
+    #: How quantized layers are run: "MatMulNBits" (com.microsoft), "DequantizeLinear" (opset 21
+    #: blocked), "Cast-Mul" (standard ops before opset 21, int8 only).
+    form: str
+    accuracy_level: int | None  # MatMulNBits' accuracy_level (None for the standard forms)
+    min_snr_db: float
+    quantized: int = 0
+    kept: int = 0
+    #: Weight bytes of the quantized layers before and after (packed weights, scales, zero points).
+    bytes_before: int = 0
+    bytes_after: int = 0
+    layers: list[WeightLayer] = field(default_factory=list)
+    _unmatched_keep: list[str] = field(default_factory=list, repr=False)
 
 
 @dataclass
@@ -300,6 +347,8 @@ class Report:
     #: The precision asked for ("fp16", "bf16"); None when the model kept its own.
     precision: str | None = None
     precision_conversion: PrecisionSummary | None = None
+    #: What --weights did (None without it).
+    weight_quantization: WeightQuantSummary | None = None
     #: The NHWC layout pass's summary (ort-cuda only; None when it did not run).
     layout: LayoutSummary | None = None
     #: Run time before and after, when something measured it (None otherwise).

@@ -224,6 +224,9 @@ def print_summary(report: Report, console: Console, *, json_report: str | os.Pat
                 f"  kept in fp32 for speed (decision 'precision'): {len(conversion.kept_for_speed)} nodes: {escape(kept_names)}", highlight=False
             )
 
+    if report.weight_quantization is not None:
+        _print_weights(report.weight_quantization, console)
+
     if report.decisions:
         # One row per decision; many alike (a FusedConv decision per node) share one row with a count.
         groups: dict[tuple[str, str, str], list[Any]] = {}
@@ -256,6 +259,33 @@ def print_summary(report: Report, console: Console, *, json_report: str | os.Pat
     times = ", ".join(f"{name} {_ms(t)} ms" for name, t in report.times_s.items())
     if times:
         console.print(f"time: {times}", highlight=False)
+
+
+#: Kept layers named in the terminal summary (the JSON report lists every layer).
+MAX_WEIGHT_KEEP_ROWS = 8
+
+
+def _print_weights(summary: Any, console: Console) -> None:
+    """`weights int4 (block 32): 41 of 44 MatMuls, 3 kept: ...`, then one row per kept layer."""
+    layers = summary.layers
+    what = "MatMuls" if all(layer.op == "MatMul" for layer in layers) else "MatMul/Gemm layers"
+    size = f" ({summary.bytes_before / 2**20:.1f} -> {summary.bytes_after / 2**20:.1f} MiB)" if summary.quantized else ""
+    console.print(
+        f"weights {summary.weights} (block {summary.block_size}, {'symmetric' if summary.symmetric else 'zero points'}, {summary.form}): "
+        f"{summary.quantized} of {len(layers)} {what}{size}, {summary.kept} kept{':' if summary.kept else ''}",
+        highlight=False,
+    )
+    kept = [layer for layer in layers if not layer.quantized]
+    for layer in kept[:MAX_WEIGHT_KEEP_ROWS]:
+        why = {"keep_list": "--weights-keep", "lm_head": "LM head (default block list)", "no_kernel": "no kernel on the target for its type",
+               "budget": f"SNR {layer.snr_db:.1f} dB < {summary.min_snr_db:g} dB"}.get(layer.reason, layer.reason)
+        console.print(f"  kept: {escape(layer.node)} ({layer.op} {layer.k}x{layer.n}): {escape(why)}", highlight=False)
+    if len(kept) > MAX_WEIGHT_KEEP_ROWS:
+        console.print(f"  {len(kept) - MAX_WEIGHT_KEEP_ROWS} more kept: --report FILE.json lists them all", highlight=False)
+    measured = [layer.snr_db for layer in layers if layer.quantized and layer.snr_db is not None]
+    if measured:
+        console.print(f"  output SNR of the quantized layers (random inputs): min {min(measured):.1f} dB, median {sorted(measured)[len(measured) // 2]:.1f} dB",
+                      highlight=False)
 
 
 def render_summary(report: Report, width: int = 100) -> str:

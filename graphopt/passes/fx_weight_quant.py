@@ -1,0 +1,268 @@
+"""Weight-only int8/int4 quantization of the matmuls whose weight is a frozen constant
+(`torch.compile(..., options={"weights": "int4"})`, issue 18).
+
+After lowering and projection packing, each ``aten.mm`` / ``matmul`` / ``addmm`` / ``linear``
+whose right operand is a constant 2-D float tensor (a frozen parameter, or its folded
+transpose, or q/k/v packed side by side) is quantized round-to-nearest per block of
+`block_size` input rows with graphopt.quant.blockwise (the numpy module the ONNX path uses,
+MatMulNBits' layout) and replaced by the form measured fastest (fx_weight_quant_forms).
+
+Left in full precision, each named in the report with its reason:
+* the block list, `weights_keep` globs matched against the weight's module names
+  ("model.layers.0.mlp.down_proj") and the node's name; by default ``*lm_head*`` and
+  ``*embed*`` plus the head found by structure: a matmul whose product reaches a graph
+  output through views and casts only (the logits: the LM head decides every token, and its
+  N, the vocabulary, makes its quantization error the most visible);
+* layers under the accuracy budget: SNR (dB) of x @ W against x @ dequant(W), x random
+  (fx_weight_quant_forms.quantize_weight), below `weights_min_snr` (35 dB int8, 20 dB int4);
+* on CUDA, layers where the unquantized matmul was measured faster than every quantized form.
+
+Embeddings are gathers, not matmuls: this pass never touches them (a tied LM head shares the
+embedding's name and is kept by the default list).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import operator
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from graphopt.passes.fx_pack import _right_matrix
+from graphopt.passes.fx_passes import NewConstant, _fake_call, attr_tensor
+from graphopt.passes.fx_weight_quant_forms import (
+    Candidate,
+    dequant_linear,
+    fastest,
+    int4pack_linear,
+    int4pack_weight,
+    quantize_weight,
+    unquantized_linear,
+)
+from graphopt.report.model import Alternative, DecisionRecord, Report
+
+__all__ = ["quantize_weights", "DEFAULT_KEEP", "DEFAULT_MIN_SNR", "STATE_NAMES", "PARTS"]
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+DEFAULT_KEEP = ("*lm_head*", "*embed*")
+DEFAULT_MIN_SNR = {8: 35.0, 4: 20.0}
+#: gm.meta key: {storage address: "module.path.weight"} of the frozen parameters (torch_trace).
+STATE_NAMES = "graphopt_state_names"
+#: node.meta key on a packed constant: the weights packed into it (fx_pack).
+PARTS = "graphopt_parts"
+#: Time the candidates off CUDA too (tests, with fx_weight_quant_forms.TIMER replaced).
+MEASURE_OFF_CUDA = False
+
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32)
+#: Ops a product may pass on its way to an output and still be "the output" (the LM head's logits).
+_PASS_THROUGH = {aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.slice.Tensor, aten.select.int,
+                 aten.squeeze.dim, aten.unsqueeze.default, aten.clone.default, aten.alias.default, aten._to_copy.default,
+                 prims.convert_element_type.default, aten.split_with_sizes.default, operator.getitem}
+
+
+def _activation(node: fx.Node) -> str | None:
+    """The epilogue of aten._addmm_activation (GemmActivation's lowering): "relu" or "gelu_tanh"
+    (its tanh GELU; the rule uses it for GELU on CUDA only)."""
+    use_gelu = node.kwargs.get("use_gelu", node.args[5] if len(node.args) > 5 else False)
+    return "gelu_tanh" if use_gelu else "relu"
+
+
+def _site(gm: fx.GraphModule, node: fx.Node) -> tuple[Any, Any, Any, torch.Tensor] | None:
+    """(x, the weight's node, bias or None, W as [K, N]) for a matmul with a constant weight."""
+    target, args = node.target, node.args
+    if node.op != "call_function":
+        return None
+    if target is aten._addmm_activation.default:
+        if len(args) != 3 or set(node.kwargs) - {"use_gelu"}:  # beta and alpha 1
+            return None
+        target = aten.addmm.default
+    elif node.kwargs:
+        return None
+    if target in (aten.mm.default, aten.matmul.default) and len(args) == 2:
+        x, w_node, bias = args[0], args[1], None
+        weight = _right_matrix(gm, w_node)
+    elif target is aten.addmm.default and len(args) == 3:
+        bias, x, w_node = args
+        weight = _right_matrix(gm, w_node)
+        bias_val = bias.meta.get("val") if isinstance(bias, fx.Node) else None
+        if bias_val is None or bias_val.dim() != 1:
+            return None
+    elif target is aten.linear.default and len(args) in (2, 3):
+        x, w_node, bias = args[0], args[1], (args[2] if len(args) == 3 else None)
+        w = attr_tensor(gm, str(w_node.target)) if isinstance(w_node, fx.Node) and w_node.op == "get_attr" else None
+        weight = w.t() if isinstance(w, torch.Tensor) and w.dim() == 2 else None
+    else:
+        return None
+    x_val = x.meta.get("val") if isinstance(x, fx.Node) else None
+    if weight is None or x_val is None or weight.dtype not in _FLOATS or x_val.dtype != weight.dtype or x_val.shape[-1] != weight.shape[0]:
+        return None
+    return x, w_node, bias, weight
+
+
+def _storage(tensor: torch.Tensor) -> int:
+    return tensor.untyped_storage().data_ptr()
+
+
+def _module_names(gm: fx.GraphModule, w_node: Any, weight: torch.Tensor) -> list[str]:
+    """The module paths the weight came from ("model.layers.0.self_attn.q_proj"), several when packed."""
+    names = gm.meta.get(STATE_NAMES, {})
+    source = w_node
+    if isinstance(source, fx.Node) and source.op == "call_function" and source.args:  # t(W)
+        source = source.args[0]
+    parts = source.meta.get(PARTS) if isinstance(source, fx.Node) else None
+    found = [names.get(_storage(t)) for t in (parts or [weight])]
+    return [name.removesuffix(".weight") for name in found if name]
+
+
+def _feeds_output(node: fx.Node) -> bool:
+    """Whether the product reaches a graph output through views and casts only."""
+    seen, todo = set(), [node]
+    while todo:
+        current = todo.pop()
+        for user in current.users:
+            if user.op == "output":
+                return True
+            if user not in seen and user.op == "call_function" and user.target in _PASS_THROUGH:
+                seen.add(user)
+                todo.append(user)
+    return False
+
+
+def _rows(x_val: Any) -> int:
+    """The number of rows of x (its size hint where symbolic)."""
+    rows = 1
+    for d in x_val.shape[:-1]:
+        rows *= d if isinstance(d, int) else int(d.node.hint or 1)
+    return rows
+
+
+def _keep_reason(node: fx.Node, names: list[str], keep: list[str] | None) -> str | None:
+    globs = list(DEFAULT_KEEP) if keep is None else keep
+    for glob in globs:
+        hits = [n for n in [*names, node.name] if fnmatch.fnmatchcase(n, glob)]
+        if hits:
+            return f"in the block list ({hits[0]} matches {glob!r})"
+    if keep is None and _feeds_output(node):
+        return "the model's head (its product is a graph output): in the default block list"
+    return None
+
+
+class _Rewriter:
+    def __init__(self, gm: fx.GraphModule, new_constant: NewConstant, fake_mode: Any, opts: Any, report: Report) -> None:
+        self.gm, self.new_constant, self.fake_mode, self.report = gm, new_constant, fake_mode, report
+        self.bits = 4 if opts.weights == "int4" else 8
+        self.block = int(opts.block_size)
+        self.keep = opts.weights_keep
+        self.min_snr = float(opts.weights_min_snr) if opts.weights_min_snr is not None else DEFAULT_MIN_SNR[self.bits]
+        self.use_kernel = opts.kernels != "none" and hasattr(torch.ops.graphopt, "wq_linear")
+        self.kept: list[str] = []
+
+    def decide(self, node: fx.Node, site_name: str, reason: str, chosen: str = "unquantized", basis: str = "forced",
+               alternatives: list[Alternative] | None = None) -> None:
+        self.report.decisions.append(DecisionRecord(kind="weights", site=site_name, chosen=chosen, baseline="unquantized",
+                                                    basis=basis, reason=reason, alternatives=alternatives or []))
+
+    def rewrite(self, node: fx.Node) -> bool:
+        site = _site(self.gm, node)
+        if site is None:
+            return False
+        x, w_node, bias, weight = site
+        names = _module_names(self.gm, w_node, weight)
+        site_name = "+".join(names) if names else node.name
+        kind = f"int{self.bits}"
+        reason = _keep_reason(node, names, self.keep)
+        if reason is not None:
+            self.kept.append(f"{site_name} ({reason})")
+            self.decide(node, site_name, reason)
+            return False
+        quantized = quantize_weight(weight, self.bits, self.block, self.min_snr)
+        snr = f"SNR {quantized.snr_db:.1f} dB"
+        if quantized.snr_db < self.min_snr:
+            reason = f"{kind}: {snr} < the {self.min_snr:g} dB budget"
+            self.kept.append(f"{site_name} ({reason})")
+            self.decide(node, site_name, reason)
+            return False
+        form, alternatives, basis, why = self.choose(node, x, bias, weight, quantized)
+        self.decide(node, site_name, f"{kind} block {self.block}{'' if quantized.zeros is None else ' with zero points'}: "
+                    f"{snr} >= {self.min_snr:g} dB; {why}", chosen=form, basis=basis, alternatives=alternatives)
+        if form == "unquantized":
+            self.kept.append(f"{site_name} (unquantized measured faster)")
+            return False
+        self.emit(node, form, x, bias, weight, quantized, site_name)
+        return True
+
+    def candidates(self, bias_t: torch.Tensor | None, weight: torch.Tensor, q: Any) -> list[Candidate]:
+        k = weight.shape[0]
+        args = (q.packed, q.scales, q.zeros, bias_t, self.bits, self.block, k)
+        found = []
+        if self.use_kernel:
+            found.append(Candidate("wq_linear", lambda x: torch.ops.graphopt.wq_linear(x, *args)))
+        found.append(Candidate("dequant", lambda x: dequant_linear(x, *args)))
+        int4 = int4pack_weight(q.blocks, weight.device) if self.bits == 4 else None
+        if int4 is not None:
+            q.int4pack = int4
+            found.append(Candidate("int4pack", lambda x: int4pack_linear(x, int4[0], int4[1], self.block, weight.shape[1], bias_t)))
+        found.append(Candidate("unquantized", lambda x: unquantized_linear(x, weight, bias_t)))
+        return found
+
+    def choose(self, node: fx.Node, x: fx.Node, bias: Any, weight: torch.Tensor, q: Any) -> tuple[str, list[Alternative], str, str]:
+        default = "wq_linear" if self.use_kernel else "dequant"
+        if weight.device.type != "cuda" and not MEASURE_OFF_CUDA:
+            return default, [], "forced", f"{default} (not timed off CUDA)"
+        bias_t = attr_tensor(self.gm, str(bias.target)) if isinstance(bias, fx.Node) and bias.op == "get_attr" else None
+        x_val = x.meta["val"]
+        rows = _rows(x_val)
+        sample = torch.randn(rows, weight.shape[0], device=weight.device, dtype=weight.dtype)
+        key = (rows, *weight.shape, weight.dtype, self.bits, self.block, q.zeros is not None, self.use_kernel, bias_t is not None)
+        times = fastest(key, sample, self.candidates(bias_t, weight, q))
+        if not times:
+            return default, [], "forced", f"{default} (no candidate could be timed)"
+        best = min(times, key=lambda name: times[name])
+        listed = ", ".join(f"{name} {ms:.4f} ms" for name, ms in sorted(times.items(), key=lambda kv: kv[1]))
+        alternatives = [Alternative(name, measured_ms=ms, source=f"timed at M={rows}") for name, ms in times.items()]
+        return best, alternatives, "measured", f"{best} fastest at M={rows} ({listed})"
+
+    def emit(self, node: fx.Node, form: str, x: fx.Node, bias: Any, weight: torch.Tensor, q: Any, site_name: str) -> None:
+        graph, label = self.gm.graph, site_name.replace(".", "_").replace("+", "_")[-60:]
+        with graph.inserting_before(node):
+            if form == "int4pack":
+                packed = self.new_constant(q.int4pack[0], f"wq_{label}_int4pack")
+                sz = self.new_constant(q.int4pack[1], f"wq_{label}_scales_and_zeros")
+                target: Any = int4pack_linear
+                args: tuple[Any, ...] = (x, packed, sz, self.block, weight.shape[1], bias)
+            else:
+                packed = self.new_constant(q.packed, f"wq_{label}_packed")
+                scales = self.new_constant(q.scales, f"wq_{label}_scales")
+                zeros = self.new_constant(q.zeros, f"wq_{label}_zeros") if q.zeros is not None else None
+                target = torch.ops.graphopt.wq_linear.default if form == "wq_linear" else dequant_linear
+                args = (x, packed, scales, zeros, bias, self.bits, self.block, weight.shape[0])
+            replacement = graph.call_function(target, args)
+            replacement.meta["val"] = _fake_call(self.fake_mode, target, fx.node.map_arg(args, lambda n: n.meta["val"]))
+            if node.target is aten._addmm_activation.default:  # the epilogue as its own op, after the product
+                epilogue: tuple[Any, dict[str, Any]] = ((aten.relu.default, {}) if _activation(node) == "relu"
+                                                        else (aten.gelu.default, {"approximate": "tanh"}))
+                product = replacement
+                replacement = graph.call_function(epilogue[0], (product,), epilogue[1])
+                replacement.meta["val"] = _fake_call(self.fake_mode, epilogue[0], (product.meta["val"],), epilogue[1])
+        node.replace_all_uses_with(replacement)
+        graph.erase_node(node)
+
+
+def quantize_weights(gm: fx.GraphModule, new_constant: NewConstant, fake_mode: Any, opts: Any, report: Report) -> int:
+    """Quantize every eligible matmul's weight (opts.weights "int8"/"int4"); returns how many
+    matmuls were replaced. Each matmul with a constant weight leaves a "weights" decision in the
+    report (quantized with its SNR and form, or kept and why); a warning lists those kept."""
+    if opts.weights is None:
+        return 0
+    from graphopt.ops.torch_custom_ops import ensure_kernels
+
+    ensure_kernels()  # torch.ops.graphopt.wq_linear (the "dequant" form serves where it failed to register)
+    rewriter = _Rewriter(gm, new_constant, fake_mode, opts, report)
+    changed = sum(rewriter.rewrite(node) for node in list(gm.graph.nodes))
+    if rewriter.kept:
+        report.warnings.append(f"weights {opts.weights}: {changed} matmuls quantized; kept in full precision: {'; '.join(rewriter.kept)}")
+    return changed

@@ -1,0 +1,189 @@
+"""The forms a weight-only quantized matmul can run as, and the measurement that picks one.
+
+fx_weight_quant replaces ``x @ W`` by one of these (each computes x @ dequant(W) + bias):
+
+* ``wq_linear``: graphopt's Triton kernel, ``torch.ops.graphopt.wq_linear`` (the torch
+  reference where there is no GPU);
+* ``dequant``: dequantize with torch ops, then ``F.linear`` (`wq_linear_reference` itself);
+  inserted as a call of that Python function, which inductor's trace of the graph turns into
+  ATen ops it fuses (the unpacking into one pointwise kernel);
+* ``int4pack``: ``torch._weight_int4pack_mm`` (CUDA's tinygemm kernel, bf16 activations),
+  with the weight repacked by ``torch._convert_weight_to_int4pack``;
+* ``unquantized``: the original matmul, measured too: a quantized kernel is not faster by
+  construction (issue 18), so where every quantized form is slower the weight stays as it was.
+
+On CUDA each candidate is timed once per (shape, dtype, bits, block) on random inputs of the
+graph's shape (the layers of a decoder share a few shapes) and the fastest kept.
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from graphopt.kernels.wq_matmul import wq_linear_reference
+from graphopt.quant import blockwise
+
+__all__ = ["Quantized", "quantize_weight", "dequant_linear", "int4pack_linear", "int4pack_weight", "Candidate", "fastest", "TIMER"]
+
+#: Rows of random x the accuracy budget is measured with.
+SNR_ROWS = 64
+
+
+@dataclass
+class Quantized:
+    """A [K, N] weight quantized, as the op's tensors (on the weight's device), and its SNR."""
+
+    packed: torch.Tensor  # [N, k_blocks, block * bits / 8] uint8
+    scales: torch.Tensor  # [N, k_blocks], the weight's dtype
+    zeros: torch.Tensor | None  # [N, k_blocks] uint8, None when symmetric
+    blocks: blockwise.BlockQuantized
+    snr_db: float
+    int4pack: tuple[torch.Tensor, torch.Tensor] | None = None  # tinygemm's form, where it was a candidate
+
+
+def _output_snr(weight: np.ndarray, q: blockwise.BlockQuantized, seed: int = 0) -> float:
+    """SNR of x @ W against x @ dequant(W) for x ~ N(0, 1) [SNR_ROWS, K] (for such x it is
+    close to the weight-space SNR; the product is what the layer hands on)."""
+    x = np.random.default_rng(seed).standard_normal((SNR_ROWS, weight.shape[0])).astype(np.float32)
+    return blockwise.snr_db(x @ weight, x @ blockwise.dequantize(q).astype(np.float32))
+
+
+def quantize_weight(weight: torch.Tensor, bits: int, block_size: int, min_snr: float) -> Quantized:
+    """Round-to-nearest in blocks (graphopt.quant.blockwise, shared with the ONNX path): symmetric
+    first; with zero points where symmetric misses the budget and they do better."""
+    w = weight.detach().to("cpu", torch.float32).numpy()
+    best = blockwise.quantize(w, bits, block_size, symmetric=True)
+    snr = _output_snr(w, best)
+    if snr < min_snr:
+        asymmetric = blockwise.quantize(w, bits, block_size, symmetric=False)
+        asym_snr = _output_snr(w, asymmetric)
+        if asym_snr > snr:
+            best, snr = asymmetric, asym_snr
+    device = weight.device
+    packed = torch.from_numpy(np.ascontiguousarray(blockwise.pack(best.q, bits))).to(device)
+    scales = torch.from_numpy(best.scales.astype(np.float32)).to(device, weight.dtype).contiguous()
+    zeros = None if best.symmetric else torch.from_numpy(best.zero_points).to(device).contiguous()
+    return Quantized(packed, scales, zeros, best, snr)
+
+
+def dequant_linear(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
+                   bias: torch.Tensor | None, bits: int, block_size: int, k: int) -> torch.Tensor:
+    """The "dequant" form: torch ops only (inductor fuses the unpacking)."""
+    return wq_linear_reference(x, packed, scales, zeros, bias, bits, block_size, k)
+
+
+def tinygemm_operands(q: blockwise.BlockQuantized) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q as int32 [N, K], scales_and_zeros [K/g, N, 2] fp32) in tinygemm's contract:
+    w = (q - 8) * scale + zero with q in [0, 15]. Ours is w = (q - zp) * scale, so
+    zero = (8 - zp) * scale (tests check it with the CPU twin, _weight_int4pack_mm_for_cpu)."""
+    flat = torch.from_numpy(q.q.reshape(q.n, -1).astype(np.int32))
+    scales = torch.from_numpy(q.scales.astype(np.float32))
+    zero = (8.0 - torch.from_numpy(q.zero_points.astype(np.float32))) * scales
+    return flat, torch.stack([scales, zero], dim=-1).transpose(0, 1).contiguous()
+
+
+def int4pack_weight(q: blockwise.BlockQuantized, device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(packed, scales_and_zeros bf16) for torch._weight_int4pack_mm, or None where it cannot
+    take this weight (CUDA only; K a multiple of 32 with no padding; N a multiple of 8).
+    The CUDA packing takes uint8 [N, K/2] with element 2i in the HIGH nibble (the opposite of
+    MatMulNBits')."""
+    if device.type != "cuda" or q.bits != 4 or q.k % 32 or q.k != q.k_blocks * q.block_size or q.n % 8:
+        return None
+    inner_k_tiles = 8 if q.k % 128 == 0 else 4 if q.k % 64 == 0 else 2
+    flat, scales_and_zeros = tinygemm_operands(q)
+    uint8 = ((flat[:, 0::2] << 4) | flat[:, 1::2]).to(torch.uint8).to(device)
+    return torch._convert_weight_to_int4pack(uint8, inner_k_tiles), scales_and_zeros.to(device, torch.bfloat16)
+
+
+def int4pack_linear(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor, group: int, n: int,
+                    bias: torch.Tensor | None) -> torch.Tensor:
+    """The "int4pack" form: tinygemm on bf16 rows (x cast there and back when fp16)."""
+    x2d = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
+    y = torch._weight_int4pack_mm(x2d, packed, group, scales_and_zeros).to(x.dtype)
+    if bias is not None:
+        y = y + bias
+    return y.reshape(*x.shape[:-1], n)
+
+
+@dataclass
+class Candidate:
+    name: str
+    run: Callable[[torch.Tensor], Any]  # x -> the product
+
+
+def _time_ms(fn: Callable[[], Any], runs: int = 20, warmup: int = 3) -> float:
+    """Median milliseconds of one call: on CUDA the replay of a CUDA graph of it (the GPU's time,
+    as a decode step replayed by CUDA graphs pays it, without the Python dispatch), else of the
+    call itself; the host clock off CUDA."""
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        times = []
+        for i in range(warmup + runs):
+            t0 = time.perf_counter()
+            fn()
+            if i >= warmup:
+                times.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(times)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up off the default stream, as capture wants
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    run: Callable[[], Any] = fn
+    try:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        run = graph.replay
+    except Exception:  # noqa: BLE001 - a form that cannot be captured is timed as it is
+        torch.cuda.synchronize()
+    times = []
+    for _ in range(runs):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def _default_timer(name: str, fn: Callable[[], Any]) -> float:
+    return _time_ms(fn)
+
+
+#: How a candidate is timed: (candidate name, thunk) -> milliseconds (tests replace it).
+TIMER: Callable[[str, Callable[[], Any]], float] = _default_timer
+
+_TIMES: dict[tuple[Any, ...], dict[str, float]] = {}
+
+
+def fastest(key: tuple[Any, ...], x: torch.Tensor, candidates: list[Candidate]) -> dict[str, float]:
+    """Every candidate's time on x (cached per key: one timing per shape and form), milliseconds.
+    A candidate that fails (a kernel refusing the shape) is left out."""
+    cached = _TIMES.get(key)
+    if cached is not None and set(cached) <= {c.name for c in candidates}:
+        return cached
+    times: dict[str, float] = {}
+    with torch.no_grad():
+        for candidate in candidates:
+            try:
+                times[candidate.name] = TIMER(candidate.name, functools.partial(candidate.run, x))
+            except Exception:  # noqa: BLE001 - a form that cannot run here is no candidate
+                continue
+    _TIMES[key] = times
+    return times
+
+
+def unquantized_linear(x: torch.Tensor, weight_kn: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The matmul as it was (the baseline candidate)."""
+    return F.linear(x, weight_kn.t(), bias)

@@ -1,0 +1,117 @@
+"""The CPU-provider measurement tools of issue 14 on a one-model zoo cache built here:
+benchmarks/ort_cpu_profile.py (per-op profiles, whether onnxruntime runs the original's graph),
+zoo_bench's --control/--pin (the original timed twice, never an anchor; threads pinned) and
+benchmarks/ort_session_spread.py. Figures are never asserted, only what each run records."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+NAME = "tiny-resblock"
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A zoo cache holding one residual block: Conv + BatchNormalization + Relu, Conv, Add, Relu."""
+    rng = np.random.default_rng(0)
+    c = 8
+
+    def w(name: str, *shape: int) -> onnx.TensorProto:
+        return numpy_helper.from_array((rng.standard_normal(shape) * 0.2).astype(np.float32), name)
+
+    bn = [w("scale", c), w("bias", c), w("mean", c), numpy_helper.from_array(np.abs(rng.standard_normal(c)).astype(np.float32) + 0.5, "var")]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["c1"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["c1", "scale", "bias", "mean", "var"], ["b1"]),
+        helper.make_node("Relu", ["b1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["c2", "x"], ["s"]),
+        helper.make_node("Relu", ["s"], ["y"]),
+    ]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, c, 16, 16])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, c, 16, 16])],
+                              [w("w1", c, c, 3, 3), w("w2", c, c, 3, 3), w("b2", c), *bn])
+    root = tmp_path_factory.mktemp("zoo")
+    folder = root / NAME
+    folder.mkdir()
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(folder / "model.onnx"))
+    np.savez(folder / "inputs.npz", x=rng.standard_normal((1, c, 16, 16)).astype(np.float32))
+    (folder / "meta.json").write_text(json.dumps({"name": NAME, "status": "ok", "exporter": "onnx.helper", "opset": 17, "nodes": len(nodes)}))
+    return root
+
+
+def _run(script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, f"benchmarks/{script}", *args], capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=300)
+
+
+def test_profile_tells_which_variants_run_the_originals_graph(cache: Path, tmp_path: Path) -> None:
+    run = _run("ort_cpu_profile.py", "--cache", str(cache), "--models", NAME, "--threads", "1", "--runs", "3", "--rounds", "2",
+               "--rules-off", "FuseConvAddRelu", "--out", str(tmp_path))
+    assert run.returncode == 0, run.stderr
+    doc = json.loads((tmp_path / "ort_cpu_profile.json").read_text())
+    result = doc["results"][NAME]
+    variants = result["variants"]
+    assert set(variants) == {"original", "graphopt", "ort-offline-all", "original-again", "graphopt-no-FuseConvAddRelu"}
+    # The same file in a second session, and onnxruntime's own offline output: the original's graph.
+    assert variants["original-again"]["same_graph_as_original"] and variants["ort-offline-all"]["same_graph_as_original"]
+    for info in variants.values():
+        profile = info["profile"]
+        assert profile["runs"] >= 3 and profile["total_us"] > 0
+        assert any(op.endswith("Conv") for op in profile["us_per_op"]), profile["us_per_op"]
+        assert sum(info["ops_run"].values()) >= 2
+    assert set(result["wall"]) == set(variants) and all(w["median_ms"] > 0 for w in result["wall"].values())
+    assert "runs the original's graph" in run.stdout
+
+
+def test_profile_refuses_unknown_variants_and_models(cache: Path) -> None:
+    bad = _run("ort_cpu_profile.py", "--cache", str(cache), "--models", NAME, "--variants", "original,fastest")
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and bad.stderr.startswith("error: unknown variants fastest")
+    missing = _run("ort_cpu_profile.py", "--cache", str(cache), "--models", "no-such-model")
+    assert missing.returncode == 2 and missing.stderr.startswith("error: not in the zoo cache")
+
+
+def test_zoo_bench_control_is_timed_but_never_an_anchor(cache: Path, tmp_path: Path) -> None:
+    out = tmp_path / "zoo.json"
+    run = _run("zoo_bench.py", "--cache", str(cache), "--device", "cpu", "--threads", "1", "--runs", "3", "--rounds", "2",
+               "--warmup", "1", "--remeasure", "0", "--control", "--pin", "--out", str(out))
+    assert run.returncode == 0, run.stderr
+    doc = json.loads(out.read_text())
+    assert doc["settings"]["control"] and doc["settings"]["pin"]
+    result = doc["results"][0]
+    assert result["pinned"] is True
+    again = result["variants"]["original-again"]
+    assert again["role"] == "control" and again["median_ms"] > 0 and again["check"]["ok"]
+    ratios = result["ratios"]["fp32"]
+    assert ratios["control_vs_original"] == pytest.approx(again["median_ms"] / result["variants"]["original"]["median_ms"])
+    assert ratios["best_anchor"] != "original-again"
+    assert "control " in run.stdout
+
+
+def test_session_spread_times_every_session(cache: Path, tmp_path: Path) -> None:
+    run = _run("ort_session_spread.py", "--cache", str(cache), "--models", NAME, "--threads", "1", "--sessions", "3", "--rounds", "2",
+               "--block-s", "0.001", "--out", str(tmp_path))
+    assert run.returncode == 0, run.stderr
+    rows = json.loads((tmp_path / "ort_session_spread.json").read_text())["rows"]
+    assert [(r["spin"], r["pin"]) for r in rows] == [(True, False), (False, False), (True, True), (False, True)]
+    assert all(len(r["median_ms"]) == 3 and r["max_over_min"] >= 1.0 for r in rows)
+    assert all(r["pinned"] for r in rows if r["pin"])
+
+
+def test_graphs_only_compares_without_timing(cache: Path, tmp_path: Path) -> None:
+    run = _run("ort_cpu_profile.py", "--cache", str(cache), "--models", "all", "--variants", "original,original-again,graphopt",
+               "--graphs-only", "--out", str(tmp_path))
+    assert run.returncode == 0, run.stderr
+    result = json.loads((tmp_path / "ort_cpu_profile.json").read_text())["results"][NAME]
+    assert "wall" not in result and all("profile" not in v for v in result["variants"].values())
+    assert result["variants"]["original-again"]["same_graph_as_original"] is True
+    assert f"{NAME}" in run.stdout and "runs the original's graph: original-again" in run.stdout

@@ -1,0 +1,40 @@
+"""graphopt::wq_linear: the Triton kernel in Triton's interpreter (a child pytest, since
+TRITON_INTERPRET must be set before triton is imported; cases in tests/wq_interpreter_cases.py),
+and the registered op's CPU reference and fake kernel in this process."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+import triton  # noqa: F401  (the test extra installs it: a missing triton fails here, never skips)
+
+import graphopt.kernels  # noqa: F401  (registers torch.ops.graphopt.*)
+from graphopt.quant import blockwise
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_wq_kernel_cases_pass_in_the_interpreter() -> None:
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(REPO / "tests" / "wq_interpreter_cases.py")],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    assert " passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout[-2000:]
+
+
+def test_registered_op_runs_the_reference_on_cpu_and_traces_with_its_fake() -> None:
+    rng = np.random.default_rng(0)
+    weight = rng.standard_normal((96, 20)).astype(np.float32)
+    q = blockwise.quantize(weight, 4, 32)
+    packed, scales = torch.from_numpy(blockwise.pack(q.q, 4)), torch.from_numpy(q.scales)
+    x = torch.randn(3, 96)
+    got = torch.ops.graphopt.wq_linear(x, packed, scales, None, None, 4, 32, 96)
+    torch.testing.assert_close(got, x @ torch.from_numpy(blockwise.dequantize(q)), atol=1e-4, rtol=1e-4)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        fake = torch.ops.graphopt.wq_linear(torch.empty(5, 7, 96), packed, scales, None, None, 4, 32, 96)
+    assert fake.shape == (5, 7, 20)
