@@ -30,6 +30,11 @@
 #                                              # 2048-token prefill, and _scaled_mm vs bf16 mm per GEMM shape at M=1,16,2048 (fp8_bench.py)
 #   bash benchmarks/gpu_session.sh llm-onnx    # decode steps of a 4-layer TinyLlama-shaped export with a KV cache, fp16, CUDA, io-binding:
 #                                              # the export against graphopt's GroupQueryAttention (llm_onnx_decode.py)
+#   bash benchmarks/gpu_session.sh genai-build # issue 17: the 1.1B-shaped LlamaConfig's folder, the onnxruntime-genai builder's fp16 CUDA
+#                                              # model (its wheel from .whl/, installed by setup), the fp16 export and graphopt's
+#                                              # --kv-buffer shared output, into /tmp/genai (kept on the warm machine)
+#   bash benchmarks/gpu_session.sh genai       # then (same warm machine): both decoded in onnxruntime-gpu with io-binding and shared
+#                                              # KV buffers, the export and the builder's growing cache too (llm_genai_compare.py)
 #   bash benchmarks/gpu_session.sh llm-onnx-weights [LAYERS] [BLOCK]  # the same export, fp16: graphopt against graphopt
 #                                              # --weights int4 / int8 (com.microsoft.MatMulNBits, block 32 by default)
 #   bash benchmarks/gpu_session.sh qdq cuda    # quantized models (qdq_zoo.py, built there with torch and transformers, or carried:
@@ -173,6 +178,17 @@ llm-onnx)
   timeout 540 python3 benchmarks/llm_onnx_decode.py --out "$OUT" --device cuda --dtype fp16 --layers "${2:-4}" \
     --batch 1,8 --prompt 128 --steps 64 > "$OUT/llm_onnx_decode.log" 2>&1
   tail -20 "$OUT/llm_onnx_decode.log"
+  ;;
+genai-build)
+  timeout 580 python3 benchmarks/llm_genai_compare.py --out "$OUT" --work /tmp/genai --device cuda --dtype fp16 --shape tinyllama \
+    --genai-python python3 --build-only > "$OUT/genai-build.log" 2>&1
+  grep -v -i warn "$OUT/genai-build.log" | tail -12
+  ;;
+genai)
+  timeout 560 python3 benchmarks/llm_genai_compare.py --out "$OUT" --work /tmp/genai --device cuda --dtype fp16 --shape tinyllama \
+    --genai-python python3 --prompt 128 --steps 128 --rounds 3 --warmup 8 --reuse \
+    --variants "${2:-builder-shared,graphopt-shared,original,builder-growing}" > "$OUT/genai.log" 2>&1
+  tail -12 "$OUT/genai.log"
   ;;
 llm-onnx-weights)
   # issue 18: weight-only int4/int8 against fp16, same GPU, same run; the original again last (process state)

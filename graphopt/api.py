@@ -89,6 +89,11 @@ class OptimizeOptions:
     calibration_data: str | os.PathLike[str] | None = None
     #: With `precision` "fp16": keep in float32 the nodes whose measured values do not fit (see docs/precision.md).
     range_check: bool = True
+    #: "shared": the KV cache of GroupQueryAttention may be one max-length buffer bound as both past and
+    #: present (onnxruntime's past_present_share_buffer): the past length is read from an attention_mask
+    #: input (added where the export has none), not from the past input's shape (graphopt.passes.kv_buffer);
+    #: on ort-cuda GroupQueryAttention over the cache is then emitted. "growing" (default): past and present differ.
+    kv_buffer: str = "growing"
     #: With `precision`: the model's 2-D convolutions in the low type or float32. "auto": a
     #: decision (graphopt.passes.precision_decision; ort-cuda): converted as asked unless the
     #: cost table predicts (or --tune measures) float32 faster; "low": converted; "fp32": kept.
@@ -206,7 +211,16 @@ def optimize(model: ModelLike | str | os.PathLike[str], options: OptimizeOptions
     report.times_s["load"] = time.perf_counter() - started
     report.before = _summary(graph_model)
 
-    _run_pipeline(graph_model, rules, target, report, options, plan, weight_plan)
+    from graphopt.ops.fused_ops import SHARED_KV_BUFFER
+    from graphopt.passes.kv_buffer import KV_BUFFER_MODES
+
+    if options.kv_buffer not in KV_BUFFER_MODES:
+        raise ValueError(f"kv_buffer must be one of {', '.join(KV_BUFFER_MODES)}, not {options.kv_buffer!r}")
+    shared_token = SHARED_KV_BUFFER.set(options.kv_buffer == "shared")
+    try:
+        _run_pipeline(graph_model, rules, target, report, options, plan, weight_plan)
+    finally:
+        SHARED_KV_BUFFER.reset(shared_token)
 
     report.after = _summary(graph_model)
     if report.total_rewrites and not target.confirmed:
@@ -321,12 +335,36 @@ def _lower_and_decide(model: ir.Model, target: Any, report: Report, options: Opt
 
         say("decisions: SkipLayerNormalization")  # ort-cuda keeps the fused ops (graphopt/passes/skip_norm.py)
         run_passes([("skip_norm_decisions", lambda: decide_skip_norms(model, decider, target))])
+    if target.name in ("ort-cpu", "ort-cuda"):
+        from graphopt.passes.pack_qkv import pack_qkv
+
+        run_passes([("pack_qkv", lambda: pack_qkv(model))])  # GroupQueryAttention's q, k, v projections as one MatMul
+    if options.kv_buffer == "shared":
+        from graphopt.passes.kv_buffer import share_kv_buffer
+
+        say("kv buffer: shared")
+        problem: list[str] = []
+        run_passes([("kv_buffer", lambda: _count_or_note(share_kv_buffer(model), problem))])
+        if problem:
+            report.warnings.append(f"--kv-buffer shared: not applied: {problem[0]}")
+        else:  # the layers' seqlens_k, total and rotary pads now read one past length: merge them
+            run_passes([
+                ("cse", lambda: passes.eliminate_common_subexpressions(model)),
+                ("dce", lambda: passes.eliminate_dead_code(model)),
+            ])
     if target.name == "ort-cuda":
         from graphopt.passes.layout import convert_layout
 
         say(f"layout: {options.layout}")
         with tag_new_nodes(model, "layout"):
             report.layout = convert_layout(model, target, options.layout, stats=report.pass_stats("layout"), decider=decider)
+
+
+def _count_or_note(result: tuple[int, str | None], problems: list[str]) -> int:
+    count, problem = result
+    if problem is not None:
+        problems.append(problem)
+    return count
 
 
 def _decision_point(target: str, options: OptimizeOptions) -> Any:

@@ -225,6 +225,9 @@ def optimize(
             help="ort-cuda only: run Convs in NHWC (com.microsoft.NhwcConv, layout propagated) or keep NCHW; auto: decided per model from the cost table (or timed, with --tune).",
         ),
     ] = "auto",
+    kv_buffer: Annotated[str, typer.Option("--kv-buffer", metavar="growing|shared", help=(
+        "shared: GroupQueryAttention's past and present may be one max-length buffer (onnxruntime's past_present_share_buffer); "
+        "the past length is read from an attention_mask input (added if absent)."))] = "growing",
     tune: Annotated[
         bool,
         typer.Option(
@@ -297,6 +300,8 @@ def optimize(
             raise GraphoptError(f"unknown layout '{layout}' (known: auto, nchw, nhwc)")
         if layout != "auto" and target != "ort-cuda":
             raise GraphoptError("--layout only applies with --target ort-cuda")
+        if kv_buffer not in ("growing", "shared"):
+            raise GraphoptError(f"unknown --kv-buffer '{kv_buffer}' (known: growing, shared)")
         if calibration_data is not None and precision_name != "fp16":
             raise GraphoptError("--calibration-data only applies with --precision fp16")
         if calibration_data is not None and not calibration_data.is_file():
@@ -328,6 +333,7 @@ def optimize(
                 layout=layout,
                 strict=strict,
                 tune=tune,
+                kv_buffer=kv_buffer,
                 calibration_data=str(calibration_data) if calibration_data is not None else None,
                 **weight_options,
             )

@@ -15,6 +15,7 @@ emit it from a rule, and register its torch lowering if it has one; docs/design.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from contextvars import ContextVar
 from typing import Any
 
 from graphopt.ops.opspec import MS_DOMAIN, Attribute, Contract, InferContext, Input, Lowering, OpSpec, Output, facts
@@ -110,10 +111,20 @@ GROWING_KV_CACHE_ON_CUDA = (
 )
 
 
+# Set by graphopt.api.optimize for its run: OptimizeOptions.kv_buffer == "shared" (the caller binds one
+# max-length buffer as past and present, graphopt.passes.kv_buffer): the total length no longer
+# changes the buffers' shapes, which is what made the growing cache slow on CUDA (the builder's
+# GroupQueryAttention models run that way).
+SHARED_KV_BUFFER: ContextVar[bool] = ContextVar("graphopt_shared_kv_buffer", default=False)
+
+
 def _cuda_mha(attrs: Mapping[str, Any], shapes: Sequence[Any]) -> str | None:
     """k, v read a KV cache that grows each call (kv_cache = 1, set by FuseAttention): slower
     fused than unfused on onnxruntime's CUDA provider (GROWING_KV_CACHE_ON_CUDA)."""
-    return GROWING_KV_CACHE_ON_CUDA if attrs.get("kv_cache") == 1 else None
+    # With a shared buffer asked for, the MultiHeadAttention is the step before GroupQueryAttention
+    # (FuseGroupQueryAttention); a float32 model has no CUDA GroupQueryAttention and keeps it over
+    # the growing cache (slow: use float16 there).
+    return GROWING_KV_CACHE_ON_CUDA if attrs.get("kv_cache") == 1 and not SHARED_KV_BUFFER.get() else None
 
 
 def _cuda_gqa(attrs: Mapping[str, Any], shapes: Sequence[Any]) -> str | None:
@@ -127,7 +138,7 @@ def _cuda_gqa(attrs: Mapping[str, Any], shapes: Sequence[Any]) -> str | None:
         return "the CUDA GroupQueryAttention kernel takes no attention_bias (a mask that pads)"
     if len(shapes) > 16:
         return "the CUDA GroupQueryAttention kernels in use take no query_seqlens"
-    return GROWING_KV_CACHE_ON_CUDA
+    return None if SHARED_KV_BUFFER.get() else GROWING_KV_CACHE_ON_CUDA
 
 
 # --------------------------------------------------------------------------- shape inference

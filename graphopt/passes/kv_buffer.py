@@ -1,0 +1,226 @@
+"""A fixed-size KV buffer shared by past and present (onnxruntime's past_present_share_buffer).
+
+onnxruntime's GroupQueryAttention appends the new k, v into present_key / present_value; when
+the caller binds the same max-length buffer as past and present (io-binding), it writes the
+new tokens in place at seqlens_k and reads only the valid prefix (total_sequence_length): no
+copy of the cache per step, and shapes that do not change from step to step. The
+onnxruntime-genai builder's models run that way.
+
+graphopt's GroupQueryAttention (FuseGroupQueryAttention) reads the past length from the past
+input's shape (Shape(past_k)[2]: the cache positions, seqlens_k = past + seq - 1, the rotary
+caches padded to absolute positions). With a max-length buffer that shape is the buffer's
+length, not the number of valid tokens. This pass takes the past length from the
+attention_mask instead, as the builder's models do: past = attention_mask's length - the new
+tokens (input_ids' length, or another input's seq axis), replacing each Shape read of a past input's
+sequence axis (and of its batch axis, read from the same input), and giving every layer one
+seqlens_k (total - 1 per row), total_sequence_length (the mask's length) and query_seqlens. The
+model then runs both ways: with a growing cache (past of `past` tokens, mask of past + seq) and
+with a shared buffer (past and present one buffer of max length, mask of past + seq).
+
+An export without an attention_mask input gets one, [batch, total_sequence_length] int64, read
+for its length only (all ones, as the builder's runner feeds). Refused (the model is left as it
+is, with the reason) where a past input is read other than by GroupQueryAttention's past inputs
+and Shape, where a present output is not GroupQueryAttention's, or where no input counts the new
+tokens (input_ids [batch, seq], or an input whose axis 1 is the query's symbolic seq).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from graphopt.ops.targets import MS_DOMAIN
+from graphopt.passes._common import detach_and_remove, record
+
+__all__ = ["share_kv_buffer", "KV_BUFFER_MODES", "PRESENT_LENGTH"]
+
+KV_BUFFER_MODES = ("growing", "shared")
+# the present outputs' sequence axis: max(past buffer, total) in onnxruntime's kernel
+PRESENT_LENGTH = "present_sequence_length"
+
+
+def _gqa_nodes(graph: ir.Graph) -> list[ir.Node]:
+    return [n for n in graph if n.domain == MS_DOMAIN and n.op_type == "GroupQueryAttention"]
+
+
+def _problem(graph: ir.Graph, gqas: list[ir.Node]) -> str | None:
+    """Why the past length cannot be moved onto the attention_mask, or None."""
+    if not gqas:
+        return "no com.microsoft.GroupQueryAttention in the model"
+    graph_inputs = set(map(id, graph.inputs))
+    graph_outputs = set(map(id, graph.outputs))
+    for node in gqas:
+        for index in (3, 4):
+            past = node.inputs[index] if len(node.inputs) > index else None
+            if past is None or id(past) not in graph_inputs:
+                return f"{node.name}'s past input {index} is not a graph input"
+            for user, slot in past.uses():
+                if user.op_type == "Shape" and user.domain in ("", "ai.onnx"):
+                    continue
+                if user.domain == MS_DOMAIN and user.op_type == "GroupQueryAttention" and slot in (3, 4):
+                    continue
+                return f"the past input {past.name} is read by {user.op_type} {user.name}, not only by GroupQueryAttention and Shape"
+            if past.shape is None or len(past.shape) != 4:
+                return f"the past input {past.name} is not 4-D [batch, kv_heads, past, head]"
+        for index in (1, 2):
+            present = node.outputs[index]
+            if id(present) not in graph_outputs or len(present.uses()):
+                return f"{node.name}'s present output {index} is not only a graph output"
+    if _new_tokens_input(graph, gqas[0]) is None:
+        return "no graph input counts the new tokens (input_ids [batch, seq], or one whose axis 1 is the query's seq)"
+    mask = next((v for v in graph.inputs if v.name == "attention_mask"), None)
+    if mask is not None and (mask.shape is None or len(mask.shape) != 2):
+        return "the attention_mask input is not [batch, total]"
+    return None
+
+
+def _new_tokens_input(graph: ir.Graph, gqa: ir.Node) -> ir.Value | None:
+    """input_ids [batch, seq], else the graph input whose axis 1 is the query's symbolic seq (hidden
+    states [batch, seq, hidden])."""
+    ids = _input(graph, "input_ids", rank=2)
+    if ids is not None:
+        return ids
+    query = gqa.inputs[0].shape if gqa.inputs[0] is not None else None
+    if query is None or len(query) != 3 or isinstance(query[1], int) or query[1].value is None:
+        return None
+    pasts = {id(v) for v in gqa.inputs[3:5]}
+    for value in graph.inputs:
+        if id(value) in pasts or value.shape is None or len(value.shape) < 2 or value.name == "attention_mask":
+            continue
+        if not isinstance(value.shape[1], int) and value.shape[1].value == query[1].value:
+            return value
+    return None
+
+
+def _input(graph: ir.Graph, name: str, rank: int) -> ir.Value | None:
+    value = next((v for v in graph.inputs if v.name == name), None)
+    return value if value is not None and value.shape is not None and len(value.shape) == rank else None
+
+
+def _shape_range(node: ir.Node, rank: int) -> range:
+    """The axes a Shape node reads (its start / end attributes, negative ones counted from the end)."""
+    start = node.attributes["start"].as_int() if "start" in node.attributes else 0
+    end = node.attributes["end"].as_int() if "end" in node.attributes else rank
+    start, end = (max(0, min(rank, a + rank if a < 0 else a)) for a in (start, end))
+    return range(start, end)
+
+
+def share_kv_buffer(model: ir.Model, *, stats: Any = None) -> tuple[int, str | None]:
+    """(Shape reads rewritten, None), or (0, why not) with the model unchanged."""
+    started = time.perf_counter()
+    graph = model.graph
+    gqas = _gqa_nodes(graph)
+    problem = _problem(graph, gqas)
+    if problem is not None:
+        record(stats, 0, started)
+        return 0, problem
+    pasts: dict[int, ir.Value] = {id(v): v for node in gqas for v in node.inputs[3:5] if v is not None}  # graph inputs (_problem)
+    new_tokens = _new_tokens_input(graph, gqas[0])
+    mask = _input(graph, "attention_mask", rank=2)
+    if mask is None:  # read for its length only
+        past_shape = next(iter(pasts.values())).shape
+        batch_dim = past_shape[0] if past_shape is not None else "batch"
+        mask = ir.Value(name="attention_mask", type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape([batch_dim, "total_sequence_length"]))
+        graph.inputs.append(mask)
+    made = [
+        ir.Node("", "Shape", [mask], [ir.AttrInt64("start", 1), ir.AttrInt64("end", 2)], name="kv_buffer_total"),
+        ir.Node("", "Shape", [new_tokens], [ir.AttrInt64("start", 1), ir.AttrInt64("end", 2)], name="kv_buffer_seq"),
+    ]
+    made.append(ir.Node("", "Sub", [made[0].outputs[0], made[1].outputs[0]], name="kv_buffer_past"))
+    made.append(ir.Node("", "Shape", [new_tokens], [ir.AttrInt64("start", 0), ir.AttrInt64("end", 1)], name="kv_buffer_batch"))
+    past_length, batch = made[2].outputs[0], made[3].outputs[0]
+    past_length.name, batch.name = "kv_buffer_past_length", "kv_buffer_batch_size"
+    graph.insert_before(next(iter(graph)), made)
+    # the batch too from one input: every layer's seqlens_k, total and rotary pads become one
+    # computation (CSE) instead of one per past input
+    shared_axes = {0: batch, 2: past_length}
+
+    rewritten = 0
+    for past in pasts.values():
+        for user, _ in list(past.uses()):
+            if user.op_type != "Shape":
+                continue
+            axes = _shape_range(user, 4)
+            if not set(axes) & set(shared_axes):
+                continue
+            pieces: list[ir.Value] = []
+            new_nodes: list[ir.Node] = []
+            for axis in axes:
+                if axis in shared_axes:
+                    pieces.append(shared_axes[axis])
+                    continue
+                part = ir.Node("", "Shape", [past], [ir.AttrInt64("start", axis), ir.AttrInt64("end", axis + 1)], name=f"{user.name}_axis{axis}")
+                new_nodes.append(part)
+                pieces.append(part.outputs[0])
+            if len(pieces) > 1:
+                concat = ir.Node("", "Concat", pieces, [ir.AttrInt64("axis", 0)], name=f"{user.name}_with_mask_past")
+                new_nodes.append(concat)
+                result = concat.outputs[0]
+            else:
+                result = pieces[0]
+            if new_nodes:
+                graph.insert_before(user, new_nodes)
+            user.outputs[0].replace_all_uses_with(result, replace_graph_outputs=True)
+            detach_and_remove(model, user)
+            rewritten += 1
+    _share_lengths(graph, gqas, made[0].outputs[0], made[1].outputs[0], batch)
+    _forget_past_shapes(graph, gqas, pasts)
+    record(stats, rewritten, started)
+    return rewritten, None
+
+
+def _constant(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
+    value = ir.Value(name=name, const_value=ir.tensor(array, name=name))
+    graph.register_initializer(value)
+    return value
+
+
+def _share_lengths(graph: ir.Graph, gqas: list[ir.Node], total: ir.Value, seq: ir.Value, batch: ir.Value) -> None:
+    """One seqlens_k (total - 1 per row), total_sequence_length and query_seqlens (seq per row; where
+    given) for every layer, from the mask and the new tokens, instead of each layer's own from its k, v."""
+    one = _constant(graph, "kv_buffer_one", np.array([1], np.int64))
+    scalar = _constant(graph, "kv_buffer_scalar_shape", np.array([], np.int64))
+    nodes = [
+        ir.Node("", "Sub", [total, one], name="kv_buffer_last"),
+        ir.Node("", "Reshape", [total, scalar], name="kv_buffer_total_scalar"),
+        ir.Node("", "Expand", [seq, batch], name="kv_buffer_seq_rows"),
+    ]
+    nodes.append(ir.Node("", "Expand", [nodes[0].outputs[0], batch], name="kv_buffer_last_rows"))
+    seqlens = ir.Node("", "Cast", [nodes[3].outputs[0]], [ir.AttrInt64("to", ir.DataType.INT32)], name="kv_buffer_seqlens_k")
+    total32 = ir.Node("", "Cast", [nodes[1].outputs[0]], [ir.AttrInt64("to", ir.DataType.INT32)], name="kv_buffer_total_sequence_length")
+    query = ir.Node("", "Cast", [nodes[2].outputs[0]], [ir.AttrInt64("to", ir.DataType.INT32)], name="kv_buffer_query_seqlens")
+    nodes += [seqlens, total32, query]
+    for node in nodes:
+        node.outputs[0].name = node.name
+    graph.insert_after(next(n for n in graph if n.name == "kv_buffer_batch"), nodes)
+    for node in gqas:
+        node.replace_input_with(5, seqlens.outputs[0])
+        node.replace_input_with(6, total32.outputs[0])
+        if len(node.inputs) > 16 and node.inputs[16] is not None:
+            node.replace_input_with(16, query.outputs[0])
+
+
+def _forget_past_shapes(graph: ir.Graph, gqas: list[ir.Node], pasts: dict[int, ir.Value]) -> None:
+    """The recorded shapes that count on the past input's length (Symbolic `past` expressions) no
+    longer hold with a max-length buffer: drop them; the present outputs' sequence axis gets a
+    name of its own (max(buffer, total) in the kernel)."""
+    symbols = {str(v.shape[2]) for v in pasts.values() if v.shape is not None and not isinstance(v.shape[2], int)}
+    for node in gqas:
+        for present in node.outputs[1:3]:
+            if present.shape is not None and len(present.shape) == 4:
+                dims: list[Any] = list(present.shape)
+                dims[2] = PRESENT_LENGTH
+                present.shape = ir.Shape(dims)
+    if not symbols:
+        return
+    outputs = set(map(id, graph.outputs))
+    for node in graph:
+        for value in node.outputs:
+            if id(value) in outputs or value.shape is None:
+                continue
+            if any(not isinstance(d, int) and any(s in str(d) for s in symbols) for d in value.shape):
+                value.shape = None
+
