@@ -240,12 +240,12 @@ def _weight_plan(options: OptimizeOptions) -> Any:
                                 options.weights_min_snr, options.weights_accuracy_level)
 
 
-def _quantize_weights(model: ir.Model, target: Any, report: Report, weight_plan: Any) -> None:
+def _quantize_weights(model: ir.Model, target: Any, report: Report, weight_plan: Any, decider: Any) -> None:
     """After precision (the weights' final type gives the scales' type), before lowering and cleanup
     (DCE removes the float weights no layer reads any more)."""
     from graphopt.passes.weight_quant import quantize_weights
 
-    summary = quantize_weights(model, target, weight_plan, stats=report.pass_stats("weight_quant"))
+    summary = quantize_weights(model, target, weight_plan, stats=report.pass_stats("weight_quant"), decider=decider)
     report.weight_quantization = summary
     for entry in summary._unmatched_keep:
         report.warnings.append(f"--weights-keep {entry}: no MatMul/Gemm weight layer of that name or op type in the model")
@@ -310,7 +310,7 @@ def _run_pipeline(model: ir.Model, rules: RuleSet, target: Any, report: Report, 
     if weight_plan is not None:
         say(f"weights: {weight_plan.weights}")
         with tag_new_nodes(model, "weight_quant"):
-            _quantize_weights(model, target, report, weight_plan)
+            _quantize_weights(model, target, report, weight_plan, decider)
     say("cleanup")
     _lower_and_decide(model, target, report, options, decider, pipeline.run_passes, say)
     report.decisions = decider.records

@@ -241,8 +241,12 @@ def _check_standard_form(model: ir.Model, target: Any, plan: WeightQuantPlan) ->
         raise GraphoptError(f"--weights int8 --target onnx needs opset 10 or later (Slice with inputs); the model's is {opset}")
 
 
-def quantize_weights(model: ir.Model, target: Any, plan: WeightQuantPlan, stats: Any = None, seed: int = 0) -> WeightQuantSummary:
-    """Quantize the weights of the main graph's MatMul/Gemm layers in place; returns what it did."""
+def quantize_weights(model: ir.Model, target: Any, plan: WeightQuantPlan, stats: Any = None, seed: int = 0,
+                     decider: Any = None) -> WeightQuantSummary:
+    """Quantize the weights of the main graph's MatMul/Gemm layers in place; returns what it did.
+    With `decider` (graphopt.decisions.DecisionPoint), whether to quantize at all is a decision
+    (graphopt.passes.weight_quant_decision): where the cost table predicts the quantized form no
+    faster, every layer stays as it is (`speed_decision`)."""
     started = time.perf_counter()
     _check_standard_form(model, target, plan)
     graph = model.graph
@@ -263,6 +267,14 @@ def quantize_weights(model: ir.Model, target: Any, plan: WeightQuantPlan, stats:
     cache: dict[int, tuple[BlockQuantized, float, float]] = {}  # a weight two MatMuls share is quantized once
     emitted: dict[tuple[int, str], list[ir.Node]] = {}  # per shared weight: the nodes its first layer got
     changed = 0
+    slower = False
+    if decider is not None:
+        from graphopt.passes.weight_quant_decision import BASELINE, decide_weight_quantization
+
+        candidates = [layer.node.inputs[0] for layer in layers if id(layer) not in heads and layer.node.inputs[0] is not None
+                      and _form(model, target, layer.weight_value.dtype, plan) is not None and not any(_matches(layer, e) for e in keep)]
+        decision = decide_weight_quantization(candidates, plan.weights, plan.bits, decider)
+        slower = decision is not None and decision.chosen == BASELINE
     for layer in layers:
         node = layer.node
         form = _form(model, target, layer.weight_value.dtype, plan)
@@ -272,6 +284,8 @@ def quantize_weights(model: ir.Model, target: Any, plan: WeightQuantPlan, stats:
             layer.keep_reason = "lm_head"
         elif form is None:
             layer.keep_reason = "no_kernel"
+        elif slower:
+            layer.keep_reason = "speed_decision"
         if not layer.keep_reason:
             cached = cache.get(id(layer.weight_value)) if node.op_type == "MatMul" else None  # a Gemm's may carry alpha, transB
             if cached is None:

@@ -236,7 +236,8 @@ class WeightLayer:
     n: int
     quantized: bool
     #: Why it was kept: "keep_list" (--weights-keep), "lm_head" (the default block list), "budget"
-    #: (its SNR is under --weights-min-snr), "no_kernel" (the target has no MatMulNBits for its type);
+    #: (its SNR is under --weights-min-snr), "no_kernel" (the target has no MatMulNBits for its type),
+    #: "speed_decision" (the cost table predicts the quantized form no faster: decisions[], kind weights);
     #: "" when quantized.
     reason: str = ""
     #: Output SNR in dB of x @ W against x @ dequantize(quantize(W)), x standard normal [rows, K]

@@ -280,7 +280,9 @@ def _print_weights(summary: Any, console: Console) -> None:
     kept = [layer for layer in layers if not layer.quantized]
     for layer in kept[:MAX_WEIGHT_KEEP_ROWS]:
         why = {"keep_list": "--weights-keep", "lm_head": "LM head (default block list)", "no_kernel": "no kernel on the target for its type",
-               "budget": f"SNR {layer.snr_db:.1f} dB < {summary.min_snr_db:g} dB"}.get(layer.reason, layer.reason)
+               "speed_decision": "predicted no faster quantized (decision weights)"}.get(layer.reason, layer.reason)
+        if layer.reason == "budget" and layer.snr_db is not None:
+            why = f"SNR {layer.snr_db:.1f} dB < {summary.min_snr_db:g} dB"
         console.print(f"  kept: {escape(layer.node)} ({layer.op} {layer.k}x{layer.n}): {escape(why)}", highlight=False)
     if len(kept) > MAX_WEIGHT_KEEP_ROWS:
         console.print(f"  {len(kept) - MAX_WEIGHT_KEEP_ROWS} more kept: --report FILE.json lists them all", highlight=False)
