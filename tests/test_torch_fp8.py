@@ -264,3 +264,26 @@ def test_cpu_is_refused_with_one_line_and_the_graph_unchanged() -> None:
     report = torch_backend.last_report()
     assert any(w.startswith("fp8: not supported on this device (cpu; needs compute capability ≥ 8.9)") for w in report.warnings)
     assert _scaled_mms(torch_backend.last_graph()) == 0 and not _decisions(report)
+
+
+# --------------------------------------------------------------------------- measured against the GEMM as it is
+
+
+@pytest.mark.parametrize(("fp8_ms", "converted"), [(0.5, True), (0.99, False), (1.5, False)])
+def test_fp8_is_kept_only_where_measured_faster(fp8_on_cpu: None, monkeypatch: pytest.MonkeyPatch, fp8_ms: float, converted: bool) -> None:
+    # On CUDA each GEMM shape is timed both ways (at one row, a decode step, FP8 lost on an H100);
+    # here a stand-in timer decides.
+    from graphopt.passes import fx_weight_quant_forms
+
+    monkeypatch.setattr(fx_fp8, "MEASURE_OFF_CUDA", True)
+    monkeypatch.setattr(fx_weight_quant_forms, "_TIMES", {})
+    monkeypatch.setattr(fx_weight_quant_forms, "TIMER", lambda name, fn: (fn(), fp8_ms if name == "fp8" else 1.0)[1])
+    torch.manual_seed(0)
+    with torch.no_grad():
+        _compiled(_Mlp().eval())(torch.randn(4, 64))
+    report = torch_backend.last_report()
+    decisions = _decisions(report)
+    assert decisions["up.weight"] == ("fp8" if converted else "model type") and decisions["down.weight"] == decisions["up.weight"]
+    if not converted:
+        assert "measured no faster in FP8 at 4 row(s)" in {d.site: d.reason for d in report.decisions}["up.weight"]
+    assert _scaled_mms(torch_backend.last_graph()) == (2 if converted else 0)
