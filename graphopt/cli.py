@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
+from graphopt.cli_checks import check_precision_options, is_html, output_path, parse_shapes
 from graphopt.cli_paths import check_writable_folder, guard_paths, same_file
 from graphopt.cli_weights import WEIGHTS_HELP, check_weight_options
 from graphopt.errors import GraphoptError, printable
@@ -124,20 +125,6 @@ def _collect_from_here() -> None:
         _collection_paused = False
         gc.freeze()
         gc.enable()
-
-
-def _parse_shapes(values: list[str]) -> dict[str, list[int]]:
-    if not values:
-        return {}
-    from graphopt.verify import parse_shape  # onnxruntime comes with it: only when asked
-
-    shapes: dict[str, list[int]] = {}
-    for text in values:
-        name, dims = parse_shape(text)
-        if name in shapes and shapes[name] != dims:
-            raise GraphoptError(f"--input-shape {name} is given twice with different shapes")
-        shapes[name] = dims
-    return shapes
 
 
 # ------------------------------------------------------------------ progress
@@ -281,34 +268,11 @@ def optimize(
 
     with _user_errors():
         get_target(target)  # an unknown target is an error before any work
-        from graphopt.quant.fp8_onnx import refuse_fp8
-
-        refuse_fp8(precision, target)  # fp8: one line saying what the target lacks
-        precision_name = None
-        if precision.strip().lower() != "fp32":  # the precision pass is imported only when asked for
-            from graphopt.passes.precision_plan import parse_precision
-
-            precision_name = parse_precision(precision)  # so is an unknown precision
-        if keep_fp32 and precision_name is None:
-            raise GraphoptError("--keep-fp32 only applies with --precision fp16 or bf16")
-        for flag, forced in (("--precision-convs", precision_convs), ("--precision-recurrent", precision_recurrent)):
-            if forced not in ("auto", "low", "fp32"):
-                raise GraphoptError(f"unknown {flag} '{forced}' (known: auto, low, fp32)")
-            if forced != "auto" and precision_name is None:
-                raise GraphoptError(f"{flag} only applies with --precision fp16 or bf16")
-        if layout not in ("auto", "nchw", "nhwc"):
-            raise GraphoptError(f"unknown layout '{layout}' (known: auto, nchw, nhwc)")
-        if layout != "auto" and target != "ort-cuda":
-            raise GraphoptError("--layout only applies with --target ort-cuda")
-        if kv_buffer not in ("growing", "shared"):
-            raise GraphoptError(f"unknown --kv-buffer '{kv_buffer}' (known: growing, shared)")
-        if calibration_data is not None and precision_name != "fp16":
-            raise GraphoptError("--calibration-data only applies with --precision fp16")
-        if calibration_data is not None and not calibration_data.is_file():
-            raise GraphoptError(f"{calibration_data}: no such file")
+        precision_name = check_precision_options(precision, target, keep_fp32, precision_convs, precision_recurrent, layout, kv_buffer,
+                                                 calibration_data)
         weight_options = check_weight_options(weights, block_size, weights_keep or [], weights_min_snr, weights_symmetric)
-        output = _output_path(output_argument, output_option)
-        shapes = _parse_shapes(input_shape or [])
+        output = output_path(output_argument, output_option)
+        shapes = parse_shapes(input_shape or [])
         clash = sorted(set(enable or []) & set(disable or []))
         if clash:
             raise GraphoptError(f"--enable and --disable both name {', '.join(clash)}")
@@ -377,7 +341,7 @@ def optimize(
         # The report is written whenever the optimization ran, also when verification
         # failed: it is what explains the failure.
         if report is not None:
-            if _is_html(report):
+            if is_html(report):
                 from graphopt.report.html import write_html
 
                 write_html(result, report)
@@ -396,19 +360,6 @@ def optimize(
         console = Console()
         print_summary(result, console, json_report=report)
         console.print(f"wrote {escape(str(output))}" + (f" and {escape(str(report))}" if report else ""), highlight=False)
-
-
-def _output_path(argument: Path | None, option: Path | None) -> Path:
-    """`optimize IN OUT` (onnxsim's form) or `optimize IN -o OUT`; not both, unless they agree."""
-    if argument is None and option is None:
-        raise GraphoptError("no output: give OUT.onnx after the model, or -o OUT.onnx")
-    if argument is not None and option is not None and argument != option:
-        raise GraphoptError(f"two outputs given: {argument} and -o {option}")
-    return argument if argument is not None else option  # type: ignore[return-value]
-
-
-def _is_html(path: Path) -> bool:
-    return path.suffix.lower() in (".html", ".htm")
 
 
 @app.command("report", cls=_Command)
@@ -554,7 +505,7 @@ def explain_rules(
     with _user_errors():
         get_target(target)
         options = OptimizeOptions(target=target, patterns=[str(p) for p in patterns or []], precision=parse_precision(precision))
-        explanation = explain(model, options, rules=list(rule or []), nodes=list(node or []), input_shapes=_parse_shapes(input_shape or []))
+        explanation = explain(model, options, rules=list(rule or []), nodes=list(node or []), input_shapes=parse_shapes(input_shape or []))
     print_explanation(explanation, Console(), details=True if details else None)
 
 
