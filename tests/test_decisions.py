@@ -31,7 +31,8 @@ def table(decision: str, dtype: str, times: dict[str, float], ep: str = "CUDAExe
 
 #: Each decision's candidates (the table's figures are per candidate).
 CANDIDATES = {"layout": {"nchw", "nhwc-add", "nhwc-kernel"}, "fused_conv": {"FusedConv", "Conv+activation"}, "skip_norm": {"fused", "unfused", "unfused-2d"},
-              "precision": {"fp32", "fp32-nhwc", "fp16", "fp16-nhwc"}}
+              "precision": {"fp32", "fp32-nhwc", "fp16", "fp16-nhwc"}, "recurrent_precision": {"fp32", "fp16"},
+              "weights": {"unquantized", "int4", "int8"}}
 
 
 def test_the_shipped_table_loads_and_says_where_every_figure_comes_from() -> None:

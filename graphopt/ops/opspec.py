@@ -36,6 +36,7 @@ FACTS: Mapping[str, str] = {
     "attribute_typed": "an attribute sets its float output type (precision)",
     "follows_inputs": "stays float32 when its float inputs are float32 (precision)",
     "heavy": "its precision decides a fusion's worth (precision)",
+    "recurrent": "a recurrent op over a sequence: its precision is the recurrent_precision decision (precision)",
     "nhwc_internal_pool": "onnxruntime's CUDA provider has an NHWC kernel in com.ms.internal.nhwc (layout)",
     "slower_on_ort_cpu": "onnxruntime's CPU kernel runs slower than the standard ops a rule would replace with it, measured: not emitted for ort-cpu (driver)",
     "torch_beats_inductor": "its torch custom kernel beats inductor's code for the ops it replaces, measured (torch backend)",

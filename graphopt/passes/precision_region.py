@@ -11,7 +11,7 @@ from graphopt.ops.registry import has_fact
 from graphopt.passes._common import ONNX_DOMAINS
 from graphopt.passes.precision_plan import _is_heavy
 
-__all__ = ["region_seed", "recurrent_seed", "RECURRENT_OPS", "joins_region", "tail_heads"]
+__all__ = ["region_seed", "recurrent_seed", "joins_region", "tail_heads"]
 
 #: Heavy ops that belong to a CNN: they stay float32 with the convolutions that feed them.
 _CONV_FAMILY = frozenset({
@@ -35,13 +35,9 @@ def region_seed(node: ir.Node) -> bool:
     return node.op_type == "Conv" and node.domain in ONNX_DOMAINS and bool(node.inputs) and _rank(node.inputs[0]) == 4
 
 
-#: The recurrent ops (standard domain) the recurrent precision decision is about.
-RECURRENT_OPS = frozenset({"LSTM", "GRU", "RNN"})
-
-
 def recurrent_seed(node: ir.Node) -> bool:
-    """An LSTM, GRU or RNN (the ops the recurrent precision decision is about)."""
-    return node.op_type in RECURRENT_OPS and node.domain in ONNX_DOMAINS
+    """An LSTM, GRU or RNN (registry fact `recurrent`: the ops the recurrent precision decision is about)."""
+    return node.domain in ONNX_DOMAINS and has_fact("", node.op_type, "recurrent")
 
 
 def joins_region(node: ir.Node, *, convs: bool = True, tails: frozenset[int] = frozenset()) -> bool:
