@@ -55,6 +55,12 @@ DISABLED = {"graphopt": (), "graphopt-no-gqa": ("FuseGroupQueryAttention",),
             "graphopt-no-gqa-no-rope": ("FuseGroupQueryAttention", "FuseRotaryEmbedding"),
             "graphopt-no-attention": ("FuseGroupQueryAttention", "FuseRotaryEmbedding", "FuseAttention"),
             "graphopt-int4": (), "graphopt-int8": ()}
+def _empty_table() -> object:
+    from graphopt.decisions import CostTable
+
+    return CostTable()
+
+
 # weight-only quantization (graphopt optimize --weights; block size from --block-size): com.microsoft.MatMulNBits
 WEIGHTS = {"graphopt-int4": "int4", "graphopt-int8": "int8"}
 
@@ -117,7 +123,9 @@ def build(args: argparse.Namespace, folder: Path, variants: tuple[str, ...] = VA
         if variant == "original":
             continue
         disable = DISABLED[variant]
-        weights = {"weights": WEIGHTS[variant], "block_size": args.block_size} if variant in WEIGHTS else {}
+        # The quantized variants measure the quantized form itself (what the `weights` cost entries are made
+        # from): an empty cost table, so graphopt's weights decision predicts nothing and quantizes as asked.
+        weights = {"weights": WEIGHTS[variant], "block_size": args.block_size, "cost_table": _empty_table()} if variant in WEIGHTS else {}
         report = graphopt.optimize_file(source, folder / f"{variant}.onnx", target=target, disable=list(disable), **weights)
         files[variant] = str(folder / f"{variant}.onnx")
         fused = report.rules["FuseGroupQueryAttention"].applications if "FuseGroupQueryAttention" in report.rules else 0
