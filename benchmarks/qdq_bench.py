@@ -8,7 +8,7 @@ Per model of benchmarks/qdq_zoo.py (built into benchmarks/.qdq_zoo/ when missing
 variants run in onnxruntime at ORT_ENABLE_ALL, as a user runs them:
 
 * ``original``     the quantized model as onnxruntime.quantization wrote it
-* ``ort-offline``  onnxruntime's offline optimizer: the model saved by a session at ENABLE_ALL
+* ``ort-offline``  onnxruntime's offline optimizer: the model saved by a session at ENABLE_ALL (ENABLE_EXTENDED on CUDA)
   (``optimized_model_filepath``) on the same provider
 * ``graphopt``     ``graphopt.optimize_file(target=ort-cpu | ort-cuda)``
 
@@ -64,7 +64,9 @@ def make_variants(src: Path, work: Path, device: str) -> dict[str, Path]:
     ort = _ort()
     offline = work / "ort-offline.onnx"
     options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    # On CUDA a model saved at ENABLE_ALL may hold fusions no provider reloads (BiasSoftmax on the
+    # H100 machine: "Could not find an implementation"); ENABLE_EXTENDED is the offline anchor there.
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED if device == "cuda" else ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.optimized_model_filepath = str(offline)
     ort.InferenceSession(str(src), options, providers=_providers(device))
     optimized = work / "graphopt.onnx"
