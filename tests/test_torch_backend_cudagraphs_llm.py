@@ -59,8 +59,7 @@ def _cache_tensors(cache: Any) -> list[torch.Tensor]:
     return [t for layer in cache.layers for t in (layer.keys, layer.values)]
 
 
-@pytest.fixture
-def fake_cuda_graphs(monkeypatch: pytest.MonkeyPatch) -> tuple[FakeCuda, list[CudaGraphReplay]]:
+def fake_cuda_graph_replays(monkeypatch: pytest.MonkeyPatch) -> tuple[FakeCuda, list[CudaGraphReplay]]:
     """The backend replays CPU graphs as (fake) CUDA graphs; the replays made are listed."""
     cuda, made = FakeCuda(), []
 
@@ -71,6 +70,11 @@ def fake_cuda_graphs(monkeypatch: pytest.MonkeyPatch) -> tuple[FakeCuda, list[Cu
     monkeypatch.setattr(torch_backend, "cuda_graphs_refusal", lambda inputs, training: None)
     monkeypatch.setattr(torch_backend, "CudaGraphReplay", replay)
     return cuda, made
+
+
+@pytest.fixture
+def fake_cuda_graphs(monkeypatch: pytest.MonkeyPatch) -> tuple[FakeCuda, list[CudaGraphReplay]]:
+    return fake_cuda_graph_replays(monkeypatch)
 
 
 def test_static_cache_generation_replays_as_cuda_graphs(fake_cuda_graphs: tuple[FakeCuda, list[CudaGraphReplay]]) -> None:

@@ -16,16 +16,14 @@ from typing import Any
 import pytest
 import torch
 import transformers
-from fake_cuda_graph import FakeCuda
 from test_torch_backend_cudagraphs_llm import _generate as _generate_to_full_cache
-from test_torch_backend_cudagraphs_llm import _static_cache
+from test_torch_backend_cudagraphs_llm import _static_cache, fake_cuda_graph_replays
 from test_torch_backend_llm import _cache_kwarg, _tiny_llama
 
 import graphopt
 from graphopt import torch_backend
 from graphopt.errors import GraphoptError
 from graphopt.passes import fx_weight_quant, fx_weight_quant_forms
-from graphopt.torch_cudagraphs import CudaGraphReplay
 
 pytestmark = pytest.mark.usefixtures("graphopt_never_falls_back")  # tests/conftest.py
 
@@ -191,14 +189,7 @@ def test_inductor_is_handed_the_quantized_graph(monkeypatch: pytest.MonkeyPatch)
 def test_int4_generation_replays_as_cuda_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
     """graphopt's own CUDA graphs (inductor off, reduce-overhead), captured and replayed by the CPU fake:
     the quantized op neither syncs nor reads the host during capture."""
-    cuda, made = FakeCuda(), []
-
-    def replay(gm: Any, written: frozenset[int] = frozenset()) -> CudaGraphReplay:
-        made.append(CudaGraphReplay(gm, cuda=cuda, written=written))
-        return made[-1]
-
-    monkeypatch.setattr(torch_backend, "cuda_graphs_refusal", lambda inputs, training: None)
-    monkeypatch.setattr(torch_backend, "CudaGraphReplay", replay)
+    cuda, made = fake_cuda_graph_replays(monkeypatch)
     model = _tiny_llama()
     ids = torch.randint(0, 100, (1, PROMPT), generator=torch.Generator().manual_seed(1))
     uncaptured = _generate_to_full_cache(_compile(model, weights="int4"), ids, _static_cache(model))
