@@ -144,3 +144,14 @@ def is_upcast_and_back(ctx, h, up, down):
     if onnx_enum_to_name(down) != source:
         return f"the result is cast to {onnx_enum_to_name(down)}, not back to {source}"
     return True
+
+
+@native_constraint("IsZeroScalar")
+def is_zero_scalar(ctx, z):
+    """An absent clamp (no Max in the match), or a Max against the constant 0."""
+    if z is None:
+        return True
+    value = ctx.array(z)
+    if value is None:
+        return "the clamp is not a constant"
+    return True if np.all(value == 0) else f"clamps at {float(value.ravel()[0]):g}, not 0"

@@ -116,6 +116,13 @@ def _rms_norm_upcast(m: nn.Module, h: torch.Tensor) -> torch.Tensor:
     return m.w * x.to(h.dtype)
 
 
+def _layer_norm_second_moment(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """flax's LayerNorm: the variance from the second moment, clamped at 0."""
+    mean = x.mean(-1, keepdim=True)
+    var = torch.maximum((x * x).mean(-1, keepdim=True) - mean * mean, m.zero)  # jax2onnx writes Max
+    return (x - mean) / torch.sqrt(var + 1e-6) * m.g + m.b
+
+
 def _attention(m: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
     return torch.matmul(torch.softmax(scores, dim=-1), v)
@@ -345,6 +352,7 @@ CASES: list[Case] = [
          rands((2, 3, 8), (2, 3, 8)), 1, along=("FuseSkipLayerNorm",), onnx_target="ort-cpu"),
     Case("FuseRMSNorm", fn(_rms_norm, w=const(8)), rand(2, 3, 8), 1, onnx_target="ort-cpu"),
     Case("FuseRMSNorm", fn(_rms_norm, w=const(8)), rand(2, 3, 8), 1, opset=23),
+    Case("FuseLayerNormSecondMoment", fn(_layer_norm_second_moment, g=const(8), b=const(8), zero=lambda: torch.zeros(())), rand(2, 3, 8), 1, rtol=1e-4, atol=1e-4),
     Case("FuseRMSNormUpcast", fn(_rms_norm_upcast, w=lambda: (torch.rand(8) + 0.5).half()), lambda: (torch.randn(2, 3, 8).half(),), 1,
          onnx_target="ort-cpu", rtol=2e-3, atol=2e-3),  # one fp16 rounding apart: the weight multiplies before or after it
     Case("FuseSkipRMSNorm", fn(lambda m, a, b: (_rms_norm(m, a + b), a + b), w=const(8)), rands((2, 3, 8), (2, 3, 8)), 1, along=("FuseRMSNorm",),

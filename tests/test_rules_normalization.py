@@ -286,3 +286,66 @@ def test_bias_that_is_not_per_feature_stays_an_add() -> None:
     assert rewrites(report, "FoldBiasIntoSkipLayerNorm") == 0
     assert op_types(optimized) == ["Add", "SkipLayerNormalization"]
     assert_same_outputs(model, optimized, rtol=1e-4, atol=1e-5)
+
+
+# ---------------------------------------------------------------- JAX/flax's second-moment LayerNorm
+
+
+def second_moment_layer_norm(clamp: float | None = 0.0, opset: int = 23) -> onnx.ModelProto:
+    """jax2onnx's LayerNorm: var = E[x^2] - E[x]^2, Max(var, clamp) (none: no Max), + eps, Sqrt, (x - mean) / std, * gamma + beta."""
+    H = 8
+    inits = [init("gamma", rand(H)), init("beta", rand(H)), init("eps", np.array(1e-6, np.float32))]
+    if opset >= 18:  # axes an input from opset 18, an attribute before
+        inits.append(init("axes", np.array([-1], np.int64)))
+
+    def mean_of(x: str, out: str) -> onnx.NodeProto:
+        if opset >= 18:
+            return helper.make_node("ReduceMean", [x, "axes"], [out], keepdims=1)
+        return helper.make_node("ReduceMean", [x], [out], axes=[-1], keepdims=1)
+
+    var = "var"
+    nodes = [
+        mean_of("x", "mean"),
+        helper.make_node("Sub", ["x", "mean"], ["centered"]),
+        helper.make_node("Mul", ["x", "x"], ["squared"]),
+        mean_of("squared", "second"),
+        helper.make_node("Mul", ["mean", "mean"], ["mean_squared"]),
+        helper.make_node("Sub", ["second", "mean_squared"], ["var"]),
+    ]
+    if clamp is not None:
+        inits.append(init("clamp", np.array(clamp, np.float32)))
+        nodes.append(helper.make_node("Max", ["var", "clamp"], ["nonneg"]))
+        var = "nonneg"
+    nodes += [
+        helper.make_node("Add", [var, "eps"], ["var_eps"]),
+        helper.make_node("Sqrt", ["var_eps"], ["std"]),
+        helper.make_node("Div", ["centered", "std"], ["normalized"]),
+        helper.make_node("Mul", ["normalized", "gamma"], ["scaled"]),
+        helper.make_node("Add", ["scaled", "beta"], ["y"]),
+    ]
+    model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 5, H])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits, opset=opset)
+    if opset >= 23:
+        model.ir_version = 11
+    return model
+
+
+@pytest.mark.parametrize("opset", [17, 23])
+@pytest.mark.parametrize("clamp", [0.0, None], ids=["max-0", "no-max"])
+@pytest.mark.parametrize("target", ["onnx", "ort-cpu"])
+def test_second_moment_layer_norm_fuses(clamp: float | None, target: str, opset: int) -> None:
+    model = second_moment_layer_norm(clamp, opset=opset)
+    optimized, report = optimize_with(model, ["FuseLayerNormSecondMoment"], target=target)
+    assert rewrites(report, "FuseLayerNormSecondMoment") == 1
+    assert op_types(optimized) == ["LayerNormalization"]
+    assert_same_outputs(model, optimized, rtol=1e-4, atol=1e-4)
+
+
+def test_second_moment_layer_norm_clamped_elsewhere_than_zero_does_not_fuse() -> None:
+    optimized, report = optimize_with(second_moment_layer_norm(clamp=0.5), ["FuseLayerNormSecondMoment"], target="onnx")
+    assert rewrites(report, "FuseLayerNormSecondMoment") == 0 and "LayerNormalization" not in op_types(optimized)
+
+
+def test_second_moment_layer_norm_below_opset_17_does_not_fuse() -> None:
+    optimized, report = optimize_with(second_moment_layer_norm(opset=13), ["FuseLayerNormSecondMoment"], target="onnx")
+    assert rewrites(report, "FuseLayerNormSecondMoment") == 0

@@ -301,6 +301,9 @@ def _binary(op_type: str) -> Presenter:
 
 for _op, _name in (("add", "Add"), ("sub", "Sub"), ("mul", "Mul"), ("div", "Div")):
     _PRESENTERS[getattr(aten, _op).Tensor] = _PRESENTERS[getattr(aten, _op).Scalar] = _binary(_name)
+# aten.maximum / minimum of two tensors read as ONNX Max / Min (rules match them: flax's LayerNorm clamps its variance with Max).
+_PRESENTERS[aten.maximum.default] = _binary("Max")
+_PRESENTERS[aten.minimum.default] = _binary("Min")
 
 
 @_presents(aten.rsub.Scalar)
