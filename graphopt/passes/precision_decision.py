@@ -170,6 +170,13 @@ def decide_conv_precision(
         record.reason += "; read in the layout each would get: " + ", ".join(f"{c} {'NHWC' if v else 'NCHW'}" for c, v in nhwc.items())
         if failed:
             record.reason += f" (the layout could not be estimated for {'; '.join(failed)}: read in NCHW)"
+    return settle(record, plan, kept)
+
+
+def settle(record: DecisionRecord, plan: PrecisionPlan, kept: PrecisionPlan) -> tuple[PrecisionPlan, DecisionRecord]:
+    """The plan a precision decision's record stands for (shared by the convolutions' and the
+    recurrent ops' decisions): no entry converts as asked; float32 chosen gives `kept`, and says why."""
+    low = plan.precision
     if record.basis == "no_entry":  # nothing predicted: the conversion goes as asked
         record.chosen = low
         record.reason = record.reason.replace("keeping the model as it is", f"{low} as asked")

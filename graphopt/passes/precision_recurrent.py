@@ -38,7 +38,7 @@ import onnx_ir as ir
 from graphopt.decisions import DecisionPoint
 from graphopt.decisions.shapes import recurrent_worlds
 from graphopt.ops.targets import Target
-from graphopt.passes.precision_decision import FP32, PRECISION_CONVS, Finish, whole_model_builder
+from graphopt.passes.precision_decision import FP32, PRECISION_CONVS, Finish, settle, whole_model_builder
 from graphopt.passes.precision_plan import PrecisionPlan
 from graphopt.passes.precision_region import recurrent_seed
 from graphopt.report.model import DecisionRecord
@@ -124,12 +124,4 @@ def decide_recurrent_precision(
     ops = Counter(node.op_type for node in seeds)
     site = f"model ({len(seeds)} recurrent ops: {', '.join(f'{n} {op}' for op, n in sorted(ops.items()))})"
     record = decider.choose(KIND, site, [FP32, low], FP32, worlds, forced=chosen, build=build, signature=signature)
-    if record.basis == "no_entry":  # nothing predicted: the conversion goes as asked
-        record.chosen = low
-        record.reason = record.reason.replace("keeping the model as it is", f"{low} as asked")
-    if record.chosen != FP32:
-        return plan, record
-    how = {"measured": "measured", "table": "predicted"}.get(record.basis)
-    if how:
-        record.reason += f"; kept in float32: {low} {how} no faster here"
-    return kept, record
+    return settle(record, plan, kept)
