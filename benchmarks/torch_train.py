@@ -50,11 +50,14 @@ def _no_dropout(model: Any) -> None:
 
 
 def _loss(output: Any) -> Any:
-    """A scalar from any model output (last hidden state, or logits): mean of squares, in fp32."""
+    """A scalar from any model output (last hidden state, or logits): mean of squares, in fp32.
+    The pooler's output counts too: DDP refuses a step where some parameters had no gradient."""
     import torch
 
     tensor = output if isinstance(output, torch.Tensor) else (output[0] if isinstance(output, (tuple, list)) else output.last_hidden_state)
-    return tensor.float().square().mean()
+    loss = tensor.float().square().mean()
+    pooled = getattr(output, "pooler_output", None)
+    return loss + pooled.float().square().mean() if isinstance(pooled, torch.Tensor) else loss
 
 
 def _batches(inputs: dict[str, Any], steps: int, seed: int, device: str) -> list[dict[str, Any]]:

@@ -197,6 +197,11 @@ def graphopt_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, optio
         kept_inputs = [example_inputs[i] for i in kept]
         if aten_gm is not gm:
             _carry_input_sources(aten_gm, gm, kept)
+            if training:
+                from graphopt.passes.fx_training import copy_mutated_inputs_for_autograd
+                from graphopt.pipeline import run_pass
+
+                run_pass(report, "training_inputs", lambda: copy_mutated_inputs_for_autograd(aten_gm))
         t0 = time.perf_counter()
         compiled = _compile_leftovers(aten_gm, kept_inputs, opts, report, dynamo_gm=gm, training=training)
         report.times_s["leftovers"] = time.perf_counter() - t0
