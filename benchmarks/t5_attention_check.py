@@ -8,7 +8,8 @@ error poisons the process's context; the next case starts a fresh one), so one c
 
 1. probes (eager, no compile, T5-base's attention shapes fp16 b8 s128): SDPA on q/k/v packed in one
    GEMM's output (graphopt's layout) or separate, a dense [1, H, S, S] mask, with the efficient,
-   cuDNN or default backend; which backend the default picks (torch._fused_sdp_choice);
+   cuDNN or default backend; which backend the default picks (torch._fused_sdp_choice); the
+   efficient and cuDNN ops themselves on the mask expanded to [B, H, S, S], as inductor calls them;
 2. compiles: T5-base with 2 layers, then all 12, fp16 b8 s128, through inductor and through
    graphopt's default mode with each `attention_mask` handling (graphopt/passes/fx_sdpa.py):
    keep, aligned, copy, decompose, and aligned without the packed q/k/v GEMM (2 layers only).
@@ -42,6 +43,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 HANDLINGS = ("keep", "aligned", "copy", "decompose")
+#: An error after which this process's CUDA context may be unusable: the next case gets a fresh process.
+DEVICE_FAULT = re.compile(r"CUDA error|CUDNN_STATUS|cuDNN Frontend error|CUBLAS_STATUS|illegal memory|misaligned address", re.I)
 ATTENTION_KERNEL = re.compile(r"fmha|flash|cudnn|efficient|attention|softmax|bmm|gemm|gemv|sm90_|cutlass", re.I)
 
 
@@ -53,13 +56,16 @@ def plan(tiny: bool, only: str = "all") -> list[dict[str, Any]]:
     for qkv in ("packed", "separate"):
         for backend in ("default", "efficient", "cudnn"):
             cases.append({"kind": "probe", "name": f"probe {qkv} q/k/v, dense mask, {backend}", "qkv": qkv, "mask": "dense", "backend": backend})
+    for op in ("efficient-op", "cudnn-op"):  # the backend op itself on the mask expanded to [B, H, S, S], as inductor's code calls it
+        cases.append({"kind": "probe", "name": f"probe packed q/k/v, expanded mask, {op}", "qkv": "packed", "mask": "expanded", "backend": op})
     cases.append({"kind": "probe", "name": "probe packed q/k/v, strided mask, default", "qkv": "packed", "mask": "strided", "backend": "default"})
-    for model, layers in (("t5-2", 2), ("t5-base", 12)):
-        variants = ["inductor", *(f"graphopt-{h}" for h in HANDLINGS)]
-        if layers == 2:
-            variants.insert(3, "graphopt-aligned-unpacked")
-        for variant in variants:
-            cases.append({"kind": "compile", "name": f"{model} {variant}", "model": model, "layers": 2 if tiny else layers, "variant": variant})
+    # The baselines of both models first (inductor, graphopt's default), then each handling on both.
+    compiles = [("t5-2", "inductor"), ("t5-2", "graphopt-keep"), ("t5-base", "inductor"), ("t5-base", "graphopt-keep")]
+    compiles += [("t5-2", "graphopt-aligned"), ("t5-2", "graphopt-aligned-unpacked"), ("t5-2", "graphopt-copy"), ("t5-2", "graphopt-decompose"),
+                 ("t5-base", "graphopt-aligned"), ("t5-base", "graphopt-copy"), ("t5-base", "graphopt-decompose")]
+    for model, variant in compiles:
+        layers = 2 if tiny or model == "t5-2" else 12
+        cases.append({"kind": "compile", "name": f"{model} {variant}", "model": model, "layers": layers, "variant": variant})
     return [c for c in cases if only == "all" or c["kind"] + "s" == only]
 
 
@@ -85,9 +91,11 @@ def run_probe(case: dict[str, Any], device: str, tiny: bool) -> dict[str, Any]:
     q, k, v = (p.view(batch, seq, heads, dim).transpose(1, 2) for p in parts)
     bias = torch.randn(seq, seq, heads, device=device, dtype=dtype)  # T5's embedding [q, k, heads]
     mask = bias.permute(2, 0, 1).unsqueeze(0)
-    if case["mask"] == "dense":
+    if case["mask"] in ("dense", "expanded"):
         mask = mask.contiguous()
     reference = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask.float(), scale=1.0)
+    if case["mask"] == "expanded":
+        mask = mask.expand(batch, heads, seq, seq)
     found: dict[str, Any] = {"mask_stride": list(mask.stride()), "mask_ptr_mod16": mask.data_ptr() % 16, "q_stride": list(q.stride()),
                              "k_offset": k.storage_offset()}
     if device == "cuda":
@@ -96,7 +104,11 @@ def run_probe(case: dict[str, Any], device: str, tiny: bool) -> dict[str, Any]:
         found["default_backend"] = names.get(int(choice), str(choice))
         found["cudnn"] = torch.backends.cudnn.version()
     backends = {"efficient": [SDPBackend.EFFICIENT_ATTENTION], "cudnn": [SDPBackend.CUDNN_ATTENTION]}.get(case["backend"])
-    if backends is None:
+    if case["backend"] == "efficient-op":
+        out = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, mask, False, scale=1.0)[0]
+    elif case["backend"] == "cudnn-op":
+        out = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, mask, False, scale=1.0)[0]
+    elif backends is None:
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)
     else:
         with sdpa_kernel(backends):
@@ -253,7 +265,7 @@ def child(args: argparse.Namespace) -> int:
                          "where": " <- ".join(f"{Path(f.filename).name}:{f.lineno} {(f.line or '').strip()[:200]}" for f in reversed(frames))}
                 log.write(json.dumps({"name": case["name"], "event": "done", **found}) + "\n")
                 log.flush()
-                if "CUDA" in message or "cuDNN" in message or "cuda" in message:
+                if DEVICE_FAULT.search(message):
                     return 3
                 continue
             log.write(json.dumps({"name": case["name"], "event": "done", **found}) + "\n")
@@ -314,7 +326,7 @@ def parent(args: argparse.Namespace) -> int:
         pending = [c for c in pending if c["name"] not in got]
         for case in cases:  # the first crash of each kind again with CUDA_LAUNCH_BLOCKING=1: the failing kernel named
             name, entry = case["name"], results.get(case["name"], {})
-            if case["kind"] in reran or "CUDA" not in entry.get("status", ""):
+            if case["kind"] in reran or not DEVICE_FAULT.search(entry.get("status", "")):
                 continue
             reran.add(case["kind"])
             left = args.budget_s - (time.monotonic() - started)

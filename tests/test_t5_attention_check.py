@@ -35,7 +35,7 @@ def test_a_cuda_failure_is_one_line_and_the_cases_after_it_run(tmp_path: Path) -
     assert any(line.startswith(LAST) and " ok " in line for line in lines)  # after both failures, in a fresh process
     report = json.loads((tmp_path / "t5_attention_check.json").read_text())
     statuses = {case["name"]: case["status"] for case in report["cases"]}
-    assert len(statuses) == 7 and statuses[LAST] == "ok"
+    assert len(statuses) == 9 and statuses[LAST] == "ok"
 
 
 def test_the_table_gives_each_compile_against_inductor() -> None:
