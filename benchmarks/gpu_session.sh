@@ -12,6 +12,10 @@
 #   bash benchmarks/gpu_session.sh train       # training steps through the backend against inductor (torch_train.py); "train-dist": DDP and FSDP2 on all GPUs
 #   bash benchmarks/gpu_session.sh torch-kernels M # one model (default t5): default and reduce-overhead against inductor's, with GPU kernel profiles
 #   bash benchmarks/gpu_session.sh torch-cost M,N # graphopt's passes against inductor's compile time (torch_compile_cost.py)
+#   bash benchmarks/gpu_session.sh t5-attention  # issue 15: T5's SDPA mask (< 4 min): eager SDPA probes (packed or separate q/k/v,
+#                                              # efficient / cuDNN / default backend), then T5-base 2 and 12 layers fp16 b8 s128
+#                                              # through inductor and graphopt with each attention_mask handling; every case in its
+#                                              # own process (a CUDA error is one FAILED line, re-run with CUDA_LAUNCH_BLOCKING=1)
 #   bash benchmarks/gpu_session.sh profile M,N # the ops onnxruntime runs and the kernels they launch, per variant (ort_profile.py)
 #   bash benchmarks/gpu_session.sh cpu 1/1     # the zoo on onnxruntime's CPU provider (the GPU machine's 16 cores, 4 threads a session)
 #   bash benchmarks/gpu_session.sh cpu-control 1/2  # the CPU zoo as "cpu", with each session's threads pinned to the same cores
@@ -238,6 +242,11 @@ for result in json.load(open(sys.argv[1]))["results"]:
         print(f"{result['model']:6s} {variant:22s} kernels/run {k.get('kernels_per_run', '-')!s:>7s}  "
               f"GPU ms/run {k.get('gpu_ms_per_run', '-')!s:>8s}  attention kernels: {', '.join(attention) or '-'}")
 PY
+  ;;
+t5-attention)
+  timeout 235 python3 benchmarks/t5_attention_check.py --budget-s 215 --out "$OUT/t5_attention" > "$OUT/t5-attention.log" 2>&1
+  echo "exit $?"
+  grep -v -i "warn" "$OUT/t5-attention.log" | tail -40
   ;;
 torch-cost)
   timeout 560 python3 benchmarks/torch_compile_cost.py --models "${2:-llama,t5,convnext}" \

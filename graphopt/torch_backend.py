@@ -47,7 +47,7 @@ from graphopt.errors import GraphoptError
 from graphopt.ir.fx_view import FxView, is_neutral
 from graphopt.match.driver import DriverOptions, RuleSet
 from graphopt.ops import torch_lowering
-from graphopt.passes import fx_gqa, fx_pack, fx_passes
+from graphopt.passes import fx_gqa, fx_pack, fx_passes, fx_sdpa
 from graphopt.passes.fx_reinplace import reinplace_input_writes, written_inputs
 from graphopt.pipeline import GraphKind, Pipeline
 from graphopt.report.model import Alternative, DecisionRecord, GraphSummary, Report
@@ -391,6 +391,8 @@ def optimize_fx(gm: fx.GraphModule, fake_mode: Any, rules: RuleSet, target: Any,
         pipeline.run_pass("weight_quant", lambda: fx_weight_quant.quantize_weights(gm, new_constant, fake_mode, opts, report))
     pipeline.run_passes([
         ("pad_gemms", lambda: fx_passes.pad_unaligned_gemms(gm, new_constant, fake_mode)),
+        # Last: the masks that dropped clones and folding left strided (fx_sdpa: a fused CUDA kernel would refuse them).
+        ("attention_masks", lambda: fx_sdpa.attention_masks(gm, new_constant, fake_mode, opts.attention_mask)),
     ])
     if opts.precision == "fp8":
         _fp8(pipeline, gm, new_constant, fake_mode, opts, report)

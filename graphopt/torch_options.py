@@ -23,6 +23,7 @@ _MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-c
 _WEIGHTS = (None, "int8", "int4")
 _BLOCK_SIZES = (32, 64, 128)
 _CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # the modes in which inductor replays CUDA graphs
+_ATTENTION_MASKS = ("keep", "aligned", "copy", "decompose")  # graphopt/passes/fx_sdpa.py (kept in step with MASK_HANDLING)
 
 
 @dataclass
@@ -77,6 +78,10 @@ class TorchOptions:
     weights_keep: list[str] | None = None
     #: Per-layer accuracy budget in dB (SNR of x @ W against x @ dequant(W)); None: 35 for int8, 20 for int4.
     weights_min_snr: float | None = None
+    #: What an SDPA mask a fused CUDA attention kernel would not read becomes (graphopt/passes/fx_sdpa.py):
+    #: "keep" (as folding left it), "aligned" (a fresh aligned constant in the query's dtype),
+    #: "copy" (copied dense on every call), "decompose" (that attention written out as matmul + softmax).
+    attention_mask: str = "keep"
 
     def cuda_graphs(self) -> bool:
         """Whether the compiled graph replays as CUDA graphs (inductor's, or CudaGraphReplay without it)."""
@@ -137,6 +142,8 @@ class TorchOptions:
                 value = None if value is None else list(value)
             elif key == "weights_min_snr" and value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
                 raise GraphoptError(f"graphopt option 'weights_min_snr' takes a number of dB, not {value!r}")
+            elif key == "attention_mask" and value not in _ATTENTION_MASKS:
+                raise GraphoptError(f"graphopt option 'attention_mask' takes one of {', '.join(_ATTENTION_MASKS)}, not {value!r}")
             elif key == "report" and value is not None and not isinstance(value, (str, os.PathLike)):
                 raise GraphoptError(f"graphopt option 'report' takes a path, not {value!r}")
             setattr(opts, key, str(value) if key == "report" and value is not None else value)
