@@ -43,7 +43,7 @@ from graphopt.errors import GraphoptError, printable
 if TYPE_CHECKING:  # imported where used: `graphopt --help` must not pay for onnx-ir, sympy or rich
     import onnx_ir as ir
 
-__all__ = ["app", "main", "EXIT_OK", "EXIT_VERIFY_FAILED", "EXIT_USAGE"]
+__all__ = ["app", "main", "run", "EXIT_OK", "EXIT_VERIFY_FAILED", "EXIT_USAGE"]
 
 EXIT_OK = 0
 EXIT_VERIFY_FAILED = 1
@@ -574,5 +574,18 @@ def main(argv: list[str] | None = None) -> None:
             gc.enable()
 
 
+
+def run() -> NoReturn:
+    """The `graphopt` program (console script, `python -m graphopt`): main(), then the
+    process ends without the interpreter's teardown where that is safe (graphopt.cli_exit)."""
+    from graphopt.cli_exit import exit_process
+
+    try:
+        main()
+    except SystemExit as error:
+        exit_process(error)
+    exit_process(SystemExit(0))
+
+
 if __name__ == "__main__":
-    main()
+    run()

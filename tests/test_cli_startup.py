@@ -130,3 +130,49 @@ def test_optimize_imports_only_what_it_needs(tmp_path: Path) -> None:
     assert (tmp_path / "out.onnx").is_file()
     heavy = [line for line in done.stdout.splitlines() if line.startswith("HEAVY:")]
     assert heavy == ["HEAVY:"], heavy
+
+
+# ------------------------------------------------------------------ the quick exit (graphopt.cli_exit)
+
+
+@pytest.mark.parametrize("code,status", [(None, 0), (0, 0), (2, 2), (1, 1), (256 + 3, 3), (-1, 255), ("message", None), (True, 1), (1 << 40, None)])
+def test_exit_code_as_python_would_give_it(code: Any, status: int | None) -> None:
+    from graphopt.cli_exit import exit_code
+
+    assert exit_code(SystemExit(code)) == status
+
+
+def test_quick_exit_runs_atexit_and_delivers_all_output(tmp_path: Path) -> None:
+    # A --patterns file's atexit function still runs (it writes a file), the summary on
+    # stdout arrives whole through a pipe, and the exit status is the command's.
+    model = tmp_path / "model.onnx"
+    subprocess.run([sys.executable, str(REPO / "examples" / "make_example.py"), str(model)], check=True, capture_output=True)
+    marker = tmp_path / "atexit-ran"
+    patterns = tmp_path / "exit_hook.py"
+    patterns.write_text(
+        "import atexit, pathlib\n"
+        f"atexit.register(lambda: pathlib.Path({str(marker)!r}).write_text('yes'))\n"
+        "from graphopt.pattern.python import op, replace, rule\n\n"
+        "@rule\ndef ReluOfReluHook(x):\n    inner = op.Relu(x)\n    return replace(op.Relu(inner), op.Relu(x))\n"
+    )
+    result = run_cli("optimize", model, "-o", tmp_path / "out.onnx", "--patterns", patterns, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert marker.read_text() == "yes"
+    assert result.stdout.rstrip().endswith(f"wrote {tmp_path / 'out.onnx'}"), result.stdout[-300:]
+    assert not list(tmp_path.glob(".*staging*")) and not list(tmp_path.glob(".graphopt*")), list(tmp_path.iterdir())
+    failed = run_cli("optimize", model, "-o", tmp_path / "missing" / "out.onnx", cwd=tmp_path)
+    assert failed.returncode == 2 and failed.stderr.startswith("error: "), failed.stderr
+
+
+def test_quick_exit_waits_for_other_threads(tmp_path: Path) -> None:
+    # With a Python thread still running, the ordinary exit (which waits for it) is kept.
+    script = (
+        "import sys, threading, time\nsys.argv = ['graphopt', '--version']\n"
+        "def late():\n    time.sleep(0.3)\n    print('thread done', flush=True)\n"
+        "threading.Thread(target=late).start()\n"
+        "from graphopt.cli import run\nrun()\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("graphopt ") and done.stdout.rstrip().endswith("thread done"), done.stdout
