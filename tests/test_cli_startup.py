@@ -112,7 +112,10 @@ def test_bad_values_still_get_typers_messages(tmp_path: Path) -> None:
 
 
 # Not needed to optimize a model file to file with the default options.
-NOT_FOR_OPTIMIZE = ("pydantic", "torch", "sympy", "rich", "scipy", "graphopt.report.html", "graphopt.verify")
+NOT_FOR_OPTIMIZE = (
+    "pydantic", "torch", "sympy", "rich", "scipy", "statistics", "graphopt.report.html", "graphopt.verify",
+    "graphopt.passes.precision_plan", "graphopt.passes.weight_quant", "graphopt.passes.kv_buffer", "graphopt.quant.fp8_onnx",
+)
 
 
 def test_optimize_imports_only_what_it_needs(tmp_path: Path) -> None:
