@@ -169,11 +169,14 @@ def test_quick_exit_runs_atexit_and_delivers_all_output(tmp_path: Path) -> None:
 
 def test_quick_exit_waits_for_other_threads(tmp_path: Path) -> None:
     # With a Python thread still running, the ordinary exit (which waits for it) is kept.
+    # The thread prints only after the command is done, so it is alive when run() ends it.
     script = (
         "import sys, threading, time\nsys.argv = ['graphopt', '--version']\n"
-        "def late():\n    time.sleep(0.3)\n    print('thread done', flush=True)\n"
-        "threading.Thread(target=late).start()\n"
-        "from graphopt.cli import run\nrun()\n"
+        "import graphopt.cli as cli\ncommand_done = threading.Event()\nmain = cli.main\n"
+        "def wrapped():\n    try:\n        main()\n    finally:\n        command_done.set()\n"
+        "cli.main = wrapped\n"
+        "def late():\n    command_done.wait()\n    time.sleep(0.2)\n    print('thread done', flush=True)\n"
+        "threading.Thread(target=late).start()\ncli.run()\n"
     )
     env = dict(os.environ, PYTHONPATH=str(REPO))
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path)
