@@ -182,14 +182,15 @@ def optimize(model: ModelLike | str | os.PathLike[str], options: OptimizeOptions
     (a ModelProto comes back as a ModelProto). Keyword arguments set fields of
     `OptimizeOptions`.
     """
-    from graphopt.passes.precision_plan import PrecisionPlan
-
     options = options or OptimizeOptions(**kwargs)
     target = get_target(options.target)
-    from graphopt.quant.fp8_onnx import refuse_fp8
+    plan = None
+    if options.precision is not None:  # the precision modules are imported only when a precision is asked for
+        from graphopt.passes.precision_plan import PrecisionPlan
+        from graphopt.quant.fp8_onnx import refuse_fp8
 
-    refuse_fp8(options.precision, target.name)  # not on the ONNX path: one line saying what the target lacks
-    plan = PrecisionPlan.make(options.precision, options.keep_fp32)  # an unknown precision fails before any work
+        refuse_fp8(options.precision, target.name)  # not on the ONNX path: one line saying what the target lacks
+        plan = PrecisionPlan.make(options.precision, options.keep_fp32)  # an unknown precision fails before any work
     weight_plan = _weight_plan(options)
     rules = RuleSet(select_rules(options))
     report = Report(target=target.name, precision=plan.precision if plan else None)
@@ -212,10 +213,12 @@ def optimize(model: ModelLike | str | os.PathLike[str], options: OptimizeOptions
     report.before = _summary(graph_model)
 
     from graphopt.ops.fused_ops import SHARED_KV_BUFFER
-    from graphopt.passes.kv_buffer import KV_BUFFER_MODES
 
-    if options.kv_buffer not in KV_BUFFER_MODES:
-        raise ValueError(f"kv_buffer must be one of {', '.join(KV_BUFFER_MODES)}, not {options.kv_buffer!r}")
+    if options.kv_buffer != "growing":  # the default needs no check (nor the pass's import)
+        from graphopt.passes.kv_buffer import KV_BUFFER_MODES
+
+        if options.kv_buffer not in KV_BUFFER_MODES:
+            raise ValueError(f"kv_buffer must be one of {', '.join(KV_BUFFER_MODES)}, not {options.kv_buffer!r}")
     shared_token = SHARED_KV_BUFFER.set(options.kv_buffer == "shared")
     try:
         _run_pipeline(graph_model, rules, target, report, options, plan, weight_plan)
@@ -234,6 +237,8 @@ def optimize(model: ModelLike | str | os.PathLike[str], options: OptimizeOptions
 
 
 def _weight_plan(options: OptimizeOptions) -> Any:
+    if options.weights is None:  # no plan, whatever the other weight options say: the quantizer is not imported
+        return None
     from graphopt.passes.weight_quant import WeightQuantPlan
 
     return WeightQuantPlan.make(options.weights, options.block_size, options.weights_keep, options.weights_symmetric,

@@ -24,7 +24,6 @@ from __future__ import annotations
 import gc
 import logging
 import os
-import re
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -35,6 +34,8 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import typer
 
 from graphopt.cli_checks import check_precision_options, is_html, output_path, parse_shapes
+from graphopt.cli_command import GraphoptCommand as _Command
+from graphopt.cli_command import GraphoptGroup
 from graphopt.cli_paths import check_writable_folder, guard_paths, same_file
 from graphopt.cli_weights import WEIGHTS_HELP, check_weight_options
 from graphopt.errors import GraphoptError, printable
@@ -42,7 +43,7 @@ from graphopt.errors import GraphoptError, printable
 if TYPE_CHECKING:  # imported where used: `graphopt --help` must not pay for onnx-ir, sympy or rich
     import onnx_ir as ir
 
-__all__ = ["app", "main", "EXIT_OK", "EXIT_VERIFY_FAILED", "EXIT_USAGE"]
+__all__ = ["app", "main", "run", "EXIT_OK", "EXIT_VERIFY_FAILED", "EXIT_USAGE"]
 
 EXIT_OK = 0
 EXIT_VERIFY_FAILED = 1
@@ -50,6 +51,7 @@ EXIT_USAGE = 2
 
 app = typer.Typer(
     name="graphopt",
+    cls=GraphoptGroup,
     help="A graph-rewrite optimizer for ONNX models.",
     add_completion=False,
     no_args_is_help=True,
@@ -58,28 +60,6 @@ app = typer.Typer(
     # which tripled the time of `graphopt --help`.
     rich_markup_mode=None,
 )
-
-
-class _Command(typer.core.TyperCommand):
-    """Help in the form onnxsim's and Polygraphy's users read: `IN.onnx [OUT.onnx]` on the
-    usage line (typer writes required arguments as `{IN.onnx}`) and no type tags such as
-    `<path>` after argument names (every argument has a metavar that says more)."""
-
-    def collect_usage_pieces(self, ctx: Any) -> list[str]:
-        pieces = [self.options_metavar] if self.options_metavar else []
-        for param in self.get_params(ctx):
-            if isinstance(param, typer.core.TyperArgument):
-                name = param.metavar or (param.name or "").upper()
-                pieces.append(name if param.required or name.startswith("[") else f"[{name}]")
-            else:
-                pieces.extend(param.get_usage_pieces(ctx))
-        return pieces
-
-    def get_help(self, ctx: Any) -> str:
-        return _TYPE_TAG.sub("", super().get_help(ctx))
-
-
-_TYPE_TAG = re.compile(r" <(?:path|text|int|float|bool|int range|float range)>(?= |$)", re.M)
 
 
 def _fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
@@ -548,7 +528,7 @@ def _version_line() -> str:
     return f"graphopt {__version__} ({libraries})"
 
 
-@app.command()
+@app.command(cls=_Command)
 def version() -> None:
     """Print graphopt's version and those of the libraries it runs on."""
     print(_version_line())
@@ -594,5 +574,18 @@ def main(argv: list[str] | None = None) -> None:
             gc.enable()
 
 
+
+def run() -> NoReturn:
+    """The `graphopt` program (console script, `python -m graphopt`): main(), then the
+    process ends without the interpreter's teardown where that is safe (graphopt.cli_exit)."""
+    from graphopt.cli_exit import exit_process
+
+    try:
+        main()
+    except SystemExit as error:
+        exit_process(error)
+    exit_process(SystemExit(0))
+
+
 if __name__ == "__main__":
-    main()
+    run()

@@ -26,12 +26,12 @@ def parse_shapes(values: list[str]) -> dict[str, list[int]]:
 def check_precision_options(precision: str, target: str, keep_fp32: list[str] | None, precision_convs: str, precision_recurrent: str,
                             layout: str, kv_buffer: str, calibration_data: Path | None) -> str | None:
     """The checked precision (None: float32 as it is), or a GraphoptError for a bad option."""
-    from graphopt.quant.fp8_onnx import refuse_fp8
-
-    refuse_fp8(precision, target)  # fp8: one line saying what the target lacks
     precision_name = None
-    if precision.strip().lower() != "fp32":  # the precision pass is imported only when asked for
+    if precision.strip().lower() != "fp32":  # the precision modules are imported only when asked for
         from graphopt.passes.precision_plan import parse_precision
+        from graphopt.quant.fp8_onnx import refuse_fp8
+
+        refuse_fp8(precision, target)  # fp8: one line saying what the target lacks
 
         precision_name = parse_precision(precision)  # so is an unknown precision
     if keep_fp32 and precision_name is None:

@@ -21,6 +21,7 @@ import os
 import re
 import sys
 import traceback
+import types
 from pathlib import Path
 
 import onnx
@@ -160,7 +161,8 @@ def _check_arity(decl: NativeDecl, fn: object, source: str) -> None:
     if not decl.params:
         return  # no parameters declared (or synthesized from a call without a declaration): nothing to hold it to
     try:
-        inspect.signature(fn).bind(None, *decl.params)  # type: ignore[arg-type]
+        if not takes_positional(fn, 1 + len(decl.params)):
+            raise TypeError
     except TypeError:
         where = str(decl.loc) if decl.loc else "<unknown>:1:1"
         raise PatternError(
@@ -169,6 +171,27 @@ def _check_arity(decl: NativeDecl, fn: object, source: str) -> None:
         ) from None
     except ValueError:
         return  # a builtin without a signature: nothing to check
+
+
+def takes_positional(fn: object, count: int) -> bool:
+    """Whether fn(*count positional arguments) binds, as `inspect.signature(fn).bind(*args)` says.
+
+    Read from the code object for a plain function (the ~200 built-in helpers: inspect
+    took ~5 ms of every start-up); anything else (wrappers, partials, methods, classes,
+    builtins) is inspect's: a TypeError where it does not bind, ValueError without a signature."""
+    if type(fn) is not types.FunctionType or any(hasattr(fn, a) for a in ("__wrapped__", "__signature__", "_partialmethod")):
+        inspect.signature(fn).bind(*range(count))  # type: ignore[arg-type]
+        return True
+    code = fn.__code__
+    positional = code.co_argcount
+    required = positional - len(fn.__defaults__ or ())
+    keyword_only = code.co_varnames[positional : positional + code.co_kwonlyargcount]
+    keyword_defaults = fn.__kwdefaults__ or {}
+    return (
+        required <= count
+        and (count <= positional or bool(code.co_flags & inspect.CO_VARARGS))
+        and all(name in keyword_defaults for name in keyword_only)
+    )
 
 
 def _check_known_ops(rules: list[Rule]) -> None:
