@@ -51,7 +51,7 @@ def quantized(k: int, n: int, bits: int, block: int, symmetric: bool, dtype: tor
 
 
 def cfg(bm: int, bn: int, bk: int) -> dict[str, int]:
-    return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": 4, "num_stages": 1}
+    return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "STAGES": 1, "num_warps": 4, "num_stages": 1}
 
 
 # name: (M, K, N, block, symmetric, bias, dtype, split_k, config); each runs at 4 and 8 bits

@@ -108,19 +108,54 @@ def values_from_words(packed: Tensor, bits: int) -> Tensor:
 
 
 @triton.jit
+def _unpack(words, BITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """[BLOCK_N, BLOCK_K // (32 // BITS)] int32 words -> [BLOCK_N, BLOCK_K] fp32 values, in K order.
+
+    The values of a word stay in the thread that loaded it: nested tl.join puts each new axis
+    inside the thread, and the joins are ordered so that the row-major reshape reads value i of
+    word j at 8j + i (int4) / 4j + i (int8). Integer to float by the exponent trick (OR into the
+    mantissa of 2**23, subtract 2**23: exact, and full-rate where a conversion instruction is not).
+    """
+    MASK: tl.constexpr = (1 << BITS) - 1
+    MAGIC: tl.constexpr = 0x4B000000  # 2**23 as fp32 bits
+    if BITS == 4:
+        q0 = (words & MASK) | MAGIC
+        q1 = ((words >> 4) & MASK) | MAGIC
+        q2 = ((words >> 8) & MASK) | MAGIC
+        q3 = ((words >> 12) & MASK) | MAGIC
+        q4 = ((words >> 16) & MASK) | MAGIC
+        q5 = ((words >> 20) & MASK) | MAGIC
+        q6 = ((words >> 24) & MASK) | MAGIC
+        q7 = ((words >> 28) & MASK) | MAGIC
+        # [.., a, b, c] holds value 4a + 2b + c
+        joined = tl.join(tl.join(tl.join(q0, q4), tl.join(q2, q6)), tl.join(tl.join(q1, q5), tl.join(q3, q7)))
+    else:
+        q0 = (words & MASK) | MAGIC
+        q1 = ((words >> 8) & MASK) | MAGIC
+        q2 = ((words >> 16) & MASK) | MAGIC
+        q3 = ((words >> 24) & MASK) | MAGIC
+        joined = tl.join(tl.join(q0, q2), tl.join(q1, q3))  # [.., a, c] holds value 2a + c
+    values = tl.reshape(joined, (BLOCK_N, BLOCK_K))
+    return values.to(tl.float32, bitcast=True) - 8388608.0
+
+
+@triton.jit
 def _wq_kernel(
     x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, part_ptr, lock_ptr,
-    M, N, K, KP, M_BUCKET,
+    M, N, K, KP, KW, KB, M_BUCKET,
     stride_xm, stride_xk, stride_ww, stride_sn, stride_om,
     BITS: tl.constexpr, QBLOCK: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr,
     SPLIT_K: tl.constexpr, ALLOW_TF32: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
 ):
-    # M_BUCKET: only the autotuners' key. KP: K padded to whole blocks (the packed row's length).
+    # M_BUCKET: only the autotuners' key. KP: K padded to whole blocks (the packed row's length),
+    # KW its words, KB its blocks (arguments, not divisions here: Triton then knows their
+    # divisibility, and a mask as divisible as the words keeps the loads 16 bytes wide).
+    # STAGES: the K loop's software pipelining depth (num_stages alone pipelines only loops with a dot).
     PER_WORD: tl.constexpr = 32 // BITS  # values in one int32 word
+    WORDS: tl.constexpr = BLOCK_K // PER_WORD  # words of a row in one K tile
     GROUPS: tl.constexpr = (BLOCK_K + QBLOCK - 1) // QBLOCK  # quantization blocks in a K tile (1 if the tile is smaller)
-    GROUP_WORDS: tl.constexpr = BLOCK_K // GROUPS // PER_WORD  # words of one block inside the tile
-    MASK: tl.constexpr = (1 << BITS) - 1
+    GROUP_K: tl.constexpr = BLOCK_K // GROUPS
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -130,13 +165,8 @@ def _wq_kernel(
     cols = (offs_n % N).to(tl.int64)
     rows = (offs_m % M).to(tl.int64)
     words_ptr = w_ptr.to(tl.pointer_type(tl.int32))  # rows of KP // PER_WORD words, stride_ww words apart
+    word = tl.arange(0, WORDS)
     group = tl.arange(0, GROUPS)
-    word = group[:, None] * GROUP_WORDS + tl.arange(0, GROUP_WORDS)[None, :]  # [G, GW]: word index in the tile
-    nibble = tl.arange(0, PER_WORD)
-    element = word[:, :, None] * PER_WORD + nibble[None, None, :]  # [G, GW, PW]: k - k0
-    shifts = nibble * BITS
-    k_words = KP // PER_WORD
-    k_blocks = KP // QBLOCK
     k_tiles = tl.cdiv(KP, BLOCK_K)
     per_split = tl.cdiv(k_tiles, SPLIT_K)
     first = pid_k * per_split
@@ -146,30 +176,29 @@ def _wq_kernel(
         acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for t in range(first, last):
+    for t in tl.range(first, last, num_stages=STAGES):
         k0 = t * BLOCK_K
         wk = k0 // PER_WORD + word
-        words = tl.load(words_ptr + cols[:, None, None] * stride_ww + wk[None, :, :], mask=(wk < k_words)[None, :, :], other=0)
-        q = ((words[:, :, :, None] >> shifts[None, None, None, :]) & MASK).to(tl.float32)  # [BN, G, GW, PW], exact
+        words = tl.load(words_ptr + cols[:, None] * stride_ww + wk[None, :], mask=(wk < KW)[None, :], other=0)
+        q = _unpack(words, BITS, BLOCK_N, BLOCK_K)  # [BN, BK] fp32, exact
         blk = k0 // QBLOCK + group
         s_offs = cols[:, None] * stride_sn + blk[None, :]
-        scale = tl.load(s_ptr + s_offs, mask=(blk < k_blocks)[None, :], other=0.0).to(tl.float32)  # [BN, G]
+        scale = tl.load(s_ptr + s_offs, mask=(blk < KB)[None, :], other=0.0).to(tl.float32)  # [BN, G]
         if HAS_ZEROS:
-            zero = tl.load(z_ptr + s_offs, mask=(blk < k_blocks)[None, :], other=0).to(tl.float32)
+            zero = tl.load(z_ptr + s_offs, mask=(blk < KB)[None, :], other=0).to(tl.float32)
         else:
             zero = tl.zeros((BLOCK_N, GROUPS), dtype=tl.float32) + (1 << (BITS - 1))
-        ks = k0 + element
+        kk = k0 + tl.arange(0, BLOCK_K)
         if BLOCK_M == 1:
             # GEMV: sum_k (q - z) s x = s * (sum_k q x - z * sum_k x), per block
-            xv = tl.load(x_ptr + pid_m * stride_xm + ks * stride_xk, mask=ks < K, other=0.0).to(tl.float32)  # [G, GW, PW]
-            qx = tl.sum(tl.sum(q * xv[None, :, :, :], axis=3), axis=2)  # [BN, G]
-            xs = tl.sum(tl.sum(xv, axis=2), axis=1)  # [G]
+            xk = tl.load(x_ptr + pid_m * stride_xm + kk * stride_xk, mask=kk < K, other=0.0).to(tl.float32)
+            qx = tl.sum(tl.reshape(q * xk[None, :], (BLOCK_N, GROUPS, GROUP_K)), axis=2)  # [BN, G]
+            xs = tl.sum(tl.reshape(xk, (GROUPS, GROUP_K)), axis=1)  # [G]
             acc += tl.sum((qx - zero * xs[None, :]) * scale, axis=1)
         else:
             # the reference's rounding: (q - z) * s rounded once to x's dtype
-            w = ((q - zero[:, :, None, None]) * scale[:, :, None, None]).to(x_ptr.dtype.element_ty)
-            w = tl.reshape(w, (BLOCK_N, BLOCK_K))
-            kk = k0 + tl.arange(0, BLOCK_K)
+            w = (tl.reshape(q, (BLOCK_N, GROUPS, GROUP_K)) - zero[:, :, None]) * scale[:, :, None]
+            w = tl.reshape(w.to(x_ptr.dtype.element_ty), (BLOCK_N, BLOCK_K))
             x_tile = tl.load(x_ptr + rows[:, None] * stride_xm + kk[None, :] * stride_xk, mask=kk[None, :] < K, other=0.0)
             if ALLOW_TF32:
                 acc = tl.dot(x_tile, tl.trans(w), acc, input_precision="tf32")
@@ -206,7 +235,7 @@ def _wq_kernel(
 
 
 def _configs(entries: list[tuple[int, int, int, int, int]]) -> list[dict[str, int]]:
-    return [{"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps, "num_stages": stages}
+    return [{"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "STAGES": stages, "num_warps": warps, "num_stages": stages}
             for bm, bn, bk, warps, stages in entries]
 
 
@@ -225,8 +254,9 @@ PREFILL_CONFIGS = _configs([
     (128, 128, 64, 8, 3),
 ])
 #: Under the interpreter: one small config per regime (tests pass others explicitly).
-_INTERPRETER = {"gemv": {"BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 64}, "small": {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 32},
-                "prefill": {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 32}}
+_INTERPRETER = {"gemv": {"BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 64, "STAGES": 1},
+                "small": {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 32, "STAGES": 1},
+                "prefill": {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 32, "STAGES": 1}}
 _AUTOTUNE_KEY = ["M_BUCKET", "N", "K", "BITS", "QBLOCK", "HAS_ZEROS", "HAS_BIAS", "SPLIT_K"]
 
 
@@ -300,7 +330,7 @@ def wq_linear_triton(x: Tensor, packed: Tensor, scales: Tensor, zeros: Tensor | 
         partials, locks = out, out  # unused
     scales = scales.to(x.dtype)
     args = (x2d, packed, scales, zeros if zeros is not None else packed, bias if bias is not None else scales, out, partials, locks,
-            m, n, k, k_padded, m_bucket(m),
+            m, n, k, k_padded, k_padded * bits // 32, k_blocks, m_bucket(m),
             x2d.stride(0), x2d.stride(1), packed.stride(0) // 4, scales.stride(0), out.stride(0))
     meta = dict(BITS=bits, QBLOCK=block_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None, SPLIT_K=split,
                 ALLOW_TF32=dot_precision(x.dtype) == "tf32")
@@ -310,6 +340,7 @@ def wq_linear_triton(x: Tensor, packed: Tensor, scales: Tensor, zeros: Tensor | 
 
     if config is not None:
         launch = dict(config)
+        launch.setdefault("STAGES", launch.get("num_stages", 1))
         if launch["BLOCK_M"] == 1 and m != 1:
             raise ValueError("graphopt::wq_linear: the GEMV config (BLOCK_M 1) is for one row")
         grid_fixed = grid(launch)
