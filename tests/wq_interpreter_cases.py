@@ -65,6 +65,8 @@ SHAPES = {
     "m1_gemv_split_uneven_zero_points_fp16": (1, 450, 56, 64, False, True, F16, 4, cfg(1, 32, 64)),
     "m1_dot_config": (1, 256, 48, 32, True, True, F32, 1, cfg(16, 32, 64)),
     "m1_auto": (1, 320, 40, 64, True, True, F16, None, None),
+    "m1_gemv_one_block_per_row": (1, 500, 24, 512, True, False, F32, 1, cfg(1, 4, 128)),  # per-channel scales
+    "m4_dot_one_block_per_row_split2": (4, 500, 24, 512, False, True, F32, 2, cfg(16, 16, 64)),
     # M = 2..16: dot tiles of 16 rows, split or not
     "m3_dot_k_not_multiple_split2": (3, 150, 20, 64, False, True, F32, 2, cfg(16, 16, 32)),
     "m3_dot_tile_spans_blocks": (3, 256, 36, 32, True, False, F32, 1, cfg(16, 16, 128)),

@@ -241,7 +241,7 @@ def _configs(entries: list[tuple[int, int, int, int, int]]) -> list[dict[str, in
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages). M = 1: the GEMV (BLOCK_M 1) against two dot configs.
 GEMV_CONFIGS = _configs([
-    (1, 8, 512, 4, 2), (1, 8, 1024, 4, 2), (1, 16, 256, 4, 3), (1, 16, 512, 4, 2), (1, 16, 512, 8, 3),
+    (1, 4, 1024, 4, 3), (1, 8, 512, 4, 2), (1, 8, 1024, 4, 2), (1, 16, 256, 4, 3), (1, 16, 512, 4, 2), (1, 16, 512, 8, 3),
     (1, 16, 1024, 8, 2), (1, 32, 256, 4, 3), (1, 32, 512, 8, 2), (1, 64, 128, 4, 4), (1, 64, 256, 8, 3),
     (16, 32, 128, 4, 3), (16, 64, 128, 4, 3),
 ])
@@ -253,6 +253,7 @@ PREFILL_CONFIGS = _configs([
     (64, 64, 64, 4, 3), (64, 128, 64, 4, 3), (64, 128, 128, 8, 3), (128, 64, 64, 4, 4), (128, 128, 32, 8, 4),
     (128, 128, 64, 8, 3),
 ])
+_FINEST_BLOCK_N = min(c["BLOCK_N"] for c in GEMV_CONFIGS + SMALL_M_CONFIGS + PREFILL_CONFIGS + [{"BLOCK_N": 16}])
 #: Under the interpreter: one small config per regime (tests pass others explicitly).
 _INTERPRETER = {"gemv": {"BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 64, "STAGES": 1},
                 "small": {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 32, "STAGES": 1},
@@ -296,7 +297,7 @@ def split_for(m: int, n: int, k_padded: int, device: torch.device) -> int:
     512 of K per split, at most 8 splits; 1 (no lock, no partials) otherwise."""
     if m > SMALL_M:
         return 1
-    tiles = -(-n // 16) * (m if m == 1 else 1)
+    tiles = -(-n // 16)  # at M <= 16 one row tile (or, at M = 1, one row)
     sms = _multiprocessors(device)
     if tiles >= sms:
         return 1
@@ -325,9 +326,10 @@ def wq_linear_triton(x: Tensor, packed: Tensor, scales: Tensor, zeros: Tensor | 
     split = split_for(m, n, k_padded, x.device) if split_k is None else max(1, int(split_k))
     if split > 1:
         partials = torch.empty((split, m, n), dtype=torch.float32, device=x.device)
-        locks = torch.zeros((-(-n // 8) * m,), dtype=torch.int32, device=x.device)  # tiles at the finest config
+        finest = config["BLOCK_N"] if config is not None else _FINEST_BLOCK_N
+        locks = torch.zeros((-(-n // finest) * m,), dtype=torch.int32, device=x.device)  # a counter per tile of any config
     else:
-        partials, locks = out, out  # unused
+        partials, locks = scales, scales  # never touched at SPLIT_K 1: a read-only stand-in (not out: no aliased outputs for inductor)
     scales = scales.to(x.dtype)
     args = (x2d, packed, scales, zeros if zeros is not None else packed, bias if bias is not None else scales, out, partials, locks,
             m, n, k, k_padded, k_padded * bits // 32, k_blocks, m_bucket(m),
