@@ -108,8 +108,9 @@ def values_from_words(packed: Tensor, bits: int) -> Tensor:
 
 
 @triton.jit
-def _unpack(words, BITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """[BLOCK_N, BLOCK_K // (32 // BITS)] int32 words -> [BLOCK_N, BLOCK_K] fp32 values, in K order.
+def _unpack(words, BITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, OFFSET: tl.constexpr):
+    """[BLOCK_N, BLOCK_K // (32 // BITS)] int32 words -> [BLOCK_N, BLOCK_K] fp32 values minus
+    OFFSET (the symmetric zero point, folded into the conversion's subtraction), in K order.
 
     The values of a word stay in the thread that loaded it: nested tl.join puts each new axis
     inside the thread, and the joins are ordered so that the row-major reshape reads value i of
@@ -136,7 +137,36 @@ def _unpack(words, BITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.conste
         q3 = ((words >> 24) & MASK) | MAGIC
         joined = tl.join(tl.join(q0, q2), tl.join(q1, q3))  # [.., a, c] holds value 2a + c
     values = tl.reshape(joined, (BLOCK_N, BLOCK_K))
-    return values.to(tl.float32, bitcast=True) - 8388608.0
+    return values.to(tl.float32, bitcast=True) - (8388608.0 + OFFSET)
+
+
+@triton.jit
+def _unpack_scaled(words, BITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, OFFSET: tl.constexpr):
+    """Like _unpack, without a shift per value: value k is (q - OFFSET) * 2**(BITS * (k % P))
+    with P = 16 // BITS (4 for int4, 2 for int8), the GEMV divides its sums by those powers of
+    two per class of k % P (exact). A value is masked where it lies in the word (in its lower or
+    upper half, one shift per word), ORed into 2**23's mantissa, and the float minus
+    2**23 + OFFSET * 2**(BITS * (k % P)): one LOP3 and one FADD per value."""
+    MAGIC: tl.constexpr = 0x4B000000  # 2**23 as fp32 bits
+    low = words
+    high = words >> 16
+    if BITS == 4:
+        v0 = ((low & 0x000F) | MAGIC).to(tl.float32, bitcast=True) - (8388608.0 + OFFSET)
+        v1 = ((low & 0x00F0) | MAGIC).to(tl.float32, bitcast=True) - (8388608.0 + OFFSET * 16)
+        v2 = ((low & 0x0F00) | MAGIC).to(tl.float32, bitcast=True) - (8388608.0 + OFFSET * 256)
+        v3 = ((low & 0xF000) | MAGIC).to(tl.float32, bitcast=True) - (8388608.0 + OFFSET * 4096)
+        v4 = ((high & 0x000F) | MAGIC).to(tl.float32, bitcast=True) - (8388608.0 + OFFSET)
+        v5 = ((high & 0x00F0) | MAGIC).to(tl.float32, bitcast=True) - (8388608.0 + OFFSET * 16)
+        v6 = ((high & 0x0F00) | MAGIC).to(tl.float32, bitcast=True) - (8388608.0 + OFFSET * 256)
+        v7 = ((high & 0xF000) | MAGIC).to(tl.float32, bitcast=True) - (8388608.0 + OFFSET * 4096)
+        joined = tl.join(tl.join(tl.join(v0, v4), tl.join(v2, v6)), tl.join(tl.join(v1, v5), tl.join(v3, v7)))
+    else:
+        v0 = ((low & 0x00FF) | MAGIC).to(tl.float32, bitcast=True) - (8388608.0 + OFFSET)
+        v1 = ((low & 0xFF00) | MAGIC).to(tl.float32, bitcast=True) - (8388608.0 + OFFSET * 256)
+        v2 = ((high & 0x00FF) | MAGIC).to(tl.float32, bitcast=True) - (8388608.0 + OFFSET)
+        v3 = ((high & 0xFF00) | MAGIC).to(tl.float32, bitcast=True) - (8388608.0 + OFFSET * 256)
+        joined = tl.join(tl.join(v0, v2), tl.join(v1, v3))
+    return tl.reshape(joined, (BLOCK_N, BLOCK_K))
 
 
 @triton.jit
@@ -166,6 +196,8 @@ def _wq_kernel(
     rows = (offs_m % M).to(tl.int64)
     words_ptr = w_ptr.to(tl.pointer_type(tl.int32))  # rows of KP // PER_WORD words, stride_ww words apart
     word = tl.arange(0, WORDS)
+    PERIOD: tl.constexpr = 16 // BITS  # the GEMV's values carry 2**(BITS * (k % PERIOD)) (_unpack_scaled)
+    unscale = ((127 - BITS * tl.arange(0, PERIOD)) << 23).to(tl.float32, bitcast=True)  # 2**-(BITS * c), exact
     group = tl.arange(0, GROUPS)
     k_tiles = tl.cdiv(KP, BLOCK_K)
     per_split = tl.cdiv(k_tiles, SPLIT_K)
@@ -173,31 +205,36 @@ def _wq_kernel(
     last = tl.minimum(first + per_split, k_tiles)
 
     if BLOCK_M == 1:
-        acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        acc = tl.zeros((BLOCK_N, GROUPS), dtype=tl.float32)  # per block slot: one cross-thread sum, after the loop
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for t in tl.range(first, last, num_stages=STAGES):
         k0 = t * BLOCK_K
         wk = k0 // PER_WORD + word
         words = tl.load(words_ptr + cols[:, None] * stride_ww + wk[None, :], mask=(wk < KW)[None, :], other=0)
-        q = _unpack(words, BITS, BLOCK_N, BLOCK_K)  # [BN, BK] fp32, exact
         blk = k0 // QBLOCK + group
         s_offs = cols[:, None] * stride_sn + blk[None, :]
         scale = tl.load(s_ptr + s_offs, mask=(blk < KB)[None, :], other=0.0).to(tl.float32)  # [BN, G]
-        if HAS_ZEROS:
-            zero = tl.load(z_ptr + s_offs, mask=(blk < KB)[None, :], other=0).to(tl.float32)
-        else:
-            zero = tl.zeros((BLOCK_N, GROUPS), dtype=tl.float32) + (1 << (BITS - 1))
         kk = k0 + tl.arange(0, BLOCK_K)
         if BLOCK_M == 1:
-            # GEMV: sum_k (q - z) s x = s * (sum_k q x - z * sum_k x), per block
+            # GEMV: sum_k (q - z) s x = s * (sum_k q x - z * sum_k x), per block (z folded into q when symmetric)
             xk = tl.load(x_ptr + pid_m * stride_xm + kk * stride_xk, mask=kk < K, other=0.0).to(tl.float32)
-            qx = tl.sum(tl.reshape(q * xk[None, :], (BLOCK_N, GROUPS, GROUP_K)), axis=2)  # [BN, G]
-            xs = tl.sum(tl.reshape(xk, (GROUPS, GROUP_K)), axis=1)  # [G]
-            acc += tl.sum((qx - zero * xs[None, :]) * scale, axis=1)
+            # [BN, BK] fp32, exact: (q - z) * 2**(BITS * (k % PERIOD)), z the symmetric 2**(bits-1) or 0 with zero points
+            v = _unpack_scaled(words, BITS, BLOCK_N, BLOCK_K, 0 if HAS_ZEROS else (1 << (BITS - 1)))
+            by_class = tl.sum(tl.reshape(v * xk[None, :], (BLOCK_N, GROUPS, GROUP_K // PERIOD, PERIOD)), axis=2)
+            qx = tl.sum(by_class * unscale[None, None, :], axis=2)  # [BN, G]
+            if HAS_ZEROS:
+                zero = tl.load(z_ptr + s_offs, mask=(blk < KB)[None, :], other=0).to(tl.float32)
+                qx -= zero * tl.sum(tl.reshape(xk, (GROUPS, GROUP_K)), axis=1)[None, :]
+            acc += qx * scale
         else:
             # the reference's rounding: (q - z) * s rounded once to x's dtype
-            w = (tl.reshape(q, (BLOCK_N, GROUPS, GROUP_K)) - zero[:, :, None]) * scale[:, :, None]
+            q = _unpack(words, BITS, BLOCK_N, BLOCK_K, 0 if HAS_ZEROS else (1 << (BITS - 1)))  # [BN, BK], exact
+            if HAS_ZEROS:
+                zero = tl.load(z_ptr + s_offs, mask=(blk < KB)[None, :], other=0).to(tl.float32)
+                w = (tl.reshape(q, (BLOCK_N, GROUPS, GROUP_K)) - zero[:, :, None]) * scale[:, :, None]
+            else:
+                w = tl.reshape(q, (BLOCK_N, GROUPS, GROUP_K)) * scale[:, :, None]
             w = tl.reshape(w.to(x_ptr.dtype.element_ty), (BLOCK_N, BLOCK_K))
             x_tile = tl.load(x_ptr + rows[:, None] * stride_xm + kk[None, :] * stride_xk, mask=kk[None, :] < K, other=0.0)
             if ALLOW_TF32:
@@ -206,7 +243,7 @@ def _wq_kernel(
                 acc = tl.dot(x_tile, tl.trans(w), acc, input_precision="ieee")
 
     if BLOCK_M == 1:
-        result = acc[None, :]
+        result = tl.sum(acc, axis=1)[None, :]
     else:
         result = acc
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
@@ -250,7 +287,7 @@ SMALL_M_CONFIGS = _configs([
     (16, 64, 128, 4, 3), (16, 64, 256, 8, 3), (16, 128, 128, 8, 3),
 ])
 PREFILL_CONFIGS = _configs([
-    (64, 64, 64, 4, 3), (64, 128, 64, 4, 3), (64, 128, 128, 8, 3), (128, 64, 64, 4, 4), (128, 128, 32, 8, 4),
+    (64, 64, 64, 4, 3), (64, 128, 64, 4, 3), (64, 128, 128, 8, 3), (128, 64, 64, 4, 4), (64, 64, 128, 8, 3),
     (128, 128, 64, 8, 3),
 ])
 _FINEST_BLOCK_N = min(c["BLOCK_N"] for c in GEMV_CONFIGS + SMALL_M_CONFIGS + PREFILL_CONFIGS + [{"BLOCK_N": 16}])
