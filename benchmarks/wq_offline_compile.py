@@ -37,7 +37,8 @@ def compile_config(config: dict[str, int], bits: int, block_size: int, split_k: 
     from graphopt.kernels.wq_matmul import _wq_kernel
 
     constants = dict(BITS=bits, QBLOCK=block_size, HAS_ZEROS=False, HAS_BIAS=False, SPLIT_K=split_k, ALLOW_TF32=True,
-                     BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], BLOCK_K=config["BLOCK_K"], STAGES=config["STAGES"])
+                     BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], BLOCK_K=config["BLOCK_K"], STAGES=config["STAGES"],
+                     stride_xk=1)  # x's rows are contiguous: Triton specializes an argument equal to 1
     names = _wq_kernel.arg_names
     signature = {n: "constexpr" if n in constants else _POINTERS.get(n, "i32") for n in names}
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in [*_POINTERS, *_DIVISIBLE]}

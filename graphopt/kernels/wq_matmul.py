@@ -108,45 +108,20 @@ def values_from_words(packed: Tensor, bits: int) -> Tensor:
 
 
 @triton.jit
-def _unpack(words, BITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, OFFSET: tl.constexpr):
-    """[BLOCK_N, BLOCK_K // (32 // BITS)] int32 words -> [BLOCK_N, BLOCK_K] fp32 values minus
-    OFFSET (the symmetric zero point, folded into the conversion's subtraction), in K order.
+def _unpack_scaled(words, BITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, OFFSET: tl.constexpr):
+    """[BLOCK_N, BLOCK_K // (32 // BITS)] int32 words -> [BLOCK_N, BLOCK_K] fp32, in K order:
+    value k is (q - OFFSET) * 2**(BITS * (k % P)), P = 16 // BITS (4 for int4, 2 for int8), exact.
+
+    No shift per value: a value is masked where it lies in the word (its lower or upper half:
+    one shift per word), ORed into the mantissa of 2**23, and the float minus
+    2**23 + OFFSET * 2**(BITS * (k % P)) (one LOP3 and one FADD per value; OFFSET is the
+    symmetric zero point, 0 with zero points). The caller takes the power of two out per class
+    of k % P: the GEMV from its per-class sums, the dot path with the scale (both exact).
 
     The values of a word stay in the thread that loaded it: nested tl.join puts each new axis
-    inside the thread, and the joins are ordered so that the row-major reshape reads value i of
-    word j at 8j + i (int4) / 4j + i (int8). Integer to float by the exponent trick (OR into the
-    mantissa of 2**23, subtract 2**23: exact, and full-rate where a conversion instruction is not).
+    inside the thread, ordered so that the row-major reshape reads value i of word j at
+    8j + i (int4) / 4j + i (int8).
     """
-    MASK: tl.constexpr = (1 << BITS) - 1
-    MAGIC: tl.constexpr = 0x4B000000  # 2**23 as fp32 bits
-    if BITS == 4:
-        q0 = (words & MASK) | MAGIC
-        q1 = ((words >> 4) & MASK) | MAGIC
-        q2 = ((words >> 8) & MASK) | MAGIC
-        q3 = ((words >> 12) & MASK) | MAGIC
-        q4 = ((words >> 16) & MASK) | MAGIC
-        q5 = ((words >> 20) & MASK) | MAGIC
-        q6 = ((words >> 24) & MASK) | MAGIC
-        q7 = ((words >> 28) & MASK) | MAGIC
-        # [.., a, b, c] holds value 4a + 2b + c
-        joined = tl.join(tl.join(tl.join(q0, q4), tl.join(q2, q6)), tl.join(tl.join(q1, q5), tl.join(q3, q7)))
-    else:
-        q0 = (words & MASK) | MAGIC
-        q1 = ((words >> 8) & MASK) | MAGIC
-        q2 = ((words >> 16) & MASK) | MAGIC
-        q3 = ((words >> 24) & MASK) | MAGIC
-        joined = tl.join(tl.join(q0, q2), tl.join(q1, q3))  # [.., a, c] holds value 2a + c
-    values = tl.reshape(joined, (BLOCK_N, BLOCK_K))
-    return values.to(tl.float32, bitcast=True) - (8388608.0 + OFFSET)
-
-
-@triton.jit
-def _unpack_scaled(words, BITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, OFFSET: tl.constexpr):
-    """Like _unpack, without a shift per value: value k is (q - OFFSET) * 2**(BITS * (k % P))
-    with P = 16 // BITS (4 for int4, 2 for int8), the GEMV divides its sums by those powers of
-    two per class of k % P (exact). A value is masked where it lies in the word (in its lower or
-    upper half, one shift per word), ORed into 2**23's mantissa, and the float minus
-    2**23 + OFFSET * 2**(BITS * (k % P)): one LOP3 and one FADD per value."""
     MAGIC: tl.constexpr = 0x4B000000  # 2**23 as fp32 bits
     low = words
     high = words >> 16
@@ -228,13 +203,16 @@ def _wq_kernel(
                 qx -= zero * tl.sum(tl.reshape(xk, (GROUPS, GROUP_K)), axis=1)[None, :]
             acc += qx * scale
         else:
-            # the reference's rounding: (q - z) * s rounded once to x's dtype
-            q = _unpack(words, BITS, BLOCK_N, BLOCK_K, 0 if HAS_ZEROS else (1 << (BITS - 1)))  # [BN, BK], exact
+            # the reference's rounding: (q - z) * s, exact in fp32 (products of <= 9 and 11 significant
+            # bits, powers of two), rounded once to x's dtype
+            v = _unpack_scaled(words, BITS, BLOCK_N, BLOCK_K, 0 if HAS_ZEROS else (1 << (BITS - 1)))
+            v = tl.reshape(v, (BLOCK_N, GROUPS, GROUP_K // PERIOD, PERIOD))
+            class_scale = (scale[:, :, None] * unscale[None, None, :])[:, :, None, :]  # s * 2**-(BITS * c)
             if HAS_ZEROS:
                 zero = tl.load(z_ptr + s_offs, mask=(blk < KB)[None, :], other=0).to(tl.float32)
-                w = (tl.reshape(q, (BLOCK_N, GROUPS, GROUP_K)) - zero[:, :, None]) * scale[:, :, None]
+                w = v * class_scale - (zero * scale)[:, :, None, None]  # q s - z s
             else:
-                w = tl.reshape(q, (BLOCK_N, GROUPS, GROUP_K)) * scale[:, :, None]
+                w = v * class_scale
             w = tl.reshape(w.to(x_ptr.dtype.element_ty), (BLOCK_N, BLOCK_K))
             x_tile = tl.load(x_ptr + rows[:, None] * stride_xm + kk[None, :] * stride_xk, mask=kk[None, :] < K, other=0.0)
             if ALLOW_TF32:
