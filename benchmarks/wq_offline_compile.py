@@ -1,7 +1,8 @@
 """Compile graphopt::wq_linear's Triton kernel for a GPU architecture without a GPU: every
-autotune config of a regime, with the registers, local-memory spills, shared memory and the
-width of its weight loads (cp.async of 16 bytes) that ptxas reports. A config that fails to
-compile, spills, or loads its weights narrower than 16 bytes shows here before a GPU run.
+autotune config of a regime, with the registers, local-memory spills and shared memory that
+ptxas reports and the width of the K loop's pipelined weight copies (Triton's TTGIR). A config
+that fails to compile, spills, or copies its weights narrower than 16 bytes shows here before
+a GPU run.
 
     python benchmarks/wq_offline_compile.py                      # all regimes, int4 and int8, sm_90
     python benchmarks/wq_offline_compile.py --regimes gemv --bits 4 --split-k 4
@@ -52,10 +53,10 @@ def compile_config(config: dict[str, int], bits: int, block_size: int, split_k: 
     finally:
         os.unlink(f.name)
     found = dict(re.findall(r"(REG|LOCAL):(\d+)", usage))
-    ptx = kernel.asm["ptx"]
+    # the weights' pipelined copies (int32 words): bytes per copy, the narrowest (0: not pipelined)
+    widths = [4 * int(c) for c in re.findall(r"async_copy_global_to_local[^\n]*contiguity = (\d+)[^\n]*ptr<i32>", kernel.asm["ttgir"])]
     return {"registers": int(found.get("REG", -1)), "local_bytes": int(found.get("LOCAL", -1)), "shared_bytes": kernel.metadata.shared,
-            "cp_async_16B": len(re.findall(r"cp\.async\.cg\.shared\.global.*0x10", ptx)),
-            "narrow_loads": len(re.findall(r"cp\.async\.ca\.shared\.global|ld\.global(?:\.\w+)*\.(?:b32|v2\.b32) ", ptx))}
+            "weight_copy_bytes": min(widths, default=0)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{name:40s} FAILED {type(error).__name__}: {str(error)[:200]}", flush=True)
                     continue
                 print(f"{name:40s} regs {r['registers']:3d}  local {r['local_bytes']:4d} B  shared {r['shared_bytes']:6d} B  "
-                      f"16-byte cp.async {r['cp_async_16B']:3d}  narrower loads {r['narrow_loads']:3d}", flush=True)
+                      f"weight copies {r['weight_copy_bytes']:2d} B", flush=True)
     return 1 if failed else 0
 
 
