@@ -28,6 +28,8 @@
 #   bash benchmarks/gpu_session.sh llm         # LLM prefill + greedy decode with a static KV cache (llm_decode.py), under 4 minutes
 #   bash benchmarks/gpu_session.sh norms cuda  # residual norms fused or not (ort_cpu_norms.py) on the CUDA provider; "norms cpu": 4 CPU threads
 #   bash benchmarks/gpu_session.sh wq kernels  # weight-only int8/int4 (issue 18): graphopt::wq_linear's Triton kernel compiled, against its reference
+#   bash benchmarks/gpu_session.sh wq bench    # the kernels at TinyLlama's linear shapes, M = 1, 8, 16: fp16 cuBLAS, graphopt int4/int8
+#                                              # (every autotune config and the autotuner's pick), _weight_int4pack_mm; GB/s (< 3 min)
 #   bash benchmarks/gpu_session.sh wq ro       # TinyLlama decode at batch 1: fp16 / int8 / int4 (graphopt + inductor CUDA graphs), torchao int4 if importable
 #   bash benchmarks/gpu_session.sh wq cg       # the same without inductor (graphopt's graph replayed as one CUDA graph)
 #   bash benchmarks/gpu_session.sh fp8         # FP8 GEMMs (issue 18): TinyLlama-shaped bf16 vs precision="fp8", decode (batch 1) and a
@@ -168,6 +170,11 @@ wq)
       > "$OUT/wq_kernels.log" 2>&1
     tail -15 "$OUT/wq_kernels.log"
     ;;
+  bench)
+    timeout 200 python3 benchmarks/wq_kernel_bench.py --budget-s 140 --block-size "${3:-32}" --out "$OUT/wq_kernel_bench.json" \
+      > "$OUT/wq_kernel_bench.log" 2>&1
+    tail -64 "$OUT/wq_kernel_bench.log"
+    ;;
   ro|cg)
     if [ "${2:-ro}" = ro ]; then variants=eager,graphopt-ro,graphopt-int8-ro,graphopt-int4-ro,torchao-int4-ro
     else variants=eager,graphopt-cg,graphopt-int8-cg,graphopt-int4-cg; fi
@@ -175,7 +182,7 @@ wq)
       --budget-s 420 --out "$OUT/llm_decode-wq-${2:-ro}.json" > "$OUT/llm_decode-wq-${2:-ro}.log" 2>&1
     tail -14 "$OUT/llm_decode-wq-${2:-ro}.log"
     ;;
-  *) echo "wq takes kernels, ro or cg" >&2; exit 2 ;;
+  *) echo "wq takes kernels, bench, ro or cg" >&2; exit 2 ;;
   esac
   ;;
 llm-onnx)

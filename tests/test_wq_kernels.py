@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 import triton  # noqa: F401  (the test extra installs it: a missing triton fails here, never skips)
 
@@ -38,3 +39,42 @@ def test_registered_op_runs_the_reference_on_cpu_and_traces_with_its_fake() -> N
     with FakeTensorMode(allow_non_fake_inputs=True):
         fake = torch.ops.graphopt.wq_linear(torch.empty(5, 7, 96), packed, scales, None, None, 4, 32, 96)
     assert fake.shape == (5, 7, 20)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("block", [16, 32, 128])
+def test_the_kernels_word_reading_round_trips_the_packing(bits: int, block: int) -> None:
+    """pack (MatMulNBits' byte layout) -> read as int32 words the way the kernel does -> the
+    quantized values, in order, for every block size (each row is a whole number of words)."""
+    from graphopt.kernels.wq_matmul import values_from_words
+
+    rng = np.random.default_rng(bits * block)
+    q = rng.integers(0, 1 << bits, size=(12, 3, block), dtype=np.uint8)
+    packed = torch.from_numpy(blockwise.pack(q, bits))
+    assert packed.shape[-1] * 3 % 4 == 0
+    assert np.array_equal(values_from_words(packed, bits).numpy(), q)
+    assert np.array_equal(blockwise.unpack(packed.numpy(), bits), q)
+
+
+def test_word_reading_sees_a_swapped_nibble_order() -> None:
+    """Negative case: high-nibble-first bytes (tinygemm's CUDA input) do not read back as q."""
+    from graphopt.kernels.wq_matmul import values_from_words
+
+    q = np.arange(32, dtype=np.uint8).reshape(1, 1, 32) % 16
+    swapped = torch.from_numpy(((q[..., 0::2] << 4) | q[..., 1::2]).astype(np.uint8))
+    assert not np.array_equal(values_from_words(swapped, 4).numpy(), q)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_the_gemv_compiles_for_sm90_with_16_byte_weight_loads_and_no_spills(bits: int) -> None:
+    """Offline (Triton's compiler and ptxas, no GPU): the K loop is pipelined with 16-byte
+    copies of the packed words (a mask or an offset Triton cannot prove 16-byte aligned would
+    narrow them), and nothing spills to local memory."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from wq_offline_compile import compile_config
+
+    from graphopt.kernels.wq_matmul import GEMV_CONFIGS
+
+    config = next(c for c in GEMV_CONFIGS if (c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"]) == (1, 16, 512) and c["num_warps"] == 4)
+    result = compile_config(config, bits, 32, 1, 90)
+    assert result["local_bytes"] == 0 and result["weight_copy_bytes"] == 16, result

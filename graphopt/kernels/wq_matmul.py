@@ -10,30 +10,43 @@ W ``[K, N]`` is stored as graphopt.quant.blockwise makes it (onnxruntime's MatMu
 
 w[k, n] = (q[n, k] - zero[n, k // block]) * scale[n, k // block].
 
-The Triton kernel reads the packed bytes (a quarter of fp16's traffic for int4: decode is
-bound by reading weights), unpacks them in registers, and multiplies the integer values
-(exact in fp16/bf16) by x with fp32 accumulation; the scale of the quantization block is
-applied to each K tile's partial product, since a tile never spans two blocks
-(BLOCK_K divides block_size). int4 needs no interleave: the low nibbles meet x's even
-columns and the high nibbles its odd ones, two dots per tile.
+That layout is already the one a weight-streaming kernel wants: each output column's K
+values are one contiguous row of bytes (N-major), so the kernel reads them as int32 words
+(8 nibbles or 4 bytes each, little-endian: word j holds elements PER_WORD*j .. in order) in
+wide vector loads and unpacks them in registers with shifts.
 
-Two launch shapes of the same kernel: for decode (M <= 16, batch 1-16 at one token) there
-are too few output tiles to fill the GPU, so K is split over SPLIT_K programs that write fp32
-partial sums (summed after, deterministic, no atomics); for larger M one program per output
-tile walks the whole K.
+One Triton kernel, three regimes (each its own autotuner, keyed on the shape):
+
+* M = 1 (decode at batch 1): a GEMV bound by reading the packed weights. A program owns
+  BLOCK_N output columns and walks its slice of K in BLOCK_K tiles, multiplying the integer
+  values by x in fp32 and summing per quantization block; the block's scale (and zero point,
+  as ``zero * sum(x)``) is applied once per block, not per element. A dot-based config
+  (BLOCK_M 16, one row used) competes in the same autotuner.
+* M = 2..16 (decode at batch 2-16): the tile is dequantized into x's dtype and fed to tl.dot
+  with BLOCK_M 16.
+* M > 16 (prefill): the same dequantize-into-tl.dot GEMM with larger tiles.
+
+Split-K, for shapes with too few output tiles to fill the GPU (narrow N), is chosen per
+shape outside the autotuner (it needs a zeroed lock per tile): each split stores its fp32
+partial sums, and the last program to arrive at a tile (an atomic counter) adds the partials
+in split order (deterministic), adds the bias, writes the output and resets the counter:
+one launch, no second reduction kernel.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from graphopt.kernels._triton import INTERPRET, dot_precision, tl, triton
+from graphopt.kernels._triton import autotune_configs, dot_precision, next_power_of_2, tl, triton
 
-__all__ = ["dequantize_weight", "wq_linear_reference", "wq_linear_fake", "wq_linear_triton", "check_wq_linear", "SMALL_M"]
+__all__ = ["dequantize_weight", "wq_linear_reference", "wq_linear_fake", "wq_linear_triton", "check_wq_linear", "SMALL_M",
+           "values_from_words", "GEMV_CONFIGS", "SMALL_M_CONFIGS", "PREFILL_CONFIGS", "split_for", "regime", "m_bucket"]
 
-#: Up to this many rows (tokens x batch) the split-K launch is used.
+#: Up to this many rows (tokens x batch) the decode configs (and split-K) are used.
 SMALL_M = 16
 
 
@@ -81,138 +94,274 @@ def wq_linear_reference(x: Tensor, packed: Tensor, scales: Tensor, zeros: Tensor
     return F.linear(x, w.t(), None if bias is None else bias.to(x.dtype))
 
 
+def values_from_words(packed: Tensor, bits: int) -> Tensor:
+    """The kernel's reading of packed [N, k_blocks, bytes] as int32 words, in torch (for tests):
+    value PER_WORD * j + i of a row is bits [i * bits, (i + 1) * bits) of word j (little-endian)."""
+    per_word = 32 // bits
+    words = packed.contiguous().reshape(packed.shape[0], -1).view(torch.int32)
+    shifts = torch.arange(per_word, dtype=torch.int32, device=packed.device) * bits
+    values = (words[:, :, None] >> shifts) & ((1 << bits) - 1)
+    return values.reshape(packed.shape[0], packed.shape[1], -1).to(torch.uint8)
+
+
 # --- Triton -------------------------------------------------------------------------------
 
 
 @triton.jit
-def _wq_matmul_kernel(
-    x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr,
-    M, N, K, k_tiles_per_split,
-    stride_xm, stride_xk, stride_wn, stride_sn, stride_os, stride_om, stride_on,
+def _unpack_scaled(words, BITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, OFFSET: tl.constexpr):
+    """[BLOCK_N, BLOCK_K // (32 // BITS)] int32 words -> [BLOCK_N, BLOCK_K] fp32, in K order:
+    value k is (q - OFFSET) * 2**(BITS * (k % P)), P = 16 // BITS (4 for int4, 2 for int8), exact.
+
+    No shift per value: a value is masked where it lies in the word (its lower or upper half:
+    one shift per word), ORed into the mantissa of 2**23, and the float minus
+    2**23 + OFFSET * 2**(BITS * (k % P)) (one LOP3 and one FADD per value; OFFSET is the
+    symmetric zero point, 0 with zero points). The caller takes the power of two out per class
+    of k % P: the GEMV from its per-class sums, the dot path with the scale (both exact).
+
+    The values of a word stay in the thread that loaded it: nested tl.join puts each new axis
+    inside the thread, ordered so that the row-major reshape reads value i of word j at
+    8j + i (int4) / 4j + i (int8).
+    """
+    MAGIC: tl.constexpr = 0x4B000000  # 2**23 as fp32 bits
+    low = words
+    high = words >> 16
+    if BITS == 4:
+        v0 = ((low & 0x000F) | MAGIC).to(tl.float32, bitcast=True) - (8388608.0 + OFFSET)
+        v1 = ((low & 0x00F0) | MAGIC).to(tl.float32, bitcast=True) - (8388608.0 + OFFSET * 16)
+        v2 = ((low & 0x0F00) | MAGIC).to(tl.float32, bitcast=True) - (8388608.0 + OFFSET * 256)
+        v3 = ((low & 0xF000) | MAGIC).to(tl.float32, bitcast=True) - (8388608.0 + OFFSET * 4096)
+        v4 = ((high & 0x000F) | MAGIC).to(tl.float32, bitcast=True) - (8388608.0 + OFFSET)
+        v5 = ((high & 0x00F0) | MAGIC).to(tl.float32, bitcast=True) - (8388608.0 + OFFSET * 16)
+        v6 = ((high & 0x0F00) | MAGIC).to(tl.float32, bitcast=True) - (8388608.0 + OFFSET * 256)
+        v7 = ((high & 0xF000) | MAGIC).to(tl.float32, bitcast=True) - (8388608.0 + OFFSET * 4096)
+        joined = tl.join(tl.join(tl.join(v0, v4), tl.join(v2, v6)), tl.join(tl.join(v1, v5), tl.join(v3, v7)))
+    else:
+        v0 = ((low & 0x00FF) | MAGIC).to(tl.float32, bitcast=True) - (8388608.0 + OFFSET)
+        v1 = ((low & 0xFF00) | MAGIC).to(tl.float32, bitcast=True) - (8388608.0 + OFFSET * 256)
+        v2 = ((high & 0x00FF) | MAGIC).to(tl.float32, bitcast=True) - (8388608.0 + OFFSET)
+        v3 = ((high & 0xFF00) | MAGIC).to(tl.float32, bitcast=True) - (8388608.0 + OFFSET * 256)
+        joined = tl.join(tl.join(v0, v2), tl.join(v1, v3))
+    return tl.reshape(joined, (BLOCK_N, BLOCK_K))
+
+
+@triton.jit
+def _wq_kernel(
+    x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, part_ptr, lock_ptr,
+    M, N, K, KP, KW, KB, M_BUCKET,
+    stride_xm, stride_xk, stride_ww, stride_sn, stride_om,
     BITS: tl.constexpr, QBLOCK: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr,
     SPLIT_K: tl.constexpr, ALLOW_TF32: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BYTES_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    pid_k = tl.program_id(2)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    # M_BUCKET: only the autotuners' key. KP: K padded to whole blocks (the packed row's length),
+    # KW its words, KB its blocks (arguments, not divisions here: Triton then knows their
+    # divisibility, and a mask as divisible as the words keeps the loads 16 bytes wide).
+    # STAGES: the K loop's software pipelining depth (num_stages alone pipelines only loops with a dot).
+    PER_WORD: tl.constexpr = 32 // BITS  # values in one int32 word
+    WORDS: tl.constexpr = BLOCK_K // PER_WORD  # words of a row in one K tile
+    GROUPS: tl.constexpr = (BLOCK_K + QBLOCK - 1) // QBLOCK  # quantization blocks in a K tile (1 if the tile is smaller)
+    GROUP_K: tl.constexpr = BLOCK_K // GROUPS
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     # wrap (not mask) out-of-range rows/columns for the loads: the stores drop them anyway
-    rows = (offs_m % M).to(tl.int64)
     cols = (offs_n % N).to(tl.int64)
-    # BYTES_K: packed bytes per row of a K tile (BLOCK_K * BITS / 8)
-    offs_b = tl.arange(0, BYTES_K)
-    k_tiles = tl.cdiv(K, BLOCK_K)
-    first = pid_k * k_tiles_per_split
-    last = tl.minimum(first + k_tiles_per_split, k_tiles)
+    rows = (offs_m % M).to(tl.int64)
+    words_ptr = w_ptr.to(tl.pointer_type(tl.int32))  # rows of KP // PER_WORD words, stride_ww words apart
+    word = tl.arange(0, WORDS)
+    PERIOD: tl.constexpr = 16 // BITS  # the GEMV's values carry 2**(BITS * (k % PERIOD)) (_unpack_scaled)
+    unscale = ((127 - BITS * tl.arange(0, PERIOD)) << 23).to(tl.float32, bitcast=True)  # 2**-(BITS * c), exact
+    group = tl.arange(0, GROUPS)
+    k_tiles = tl.cdiv(KP, BLOCK_K)
+    per_split = tl.cdiv(k_tiles, SPLIT_K)
+    first = pid_k * per_split
+    last = tl.minimum(first + per_split, k_tiles)
 
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for t in range(first, last):
+    if BLOCK_M == 1:
+        acc = tl.zeros((BLOCK_N, GROUPS), dtype=tl.float32)  # per block slot: one cross-thread sum, after the loop
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for t in tl.range(first, last, num_stages=STAGES):
         k0 = t * BLOCK_K
-        block = k0 // QBLOCK  # a tile lies inside one quantization block
-        scale = tl.load(s_ptr + cols * stride_sn + block).to(tl.float32)
-        if HAS_ZEROS:
-            zero = tl.load(z_ptr + cols * stride_sn + block).to(tl.float32)
+        wk = k0 // PER_WORD + word
+        words = tl.load(words_ptr + cols[:, None] * stride_ww + wk[None, :], mask=(wk < KW)[None, :], other=0)
+        blk = k0 // QBLOCK + group
+        s_offs = cols[:, None] * stride_sn + blk[None, :]
+        scale = tl.load(s_ptr + s_offs, mask=(blk < KB)[None, :], other=0.0).to(tl.float32)  # [BN, G]
+        kk = k0 + tl.arange(0, BLOCK_K)
+        if BLOCK_M == 1:
+            # GEMV: sum_k (q - z) s x = s * (sum_k q x - z * sum_k x), per block (z folded into q when symmetric)
+            xk = tl.load(x_ptr + pid_m * stride_xm + kk * stride_xk, mask=kk < K, other=0.0).to(tl.float32)
+            # [BN, BK] fp32, exact: (q - z) * 2**(BITS * (k % PERIOD)), z the symmetric 2**(bits-1) or 0 with zero points
+            v = _unpack_scaled(words, BITS, BLOCK_N, BLOCK_K, 0 if HAS_ZEROS else (1 << (BITS - 1)))
+            by_class = tl.sum(tl.reshape(v * xk[None, :], (BLOCK_N, GROUPS, GROUP_K // PERIOD, PERIOD)), axis=2)
+            qx = tl.sum(by_class * unscale[None, None, :], axis=2)  # [BN, G]
+            if HAS_ZEROS:
+                zero = tl.load(z_ptr + s_offs, mask=(blk < KB)[None, :], other=0).to(tl.float32)
+                qx -= zero * tl.sum(tl.reshape(xk, (GROUPS, GROUP_K)), axis=1)[None, :]
+            acc += qx * scale
         else:
-            zero = tl.zeros((BLOCK_N,), dtype=tl.float32) + (1 << (BITS - 1))
-        # [BYTES_K, BLOCK_N]: the bytes of the tile, K down, N across (always in bounds: K is padded)
-        raw = tl.load(w_ptr + cols[None, :] * stride_wn + (k0 * BITS // 8 + offs_b)[:, None])
-        if BITS == 4:
-            lo = ((raw & 0x0F).to(tl.float32) - zero[None, :]).to(x_ptr.dtype.element_ty)
-            hi = ((raw >> 4).to(tl.float32) - zero[None, :]).to(x_ptr.dtype.element_ty)
-            k_even = k0 + 2 * offs_b
-            x_row = x_ptr + rows[:, None] * stride_xm
-            x_even = tl.load(x_row + k_even[None, :] * stride_xk, mask=k_even[None, :] < K, other=0.0)
-            x_odd = tl.load(x_row + (k_even + 1)[None, :] * stride_xk, mask=(k_even + 1)[None, :] < K, other=0.0)
-            if ALLOW_TF32:
-                part = tl.dot(x_even, lo, input_precision="tf32")
-                part = tl.dot(x_odd, hi, part, input_precision="tf32")
+            # the reference's rounding: (q - z) * s, exact in fp32 (products of <= 9 and 11 significant
+            # bits, powers of two), rounded once to x's dtype
+            v = _unpack_scaled(words, BITS, BLOCK_N, BLOCK_K, 0 if HAS_ZEROS else (1 << (BITS - 1)))
+            v = tl.reshape(v, (BLOCK_N, GROUPS, GROUP_K // PERIOD, PERIOD))
+            class_scale = (scale[:, :, None] * unscale[None, None, :])[:, :, None, :]  # s * 2**-(BITS * c)
+            if HAS_ZEROS:
+                zero = tl.load(z_ptr + s_offs, mask=(blk < KB)[None, :], other=0).to(tl.float32)
+                w = v * class_scale - (zero * scale)[:, :, None, None]  # q s - z s
             else:
-                part = tl.dot(x_even, lo, input_precision="ieee")
-                part = tl.dot(x_odd, hi, part, input_precision="ieee")
-        else:
-            w = (raw.to(tl.float32) - zero[None, :]).to(x_ptr.dtype.element_ty)
-            ks = k0 + offs_b
-            x_tile = tl.load(x_ptr + rows[:, None] * stride_xm + ks[None, :] * stride_xk, mask=ks[None, :] < K, other=0.0)
+                w = v * class_scale
+            w = tl.reshape(w.to(x_ptr.dtype.element_ty), (BLOCK_N, BLOCK_K))
+            x_tile = tl.load(x_ptr + rows[:, None] * stride_xm + kk[None, :] * stride_xk, mask=kk[None, :] < K, other=0.0)
             if ALLOW_TF32:
-                part = tl.dot(x_tile, w, input_precision="tf32")
+                acc = tl.dot(x_tile, tl.trans(w), acc, input_precision="tf32")
             else:
-                part = tl.dot(x_tile, w, input_precision="ieee")
-        acc += part * scale[None, :]
+                acc = tl.dot(x_tile, tl.trans(w), acc, input_precision="ieee")
 
+    if BLOCK_M == 1:
+        result = tl.sum(acc, axis=1)[None, :]
+    else:
+        result = acc
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    out_ptrs = out_ptr + pid_k * stride_os + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :] * stride_on
+    out_ptrs = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
     if SPLIT_K == 1:
         if HAS_BIAS:
-            acc += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
-    else:  # fp32 partial sums, one slice per split
-        tl.store(out_ptrs, acc, mask=mask)
+            result += bias
+        tl.store(out_ptrs, result.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        # partials [SPLIT_K, M, N] fp32; the last program of the tile sums them in split order
+        part_ptrs = part_ptr + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
+        tl.store(part_ptrs + pid_k * M * N, result, mask=mask)
+        tl.debug_barrier()  # every thread's partial stored before the (release) count
+        tile = pid_m * tl.num_programs(0) + pid_n
+        arrived = tl.atomic_add(lock_ptr + tile, 1, sem="acq_rel")
+        if arrived == SPLIT_K - 1:
+            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for split in tl.static_range(SPLIT_K):
+                total += tl.load(part_ptrs + split * M * N, mask=mask, other=0.0, cache_modifier=".cg")
+            if HAS_BIAS:
+                total += bias
+            tl.store(out_ptrs, total.to(out_ptr.dtype.element_ty), mask=mask)
+            tl.atomic_xchg(lock_ptr + tile, 0)  # ready for the next launch (autotuning reuses the lock)
+
+
+def _configs(entries: list[tuple[int, int, int, int, int]]) -> list[dict[str, int]]:
+    return [{"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "STAGES": stages, "num_warps": warps, "num_stages": stages}
+            for bm, bn, bk, warps, stages in entries]
+
+
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages). M = 1: the GEMV (BLOCK_M 1) against two dot configs.
+GEMV_CONFIGS = _configs([
+    (1, 4, 1024, 4, 3), (1, 8, 512, 4, 2), (1, 8, 1024, 4, 2), (1, 16, 256, 4, 3), (1, 16, 512, 4, 2), (1, 16, 512, 8, 3),
+    (1, 16, 1024, 8, 2), (1, 32, 256, 4, 3), (1, 32, 512, 8, 2), (1, 64, 128, 4, 4), (1, 64, 256, 8, 3),
+    (16, 32, 128, 4, 3), (16, 64, 128, 4, 3),
+])
+SMALL_M_CONFIGS = _configs([
+    (16, 16, 256, 4, 3), (16, 16, 512, 4, 2), (16, 32, 128, 4, 3), (16, 32, 256, 4, 3), (16, 32, 512, 8, 2),
+    (16, 64, 128, 4, 3), (16, 64, 256, 8, 3), (16, 128, 128, 8, 3),
+])
+PREFILL_CONFIGS = _configs([
+    (64, 64, 64, 4, 3), (64, 128, 64, 4, 3), (64, 128, 128, 8, 3), (128, 64, 64, 4, 4), (64, 64, 128, 8, 3),
+    (128, 128, 64, 8, 3),
+])
+_FINEST_BLOCK_N = min(c["BLOCK_N"] for c in GEMV_CONFIGS + SMALL_M_CONFIGS + PREFILL_CONFIGS + [{"BLOCK_N": 16}])
+#: Under the interpreter: one small config per regime (tests pass others explicitly).
+_INTERPRETER = {"gemv": {"BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 64, "STAGES": 1},
+                "small": {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 32, "STAGES": 1},
+                "prefill": {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 32, "STAGES": 1}}
+_AUTOTUNE_KEY = ["M_BUCKET", "N", "K", "BITS", "QBLOCK", "HAS_ZEROS", "HAS_BIAS", "SPLIT_K"]
+
+
+def _bench(fn: Any, quantiles: Any = None) -> Any:
+    """Triton's benchmark (L2 flushed before each call: decode streams weights from HBM), shorter."""
+    import triton.testing
+
+    return triton.testing.do_bench(fn, warmup=10, rep=40, quantiles=quantiles)
+
+
+def _tuned(configs: list[dict[str, int]], interpreter: dict[str, int]) -> Any:
+    return triton.autotune(configs=autotune_configs(configs, {**interpreter, "num_warps": 4, "num_stages": 1}),
+                           key=_AUTOTUNE_KEY, do_bench=_bench)(_wq_kernel)
+
+
+_TUNED = {"gemv": _tuned(GEMV_CONFIGS, _INTERPRETER["gemv"]), "small": _tuned(SMALL_M_CONFIGS, _INTERPRETER["small"]),
+          "prefill": _tuned(PREFILL_CONFIGS, _INTERPRETER["prefill"])}
+
+
+def regime(m: int) -> str:
+    return "gemv" if m == 1 else "small" if m <= SMALL_M else "prefill"
+
+
+def m_bucket(m: int) -> int:
+    """The autotuners' M key: exact to 16, then powers of two up to 4096."""
+    return m if m <= SMALL_M else min(next_power_of_2(m), 4096)
 
 
 def _multiprocessors(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4  # the interpreter: a few programs are enough to exercise the split
+    return 4  # the interpreter
 
 
-def launch_config(m: int, n: int, k: int, block_size: int, bits: int, device: torch.device,
-                  split_k: int | None = None) -> dict[str, int]:
-    """Tiles and split for one shape: split-K for small M, one program per tile otherwise."""
-    if INTERPRET:  # numpy runs every program: small tiles, still several of them
-        config = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 32, "num_warps": 4, "num_stages": 1}
-    elif m <= SMALL_M:
-        config = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": min(block_size, 128), "num_warps": 4, "num_stages": 4}
-    else:
-        config = {"BLOCK_M": 64 if m <= 64 else 128, "BLOCK_N": 128, "BLOCK_K": min(block_size, 64), "num_warps": 8 if m > 64 else 4,
-                  "num_stages": 3}
-    # the int4 dots see half the tile each: tl.dot needs at least 16 along K
-    config["BLOCK_K"] = max(config["BLOCK_K"], 32 if bits == 4 else 16)
-    k_tiles = -(-k // config["BLOCK_K"])
-    if split_k is None:
-        split_k = 1
-        if m <= SMALL_M:
-            tiles = -(-m // config["BLOCK_M"]) * -(-n // config["BLOCK_N"])
-            split_k = max(1, min(k_tiles, (2 * _multiprocessors(device)) // max(tiles, 1)))
-    per_split = -(-k_tiles // max(1, split_k))
-    config["SPLIT_K"] = -(-k_tiles // per_split)  # no empty split
-    config["k_tiles_per_split"] = per_split
-    return config
+def split_for(m: int, n: int, k_padded: int, device: torch.device) -> int:
+    """Split-K for decode shapes whose output tiles (at 16 columns) leave SMs idle; at least
+    512 of K per split, at most 8 splits; 1 (no lock, no partials) otherwise."""
+    if m > SMALL_M:
+        return 1
+    tiles = -(-n // 16)  # at M <= 16 one row tile (or, at M = 1, one row)
+    sms = _multiprocessors(device)
+    if tiles >= sms:
+        return 1
+    return max(1, min(8, -(-sms // tiles), k_padded // 512))
 
 
 def wq_linear_triton(x: Tensor, packed: Tensor, scales: Tensor, zeros: Tensor | None, bias: Tensor | None,
-                     bits: int, block_size: int, k: int, split_k: int | None = None) -> Tensor:
-    """Launch the Triton kernel (CUDA tensors, or CPU tensors under TRITON_INTERPRET=1); `split_k`
-    forces a split (tests), None picks one from the shape."""
+                     bits: int, block_size: int, k: int, split_k: int | None = None,
+                     config: dict[str, int] | None = None) -> Tensor:
+    """Launch the Triton kernel (CUDA tensors, or CPU tensors under TRITON_INTERPRET=1).
+    `split_k` forces a split and `config` a launch config (BLOCK_M/N/K, num_warps, num_stages:
+    tests and the kernel benchmark); None picks them (the split from the shape, the tiles by
+    autotuning keyed on the shape)."""
     from torch.library import wrap_triton
 
     check_wq_linear(x, packed, scales, zeros, bias, bits, block_size, k)
-    n = packed.shape[0]
+    n, k_blocks = packed.shape[0], packed.shape[1]
+    k_padded = k_blocks * block_size
     x2d = x.reshape(-1, k)
     m = x2d.shape[0]
-    config = launch_config(m, n, k, block_size, bits, x.device, split_k)
-    if block_size % config["BLOCK_K"]:
-        raise ValueError(f"graphopt::wq_linear: a K tile of {config['BLOCK_K']} must lie inside a block of {block_size}")
-    split = config.pop("SPLIT_K")
-    per_split = config.pop("k_tiles_per_split")
+    if packed.stride(2) != 1 or packed.stride(1) != packed.shape[2] or packed.stride(0) % 4 or packed.storage_offset() % 4:
+        packed = packed.contiguous()  # the kernel reads each row as int32 words
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return out.reshape(*x.shape[:-1], n)
-    target = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
-    scales = scales.to(x.dtype)
-    grid = (triton.cdiv(m, config["BLOCK_M"]), triton.cdiv(n, config["BLOCK_N"]), split)
-    wrap_triton(_wq_matmul_kernel)[grid](
-        x2d, packed, scales, zeros if zeros is not None else packed, bias if bias is not None else scales, target,
-        m, n, k, per_split,
-        x2d.stride(0), x2d.stride(1), packed.stride(0), scales.stride(0),
-        target.stride(0) if split > 1 else 0, target.stride(-2), target.stride(-1),
-        BITS=bits, QBLOCK=block_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None,
-        SPLIT_K=split, ALLOW_TF32=dot_precision(x.dtype) == "tf32", BYTES_K=config["BLOCK_K"] * bits // 8, **config,
-    )
+    split = split_for(m, n, k_padded, x.device) if split_k is None else max(1, int(split_k))
     if split > 1:
-        summed = target.sum(0)
-        if bias is not None:
-            summed = summed + bias.float()
-        out = summed.to(x.dtype)
+        partials = torch.empty((split, m, n), dtype=torch.float32, device=x.device)
+        finest = config["BLOCK_N"] if config is not None else _FINEST_BLOCK_N
+        locks = torch.zeros((-(-n // finest) * m,), dtype=torch.int32, device=x.device)  # a counter per tile of any config
+    else:
+        partials, locks = scales, scales  # never touched at SPLIT_K 1: a read-only stand-in (not out: no aliased outputs for inductor)
+    scales = scales.to(x.dtype)
+    args = (x2d, packed, scales, zeros if zeros is not None else packed, bias if bias is not None else scales, out, partials, locks,
+            m, n, k, k_padded, k_padded * bits // 32, k_blocks, m_bucket(m),
+            x2d.stride(0), x2d.stride(1), packed.stride(0) // 4, scales.stride(0), out.stride(0))
+    meta = dict(BITS=bits, QBLOCK=block_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None, SPLIT_K=split,
+                ALLOW_TF32=dot_precision(x.dtype) == "tf32")
+
+    def grid(meta: dict[str, Any]) -> tuple[int, int, int]:
+        return (triton.cdiv(n, meta["BLOCK_N"]), split, triton.cdiv(m, meta["BLOCK_M"]))
+
+    if config is not None:
+        launch = dict(config)
+        launch.setdefault("STAGES", launch.get("num_stages", 1))
+        if launch["BLOCK_M"] == 1 and m != 1:
+            raise ValueError("graphopt::wq_linear: the GEMV config (BLOCK_M 1) is for one row")
+        grid_fixed = grid(launch)
+        wrap_triton(_wq_kernel)[grid_fixed](*args, **meta, **launch)
+    else:
+        wrap_triton(_TUNED[regime(m)])[grid](*args, **meta)
     return out.reshape(*x.shape[:-1], n)

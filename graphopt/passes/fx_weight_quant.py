@@ -39,6 +39,7 @@ from graphopt.passes.fx_weight_quant_forms import (
     int4pack_linear,
     int4pack_weight,
     quantize_weight,
+    release_timing_buffers,
     unquantized_linear,
 )
 from graphopt.report.model import Alternative, DecisionRecord, Report
@@ -263,6 +264,7 @@ def quantize_weights(gm: fx.GraphModule, new_constant: NewConstant, fake_mode: A
     ensure_kernels()  # torch.ops.graphopt.wq_linear (the "dequant" form serves where it failed to register)
     rewriter = _Rewriter(gm, new_constant, fake_mode, opts, report)
     changed = sum(rewriter.rewrite(node) for node in list(gm.graph.nodes))
+    release_timing_buffers()
     if rewriter.kept:
         report.warnings.append(f"weights {opts.weights}: {changed} matmuls quantized; kept in full precision: {'; '.join(rewriter.kept)}")
     return changed

@@ -13,7 +13,10 @@ fx_weight_quant replaces ``x @ W`` by one of these (each computes x @ dequant(W)
   construction (issue 18), so where every quantized form is slower the weight stays as it was.
 
 On CUDA each candidate is timed once per (shape, dtype, bits, block) on random inputs of the
-graph's shape (the layers of a decoder share a few shapes) and the fastest kept.
+graph's shape (the layers of a decoder share a few shapes), with the L2 flushed before each
+run (a decode step reads its weights from HBM; a layer's weights, fp16 ones included, fit an
+H100's L2, so timed repeatedly without the flush they measured an L2-bound matmul), and the
+fastest kept.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import torch.nn.functional as F
 from graphopt.kernels.wq_matmul import wq_linear_reference
 from graphopt.quant import blockwise
 
-__all__ = ["Quantized", "quantize_weight", "dequant_linear", "int4pack_linear", "int4pack_weight", "Candidate", "fastest", "TIMER"]
+__all__ = ["Quantized", "quantize_weight", "dequant_linear", "int4pack_linear", "int4pack_weight", "Candidate", "fastest", "TIMER", "release_timing_buffers"]
 
 #: Rows of random x the accuracy budget is measured with.
 SNR_ROWS = 64
@@ -120,10 +123,29 @@ class Candidate:
     run: Callable[[torch.Tensor], Any]  # x -> the product
 
 
+#: Bytes written between two timed runs on CUDA: more than an H100/H200's L2 (50 MB), so every
+#: run reads its weights from HBM as a decode step does (a model's weights never fit the L2).
+L2_FLUSH_BYTES = 256 << 20
+_FLUSH: dict[torch.device, torch.Tensor] = {}
+
+
+def _flush_l2(device: torch.device) -> None:
+    buffer = _FLUSH.get(device)
+    if buffer is None:
+        buffer = _FLUSH[device] = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device=device)
+    buffer.zero_()
+
+
+def release_timing_buffers() -> None:
+    """Free the flush buffer (once a graph's candidates are timed)."""
+    _FLUSH.clear()
+
+
 def _time_ms(fn: Callable[[], Any], runs: int = 20, warmup: int = 3) -> float:
     """Median milliseconds of one call: on CUDA the replay of a CUDA graph of it (the GPU's time,
-    as a decode step replayed by CUDA graphs pays it, without the Python dispatch), else of the
-    call itself; the host clock off CUDA."""
+    as a decode step replayed by CUDA graphs pays it, without the Python dispatch) after the L2
+    is flushed (the flush also keeps the GPU busy while the replay is queued, so no host time is
+    counted), else of the call itself; the host clock off CUDA."""
     if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
         times = []
         for i in range(warmup + runs):
@@ -147,8 +169,10 @@ def _time_ms(fn: Callable[[], Any], runs: int = 20, warmup: int = 3) -> float:
     except Exception:  # noqa: BLE001 - a form that cannot be captured is timed as it is
         torch.cuda.synchronize()
     times = []
+    device = torch.device("cuda", torch.cuda.current_device())
     for _ in range(runs):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        _flush_l2(device)
         start.record()
         run()
         end.record()
