@@ -35,8 +35,8 @@ def reduces_last_axis(ctx, x, axes_attr, axes_input):
 
 @native_constraint("IsSquare")
 def is_square(ctx, form, exponent):
-    """Mul(d, d) squares; Pow(d, e) only when e is the constant 2."""
-    if form == "mul":
+    """Mul(d, d) squares (no exponent bound); Pow(d, e) only when e is the constant 2."""
+    if form == "mul" or (form != "pow" and exponent is None):
         return True
     array = ctx.array(exponent)
     if array is None or array.size != 1:
@@ -146,12 +146,115 @@ def is_upcast_and_back(ctx, h, up, down):
     return True
 
 
-@native_constraint("IsZeroScalar")
-def is_zero_scalar(ctx, z):
-    """An absent clamp (no Max in the match), or a Max against the constant 0."""
-    if z is None:
+
+
+def _axes(ctx, attr, inp):
+    if attr is not None:
+        return [int(a) for a in np.asarray(attr).reshape(-1)]
+    if inp is not None:
+        array = ctx.array(inp)
+        return None if array is None else [int(a) for a in array.reshape(-1)]
+    return None
+
+
+@native_constraint("IsMeanOverLastAxis")
+def is_mean_over_last_axis(ctx, x, form, axes_attr, axes_input, sum_axes_attr, sum_axes_input, kind, factor):
+    """A mean of x over its last axis: ReduceMean over it; ReduceSum over it times 1/N or
+    divided by N (N the static last dim); GlobalAveragePool of a rank-3 x (it averages
+    every axis after the second)."""
+    if form == "reduce":
+        return reduces_last_axis(ctx, x, axes_attr, axes_input)
+    rank = ctx.rank(x)
+    if form == "pool":
+        return True if rank == 3 else f"GlobalAveragePool of a rank-{rank} tensor averages more than the last axis"
+    if form != "sum":
+        return f"not a mean ({form})"
+    axes = _axes(ctx, sum_axes_attr, sum_axes_input)
+    if axes is None:
+        return "the ReduceSum's axes are not constant or not given"
+    if not (axes == [-1] or (rank is not None and axes == [rank - 1])):
+        return f"the ReduceSum reduces axes {axes}, not only the last one (rank {rank})"
+    n, k = ctx.last_dim(x), ctx.scalar(factor)
+    if not isinstance(n, int) or k is None:
+        return "the last dim is not static or the factor is not a constant"
+    want = 1.0 / n if kind == "Mul" else float(n)
+    if not np.isclose(k, want, rtol=1e-6, atol=0.0):
+        return f"the sum is {'multiplied' if kind == 'Mul' else 'divided'} by {k:g}, not by {want:g}: not a mean over {n}"
+    return True
+
+
+@native_constraint("IsClampAtZero")
+def is_clamp_at_zero(ctx, zero, high):
+    """The variance's clamp, where there is one: at the constant 0 (Max, Clip's min), no upper bound."""
+    if high is not None:
+        return "the Clip has an upper bound"
+    if zero is None:
         return True
-    value = ctx.array(z)
+    value = ctx.array(zero)
     if value is None:
         return "the clamp is not a constant"
     return True if np.all(value == 0) else f"clamps at {float(value.ravel()[0]):g}, not 0"
+
+
+@native_constraint("IsInverseSqrt")
+def is_inverse_sqrt(ctx, form, c):
+    """Div(1, sqrt(v)) needs the dividend 1; Pow(v, e) the exponent -0.5."""
+    want = {"div1": 1.0, "pow": -0.5}.get(form)
+    if want is None:
+        return True
+    actual = ctx.scalar(c)
+    if actual != want:
+        return f"the {'dividend' if form == 'div1' else 'exponent'} is {actual}, not {want:g}"
+    return True
+
+
+@native_constraint("VarianceFormAgrees")
+def variance_form_agrees(ctx, square_form, variance_kind):
+    """The central variance squares x - mean; the second moment squares x and subtracts mean^2."""
+    if str(square_form).split("_")[0] != variance_kind:
+        return f"a {variance_kind} variance cannot square {'x - mean' if variance_kind == 'second' else 'x'}"
+    return True
+
+
+@native_constraint("ShiftFormMatchesRoot")
+def shift_form_matches_root(ctx, form, root):
+    """x * a - mean * a is a Sub; every other shift is added."""
+    if (form == "plain") != (root == "Sub"):
+        return f"{root} of x * a and the shift written as {form}"
+    return True
+
+
+@native_constraint("WeightFormAgrees")
+def weight_form_agrees(ctx, left, right):
+    """RMSNorm: (x * inv) * weight, or x * (inv * weight); not x * weight alone, nor both."""
+    if (left == "norm") != (right == "weight"):
+        return "not an RMSNorm's weight (x times a tensor)" if left == "input" else "the weight is applied twice"
+    return True
+
+
+def _feature_vector(ctx, x, p, fill: float, what: str):
+    """p as a [H] vector: itself when already [H], a reshaped copy of a [1, ..., 1, H] constant,
+    or `fill` repeated H times when absent."""
+    h = ctx.last_dim(x)
+    if not isinstance(h, int):
+        raise RewriteDeclined("the last dim of the input is not static")
+    if p is None:
+        dtype = {"f32": np.float32, "f16": np.float16, "f64": np.float64}.get(ctx.dtype(x) or "")
+        if dtype is None:
+            raise RewriteDeclined(f"no {what} constant of type {ctx.dtype(x)}")
+        return ctx.constant(np.full((h,), fill, dtype), f"layer_norm_{what}")
+    if ctx.dtype(p) != ctx.dtype(x):
+        raise RewriteDeclined(f"the {what} is {ctx.dtype(p)}, the input {ctx.dtype(x)}")
+    shape = ctx.shape(p)
+    if shape is not None and tuple(shape) == (h,):
+        return p
+    array = ctx.array(p)
+    if array is None or array.size != h or any(d != 1 for d in array.shape[:-1]) or array.shape[-1:] != (h,):
+        raise RewriteDeclined(f"the {what} has shape {None if shape is None else list(shape)}, not [1, ..., 1, {h}]")
+    return ctx.constant(array.reshape(h), f"layer_norm_{what}")
+
+
+@native_rewrite("FeatureVectors")
+def feature_vectors(ctx, x, gamma, beta):
+    """LayerNormalization's scale and bias from a per-feature gamma and beta ([H] or [1, 1, H]); ones / zeros where absent."""
+    return {"scale": _feature_vector(ctx, x, gamma, 1.0, "scale"), "bias": _feature_vector(ctx, x, beta, 0.0, "bias")}
