@@ -258,3 +258,37 @@ def _feature_vector(ctx, x, p, fill: float, what: str):
 def feature_vectors(ctx, x, gamma, beta):
     """LayerNormalization's scale and bias from a per-feature gamma and beta ([H] or [1, 1, H]); ones / zeros where absent."""
     return {"scale": _feature_vector(ctx, x, gamma, 1.0, "scale"), "bias": _feature_vector(ctx, x, beta, 0.0, "bias")}
+
+
+@native_constraint("DenominatorFormMatchesRoot")
+def denominator_form_matches_root(ctx, form, root):
+    """(x - mean) is divided by the Sqrt, multiplied by any inverse of it."""
+    if (form == "div") != (root == "Div"):
+        return f"a {root} by the {'standard deviation' if form == 'div' else 'inverse standard deviation'}"
+    return True
+
+
+@native_constraint("IsAllOnes")
+def is_all_ones(ctx, c):
+    """A scale of ones, or none (torch's layer_norm without a weight, on FX)."""
+    if c is None:
+        return True
+    value = ctx.array(c)
+    if value is None:
+        return "the scale is not a constant"
+    return True if value.size and np.all(value == 1) else "the scale is not all ones"
+
+
+@native_rewrite("Ones")
+def ones(ctx, x):
+    """A scale of ones for LayerNormalization: [H], x's type."""
+    return {"value": _feature_vector(ctx, x, None, 1.0, "scale")}
+
+
+@native_constraint("IsAbsentOrZero")
+def is_absent_or_zero(ctx, c):
+    """No bias, or a constant bias of zeros (the exporters write LayerNorm's missing bias so)."""
+    if c is None:
+        return True
+    value = ctx.array(c)
+    return True if value is not None and np.all(value == 0) else "the LayerNormalization has a bias"

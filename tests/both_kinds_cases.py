@@ -137,6 +137,12 @@ def _layer_norm_moments(m: nn.Module, x: torch.Tensor, dim: int = -1) -> torch.T
     return x * a + (m.b - mean * a)
 
 
+def _layer_norm_unscaled(x: torch.Tensor) -> torch.Tensor:
+    """A LayerNorm with neither gamma nor beta, the variance as the second moment, rsqrt."""
+    mean = x.mean(-1, keepdim=True)
+    return (x - mean) * torch.rsqrt(torch.relu((x * x).mean(-1, keepdim=True) - mean * mean) + 1e-5)
+
+
 def _rms_norm_keras(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """Keras's RMSNormalization: x * (rsqrt(mean(x * x) + eps) * weight)."""
     return x * (torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-6) * m.w)
@@ -375,6 +381,9 @@ CASES: list[Case] = [
     Case("FuseLayerNorm", fn(_layer_norm_clamped_rsqrt, g=const(8), b=const(8)), rand(2, 3, 8), 1, name="clamped-rsqrt"),
     Case("FuseLayerNormMoments", fn(_layer_norm_moments, g=const(8), b=const(8)), rand(2, 3, 8), 1, rtol=1e-4, atol=1e-4),
     Case("FuseRMSNorm", fn(_rms_norm_keras, w=const(8)), rand(2, 3, 8), 1, onnx_target="ort-cpu", name="keras"),
+    Case("FuseLayerNormUnscaled", fn(lambda m, x: _layer_norm_unscaled(x)), rand(2, 3, 8), 1, rtol=1e-4, atol=1e-4),
+    Case("FoldScaleIntoLayerNorm", fn(lambda m, x: F.layer_norm(x, (8,)) * m.g, g=const(8)), rand(2, 3, 8), 1),
+    Case("FoldBiasIntoLayerNorm", fn(lambda m, x: F.layer_norm(x, (8,), m.g) + m.b, g=const(8), b=const(8)), rand(2, 3, 8), 1),
     Case("FuseRMSNormUpcast", fn(_rms_norm_upcast, w=lambda: (torch.rand(8) + 0.5).half()), lambda: (torch.randn(2, 3, 8).half(),), 1,
          onnx_target="ort-cpu", rtol=2e-3, atol=2e-3),  # one fp16 rounding apart: the weight multiplies before or after it
     Case("FuseSkipRMSNorm", fn(lambda m, a, b: (_rms_norm(m, a + b), a + b), w=const(8)), rands((2, 3, 8), (2, 3, 8)), 1, along=("FuseRMSNorm",),
@@ -429,6 +438,8 @@ NEGATIVE_CASES: list[Case] = [
     Case("FuseLayerNormMoments", fn(lambda m, x: x * (torch.rsqrt(((x - x.mean(-1, keepdim=True)) ** 2).mean(-1, keepdim=True) + 1e-6) * m.g)
                                     + (m.b - x.mean(-1, keepdim=True) * (torch.rsqrt(((x - x.mean(-1, keepdim=True)) ** 2).mean(-1, keepdim=True) + 1e-3) * m.g)),
                                     g=const(8), b=const(8)), rand(2, 3, 8), 0, name="two-epsilons"),
+    # a per-token scale after a LayerNorm without gamma: not LayerNormalization's scale
+    Case("FoldScaleIntoLayerNorm", fn(lambda m, x: F.layer_norm(x, (8,)) * m.g, g=const(2, 3, 1)), rand(2, 3, 8), 0, name="per-token"),
     # centered by the mean of another tensor
     Case("FuseLayerNorm", fn(lambda m, x, y: (x - y.mean(-1, keepdim=True)) * torch.rsqrt(((x - y.mean(-1, keepdim=True)) ** 2).mean(-1, keepdim=True) + 1e-5)
                              * m.g + m.b, g=const(8), b=const(8)), rands((2, 3, 8), (2, 3, 8)), 0, name="mean-of-another"),

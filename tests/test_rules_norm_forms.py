@@ -8,13 +8,18 @@ import pytest
 from norm_forms import Form, layer_norm, rms_norm
 from rule_testing import assert_same_outputs, op_types, optimize_with, rewrites
 
-LN_RULES = ["FuseLayerNorm", "FuseLayerNormSecondMoment", "FuseLayerNormMoments"]
+LN_RULES = ["FuseLayerNorm", "FuseLayerNormSecondMoment", "FuseLayerNormMoments", "FuseLayerNormUnscaled", "FoldScaleIntoLayerNorm",
+            "FoldBiasIntoLayerNorm"]
 
 
-def _rule_for(form: Form) -> str:
+def _expected(form: Form) -> dict[str, int]:
+    """The rewrites per rule: one fused rule, and for a LayerNorm written without gamma or beta, the fold of the one it has."""
     if form.out == "keras":
-        return "FuseLayerNormMoments"
-    return "FuseLayerNorm" if form.var.startswith("central") else "FuseLayerNormSecondMoment"
+        return {"FuseLayerNormMoments": 1}
+    if form.gamma and form.beta:
+        return {"FuseLayerNorm" if form.var.startswith("central") else "FuseLayerNormSecondMoment": 1}
+    folds = {"FoldScaleIntoLayerNorm": int(form.gamma), "FoldBiasIntoLayerNorm": int(form.beta)}
+    return {"FuseLayerNormUnscaled": 1, **{k: v for k, v in folds.items() if v}}
 
 
 LN_FORMS = {
@@ -46,6 +51,14 @@ LN_FORMS = {
     "keras-plain": Form(out="keras", mean="pool", var="central_mul", inv="recip", gamma=False, beta=False),
     "keras-second-moment": Form(out="keras", var="second_mul", clamp="max", inv="pow"),
     "keras-opset23": Form(out="keras", mean="pool", var="central_mul", inv="div1", opset=23),
+    # no gamma, no beta, or only one of them
+    "plain": Form(gamma=False, beta=False),
+    "plain-second-moment-pow": Form(var="second_mul", clamp="max", inv="pow", gamma=False, beta=False),
+    "plain-pool-recip": Form(mean="pool", var="central_mul", inv="recip", gamma=False, beta=False),
+    "scale-only": Form(beta=False),
+    "scale-only-second-moment": Form(var="second_mul", clamp="relu", inv="recip", beta=False),
+    "bias-only": Form(gamma=False),
+    "bias-only-sum-div1": Form(mean="sum_div", inv="div1", gamma=False),
 }
 
 
@@ -55,8 +68,8 @@ def test_layer_norm_form_fuses(name: str, target: str) -> None:
     form = LN_FORMS[name]
     model = layer_norm(form)
     optimized, report = optimize_with(model, LN_RULES, target=target)
-    rule = _rule_for(form)
-    assert {r: rewrites(report, r) for r in LN_RULES} == {r: int(r == rule) for r in LN_RULES}
+    expected = _expected(form)
+    assert {r: rewrites(report, r) for r in LN_RULES} == {r: expected.get(r, 0) for r in LN_RULES}
     assert op_types(optimized) == ["LayerNormalization"]
     ln = optimized.graph.node[0]
     assert len(ln.input) == (3 if form.beta else 2)
@@ -88,6 +101,22 @@ def test_layer_norm_look_alike_does_not_fuse(name: str) -> None:
     if reason is not None:
         reasons = [m.reason for r in LN_RULES for m in report.rules[r].near_misses]
         assert any(reason in text for text in reasons), reasons
+
+
+def test_unscaled_layer_norm_times_a_per_token_tensor_keeps_the_mul() -> None:
+    """gamma of shape [N, 5, 1] is not a per-feature scale: LayerNormalization(x, ones) * it."""
+    import numpy as np
+    from rule_testing import helper, init
+
+    model = layer_norm(Form(gamma=False, beta=False))
+    y = model.graph.output[0].name
+    model.graph.node.append(helper.make_node("Mul", [y, "per_token"], ["scaled"]))
+    model.graph.initializer.append(init("per_token", np.full((1, 5, 1), 2.0, np.float32)))
+    model.graph.output[0].name = "scaled"
+    optimized, report = optimize_with(model, LN_RULES, target="onnx")
+    assert rewrites(report, "FuseLayerNormUnscaled") == 1 and rewrites(report, "FoldScaleIntoLayerNorm") == 0
+    assert op_types(optimized) == ["LayerNormalization", "Mul"]
+    assert_same_outputs(model, optimized, rtol=1e-4, atol=1e-4)
 
 
 def test_keras_layer_norm_below_opset_17_does_not_fuse() -> None:
