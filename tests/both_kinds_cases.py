@@ -137,6 +137,12 @@ def _layer_norm_moments(m: nn.Module, x: torch.Tensor, dim: int = -1) -> torch.T
     return x * a + (m.b - mean * a)
 
 
+def _layer_norm_summed(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A LayerNorm whose means are sums divided by N, the variance clamped by relu, eps added first."""
+    d = x - x.sum(-1, keepdim=True) / 8
+    return d / torch.sqrt(torch.relu((d * d).sum(-1, keepdim=True) / 8 + 1e-5)) * m.g + m.b
+
+
 def _layer_norm_unscaled(x: torch.Tensor) -> torch.Tensor:
     """A LayerNorm with neither gamma nor beta, the variance as the second moment, rsqrt."""
     mean = x.mean(-1, keepdim=True)
@@ -379,6 +385,7 @@ CASES: list[Case] = [
     Case("FuseRMSNorm", fn(_rms_norm, w=const(8)), rand(2, 3, 8), 1, opset=23),
     Case("FuseLayerNormSecondMoment", fn(_layer_norm_second_moment, g=const(8), b=const(8), zero=lambda: torch.zeros(())), rand(2, 3, 8), 1, rtol=1e-4, atol=1e-4),
     Case("FuseLayerNorm", fn(_layer_norm_clamped_rsqrt, g=const(8), b=const(8)), rand(2, 3, 8), 1, name="clamped-rsqrt"),
+    Case("FuseLayerNorm", fn(lambda m, x: _layer_norm_summed(m, x), g=const(8), b=const(8)), rand(2, 3, 8), 1, name="sum-over-n"),
     Case("FuseLayerNormMoments", fn(_layer_norm_moments, g=const(8), b=const(8)), rand(2, 3, 8), 1, rtol=1e-4, atol=1e-4),
     Case("FuseRMSNorm", fn(_rms_norm_keras, w=const(8)), rand(2, 3, 8), 1, onnx_target="ort-cpu", name="keras"),
     Case("FuseLayerNormUnscaled", fn(lambda m, x: _layer_norm_unscaled(x)), rand(2, 3, 8), 1, rtol=1e-4, atol=1e-4),
