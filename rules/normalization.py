@@ -292,3 +292,27 @@ def is_absent_or_zero(ctx, c):
         return True
     value = ctx.array(c)
     return True if value is not None and np.all(value == 0) else "the LayerNormalization has a bias"
+
+
+_MEAN_OPS = ("ReduceMean", "GlobalAveragePool")
+
+
+@native_constraint("IsNotCentered")
+def is_not_centered(ctx, x):
+    """x is not x0 - mean(x0): the RMS of a centered tensor is a LayerNorm's tail. Fused as
+    RMSNorm it would keep onnxruntime from fusing the whole LayerNorm below opset 17 (four
+    kernels instead of one), and above it FuseLayerNorm takes the whole."""
+    view = ctx.view
+    sub = view.producer(x)
+    if sub is None or view.op_key(sub)[1] != "Sub":
+        return True
+    x0, mean = (list(view.inputs(sub)) + [None, None])[:2]
+    node = view.producer(mean) if mean is not None else None
+    if node is not None and view.op_key(node)[1] in ("Mul", "Div"):  # ReduceSum(x0) * (1/N) or / N
+        inner = [view.producer(v) for v in view.inputs(node) if v is not None]
+        node = next((n for n in inner if n is not None and view.op_key(n)[1] == "ReduceSum"), None)
+    elif node is not None and view.op_key(node)[1] not in _MEAN_OPS:
+        node = None
+    if node is not None and view.inputs(node)[0] is x0:
+        return "the input is x - mean(x): a LayerNorm, not an RMSNorm"
+    return True
