@@ -13,7 +13,6 @@ def _static_rank(ctx, x):
     return ctx.rank(x)
 
 
-@native_constraint("ReducesLastAxis")
 def reduces_last_axis(ctx, x, axes_attr, axes_input):
     """The ReduceMean reduces exactly the last axis of x (axes as attribute or as a constant input)."""
     if axes_attr is not None:
@@ -84,20 +83,6 @@ def scalar_of(ctx, c):
         # its outputs by up to 1e-8 where the variance is small, past float64's tolerance.
         raise RewriteDeclined(f"epsilon {value:g} is float64, and the fused op's float32 epsilon attribute would round it")
     return {"value": value}
-
-
-@native_constraint("IsOne")
-def is_one(ctx, form, one):
-    """Div(1, sqrt) takes the reciprocal only when the dividend is the constant 1."""
-    if form != "div1":
-        return True
-    array = ctx.array(one)
-    if array is None or array.size != 1:
-        return "the dividend is not a one-element constant"
-    actual = float(array.reshape(-1)[0])
-    if actual != 1.0:
-        return f"the dividend is {actual}, not 1"
-    return True
 
 
 @native_constraint("IsAbsent")
