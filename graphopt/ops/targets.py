@@ -167,6 +167,8 @@ _ORT_CUDA_KNOWN: dict[tuple[str, str], frozenset[str]] = {
     ("com.ms.internal.nhwc", "GlobalAveragePool"): _F({"f32", "f16"}),
     ("com.ms.internal.nhwc", "GlobalMaxPool"): _F({"f32", "f16"}),
     ("", "SimplifiedLayerNormalization"): _F({"f32", "f64", "f16", "bf16"}),
+    # contrib_ops/cuda/layer_norm.cc: LayerNormalization in the default domain, opsets 1-16 (graphopt.LayerNorm).
+    ("", "LayerNormalization"): _F({"f32", "f64", "f16", "bf16"}),
 }
 
 
