@@ -17,6 +17,10 @@
 #                                              # through inductor and graphopt with each attention_mask handling; every case in its
 #                                              # own process (a CUDA error is one FAILED line, re-run with CUDA_LAUNCH_BLOCKING=1)
 #   bash benchmarks/gpu_session.sh profile M,N # the ops onnxruntime runs and the kernels they launch, per variant (ort_profile.py)
+#   bash benchmarks/gpu_session.sh norm14      # tf-transformer and jax-vit in fp16 (issue 14's two fp16 losses): the original, onnxruntime's
+#                                              # fp16 converter, graphopt fp16, graphopt fp16 with Softmax kept in fp32 (the old default)
+#                                              # and without the LayerNorm rules that fuse their norms (ort_profile.py), then both in
+#                                              # zoo_bench against the anchors (< 4 minutes)
 #   bash benchmarks/gpu_session.sh cpu 1/1     # the zoo on onnxruntime's CPU provider (the GPU machine's 16 cores, 4 threads a session)
 #   bash benchmarks/gpu_session.sh cpu-control 1/2  # the CPU zoo as "cpu", with each session's threads pinned to the same cores
 #                                              # and the original timed twice (its "control" ratio: this measurement's own spread)
@@ -114,6 +118,14 @@ placement)
 profile)
   timeout 500 python3 benchmarks/ort_profile.py --models "${2:?models}" --out "$OUT" > "$OUT/profile.log" 2>&1
   tail -120 "$OUT/profile.log"
+  ;;
+norm14)
+  timeout 120 python3 benchmarks/ort_profile.py --models tf-transformer,jax-vit --runs 200 --out "$OUT/norm14" \
+    --variants original,original-fp16,graphopt-fp16,graphopt-fp16+keep=Softmax,graphopt-fp16+off=FuseLayerNormMoments:FuseLayerNormSecondMoment \
+    > "$OUT/norm14-profile.log" 2>&1
+  timeout 110 python3 benchmarks/zoo_bench.py --device cuda --models tf-transformer,jax-vit --jobs 4 --runs 10 --rounds 8 --warmup 5 \
+    --out "$OUT/zoo_bench-norm14.json" > "$OUT/norm14-zoo.log" 2>&1
+  tail -60 "$OUT/norm14-profile.log"; tail -12 "$OUT/norm14-zoo.log"
   ;;
 cpu)
   shard=${2:-1/1}

@@ -5,7 +5,10 @@ runs after its own session optimizer, and the GPU kernels they launch.
     python benchmarks/ort_profile.py --models resnet-dynamo --variants original,graphopt,graphopt-fp16
 
 Per model and variant (original; graphopt --target ort-cuda, fp32 and fp16; onnxruntime's
-offline optimizer at ENABLE_ALL), on the CUDA provider with io-binding:
+offline optimizer at ENABLE_ALL; original-fp16: onnxruntime's float16 converter), on the
+CUDA provider with io-binding. A graphopt variant may name options after a "+":
+``graphopt-fp16+keep=Softmax`` keeps those ops in float32 (``keep_fp32``), ``graphopt+off=FuseLayerNormMoments``
+disables those rules (several joined by ":"), to see what one decision or rule is worth:
 
 * the op types of the graph onnxruntime actually runs (the session's optimized model,
   ``optimized_model_filepath``), so a fusion onnxruntime makes on the original but not on
@@ -43,8 +46,21 @@ def _make(variant: str, src: Path, dst: Path) -> Path:
 
     if variant == "original":
         return src
+    if variant == "original-fp16":
+        import onnx
+        from onnxruntime.transformers import float16
+
+        onnx.save(float16.convert_float_to_float16(onnx.load(str(src)), keep_io_types=True), str(dst))
+        return dst
     if variant.startswith("graphopt"):
-        graphopt.optimize_file(src, dst, target="ort-cuda", precision="fp16" if variant.endswith("fp16") else None)
+        base, *options = variant.split("+")
+        settings = dict(option.split("=", 1) for option in options)
+        unknown = set(settings) - {"keep", "off"}
+        if unknown:
+            raise ValueError(f"unknown option(s) {sorted(unknown)} in {variant} (keep=OP:OP, off=RULE:RULE)")
+        graphopt.optimize_file(src, dst, target="ort-cuda", precision="fp16" if base.endswith("fp16") else None,
+                               keep_fp32=tuple(filter(None, settings.get("keep", "").split(":"))),
+                               disable=tuple(filter(None, settings.get("off", "").split(":"))))
         return dst
     if variant == "ort-offline-all":
         import onnxruntime as ort
@@ -133,7 +149,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"== {model}")
         ops = sorted({op for v in variants.values() for op in v.get("ort_ops", {})})
         names = list(variants)
-        print(f"{'':34}" + "".join(f"{n[:16]:>17}" for n in names))
+        for i, n in enumerate(names):
+            print(f"  [{i}] {n}")
+        print(f"{'':34}" + "".join(f"{'[' + str(i) + ']':>17}" for i in range(len(names))))
         for key in ("median_ms",):
             print(f"{key:34}" + "".join(f"{variants[n].get(key, float('nan')):>17.3f}" for n in names))
         print(f"{'gpu_ms_per_run':34}" + "".join(f"{variants[n].get('kernels', {}).get('gpu_ms_per_run', float('nan')):>17.3f}" for n in names))
@@ -146,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
             if "error" in variants[n]:
                 print(f"  {n}: {variants[n]['error']}")
             for k in variants[n].get("kernels", {}).get("top", [])[:6]:
-                print(f"  {n[:14]:14} {k['ms_per_run']:8.4f} ms x{k['calls_per_run']:<5} {k['name'][:90]}")
+                print(f"  [{names.index(n)}] {k['ms_per_run']:8.4f} ms x{k['calls_per_run']:<5} {k['name'][:90]}")
     return 0
 
 

@@ -123,6 +123,37 @@ def _layer_norm_second_moment(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return (x - mean) / torch.sqrt(var + 1e-6) * m.g + m.b
 
 
+def _layer_norm_clamped_rsqrt(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A LayerNorm written with the variance clamped by clamp(min=0) (Clip) and rsqrt (Reciprocal(Sqrt))."""
+    d = x - x.mean(-1, keepdim=True)
+    return d * torch.rsqrt(torch.clamp((d * d).mean(-1, keepdim=True), min=0.0) + 1e-5) * m.g + m.b
+
+
+def _layer_norm_moments(m: nn.Module, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Keras's LayerNormalization: a = rsqrt(var + eps) * gamma, x * a + (beta - mean * a)."""
+    mean = x.mean(dim, keepdim=True)
+    d = x - mean
+    a = torch.rsqrt((d * d).mean(dim, keepdim=True) + 1e-6) * m.g
+    return x * a + (m.b - mean * a)
+
+
+def _layer_norm_summed(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A LayerNorm whose means are sums divided by N, the variance clamped by relu, eps added first."""
+    d = x - x.sum(-1, keepdim=True) / 8
+    return d / torch.sqrt(torch.relu((d * d).sum(-1, keepdim=True) / 8 + 1e-5)) * m.g + m.b
+
+
+def _layer_norm_unscaled(x: torch.Tensor) -> torch.Tensor:
+    """A LayerNorm with neither gamma nor beta, the variance as the second moment, rsqrt."""
+    mean = x.mean(-1, keepdim=True)
+    return (x - mean) * torch.rsqrt(torch.relu((x * x).mean(-1, keepdim=True) - mean * mean) + 1e-5)
+
+
+def _rms_norm_keras(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Keras's RMSNormalization: x * (rsqrt(mean(x * x) + eps) * weight)."""
+    return x * (torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-6) * m.w)
+
+
 def _attention(m: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
     return torch.matmul(torch.softmax(scores, dim=-1), v)
@@ -353,6 +384,13 @@ CASES: list[Case] = [
     Case("FuseRMSNorm", fn(_rms_norm, w=const(8)), rand(2, 3, 8), 1, onnx_target="ort-cpu"),
     Case("FuseRMSNorm", fn(_rms_norm, w=const(8)), rand(2, 3, 8), 1, opset=23),
     Case("FuseLayerNormSecondMoment", fn(_layer_norm_second_moment, g=const(8), b=const(8), zero=lambda: torch.zeros(())), rand(2, 3, 8), 1, rtol=1e-4, atol=1e-4),
+    Case("FuseLayerNorm", fn(_layer_norm_clamped_rsqrt, g=const(8), b=const(8)), rand(2, 3, 8), 1, name="clamped-rsqrt"),
+    Case("FuseLayerNorm", fn(lambda m, x: _layer_norm_summed(m, x), g=const(8), b=const(8)), rand(2, 3, 8), 1, name="sum-over-n"),
+    Case("FuseLayerNormMoments", fn(_layer_norm_moments, g=const(8), b=const(8)), rand(2, 3, 8), 1, rtol=1e-4, atol=1e-4),
+    Case("FuseRMSNorm", fn(_rms_norm_keras, w=const(8)), rand(2, 3, 8), 1, onnx_target="ort-cpu", name="keras"),
+    Case("FuseLayerNormUnscaled", fn(lambda m, x: _layer_norm_unscaled(x)), rand(2, 3, 8), 1, rtol=1e-4, atol=1e-4),
+    Case("FoldScaleIntoLayerNorm", fn(lambda m, x: F.layer_norm(x, (8,)) * m.g, g=const(8)), rand(2, 3, 8), 1),
+    Case("FoldBiasIntoLayerNorm", fn(lambda m, x: F.layer_norm(x, (8,), m.g) + m.b, g=const(8), b=const(8)), rand(2, 3, 8), 1),
     Case("FuseRMSNormUpcast", fn(_rms_norm_upcast, w=lambda: (torch.rand(8) + 0.5).half()), lambda: (torch.randn(2, 3, 8).half(),), 1,
          onnx_target="ort-cpu", rtol=2e-3, atol=2e-3),  # one fp16 rounding apart: the weight multiplies before or after it
     Case("FuseSkipRMSNorm", fn(lambda m, a, b: (_rms_norm(m, a + b), a + b), w=const(8)), rands((2, 3, 8), (2, 3, 8)), 1, along=("FuseRMSNorm",),
@@ -400,6 +438,18 @@ CASES: list[Case] = [
 #: Modules that look like a rule's pattern but are not it: no rewrite on either kind (count 0),
 #: the outputs still the module's.
 NEGATIVE_CASES: list[Case] = [
+    # Keras's LayerNorm over the middle axis: not LayerNormalization's last axis
+    Case("FuseLayerNormMoments", fn(lambda m, x: _layer_norm_moments(m, x, dim=1), g=const(8), b=const(8)),
+         rand(2, 3, 8), 0, name="middle-axis"),
+    # the shift's inverse with another epsilon than the scale's
+    Case("FuseLayerNormMoments", fn(lambda m, x: x * (torch.rsqrt(((x - x.mean(-1, keepdim=True)) ** 2).mean(-1, keepdim=True) + 1e-6) * m.g)
+                                    + (m.b - x.mean(-1, keepdim=True) * (torch.rsqrt(((x - x.mean(-1, keepdim=True)) ** 2).mean(-1, keepdim=True) + 1e-3) * m.g)),
+                                    g=const(8), b=const(8)), rand(2, 3, 8), 0, name="two-epsilons"),
+    # a per-token scale after a LayerNorm without gamma: not LayerNormalization's scale
+    Case("FoldScaleIntoLayerNorm", fn(lambda m, x: F.layer_norm(x, (8,)) * m.g, g=const(2, 3, 1)), rand(2, 3, 8), 0, name="per-token"),
+    # centered by the mean of another tensor
+    Case("FuseLayerNorm", fn(lambda m, x, y: (x - y.mean(-1, keepdim=True)) * torch.rsqrt(((x - y.mean(-1, keepdim=True)) ** 2).mean(-1, keepdim=True) + 1e-5)
+                             * m.g + m.b, g=const(8), b=const(8)), rands((2, 3, 8), (2, 3, 8)), 0, name="mean-of-another"),
     # k.repeat(1, 2, 1, 1)'s order (head h reads h % Hkv), not repeat_kv's: another attention
     Case("FuseGroupedKV", fn(lambda m, q, k, v: F.scaled_dot_product_attention(q, _tiled_kv(k, 2), _tiled_kv(v, 2))),
          rands((2, 4, 5, 4), (2, 2, 5, 4), (2, 2, 5, 4)), 0, along=("FuseScaledDotProductAttention", "DropPassThrough"), opset=23,

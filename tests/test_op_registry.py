@@ -194,6 +194,7 @@ _CASES: dict[str, tuple[list[np.ndarray | None], dict[str, Any], int]] = {
     "SkipLayerNorm": ([_rand(2, 3, 8), _rand(2, 3, 8), _rand(8), _rand(8)], {}, 4),
     "SkipRMSNorm": ([_rand(2, 3, 8), _rand(2, 3, 8), _rand(8)], {}, 4),
     "RMSNorm": ([_rand(2, 3, 8), _rand(8)], {}, 1),
+    "LayerNorm": ([_rand(2, 3, 8), _rand(8), _rand(8)], {}, 1),
     "Gelu": ([_rand(2, 3, 8)], {}, 1),
     "FastGelu": ([_rand(2, 3, 8), _rand(8)], {}, 1),
     "BiasGelu": ([_rand(2, 3, 8), _rand(8)], {}, 1),

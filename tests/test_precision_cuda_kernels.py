@@ -255,3 +255,31 @@ def test_a_table_without_types_per_range_decides_nothing(monkeypatch: pytest.Mon
     cuda = KernelTable("CUDAExecutionProvider", fallback="ort_cuda_kernels.json")
     assert cuda.types_at(("", "Clip"), 11) == {"f32"} and cuda.types_at(("", "Clip"), 5) == frozenset()
     assert cuda.types_at(("", "Clip"), None) is None
+
+
+def attention_scores_softmax() -> onnx.ModelProto:
+    """q @ k^T * scale -> Softmax -> @ v: a written-out attention whose Softmax reads an fp16 MatMul."""
+    nodes = [
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["q", "kt"], ["s"]),
+        helper.make_node("Mul", ["s", "scale"], ["scaled"]),
+        helper.make_node("Softmax", ["scaled"], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "v"], ["y"]),
+    ]
+    inputs = [helper.make_tensor_value_info(n, F, [2, 6, 8]) for n in ("q", "k", "v")]
+    return make_model(nodes, inputs, [helper.make_tensor_value_info("y", F, None)], [init("scale", np.array(0.35, np.float32))], opset=17)
+
+
+@pytest.mark.parametrize("target, softmax_in_fp32", [("ort-cuda", False), ("onnx", True)])
+def test_softmax_is_kept_in_fp32_only_where_its_kernel_sums_in_16_bits(target: str, softmax_in_fp32: bool) -> None:
+    # onnxruntime's CUDA Softmax accumulates half in float (core/providers/cuda/math/softmax.h):
+    # on ort-cuda the block list's reason does not hold, and the Casts around it only cost kernels.
+    model = attention_scores_softmax()
+    optimized, report = optimize_with(model, [], target=target, precision="fp16")
+    summary = report.precision_conversion
+    assert summary is not None
+    assert ("Softmax" in summary.kept_ops) == softmax_in_fp32
+    casts = op_types(optimized).count("Cast")
+    assert casts == (3 + 1 + 2 if softmax_in_fp32 else 3 + 1)  # 3 inputs down, the output up (+ around Softmax)
+    feeds = feeds_for(model)
+    within_budget(run(model, feeds), run(optimized, feeds), "fp16")

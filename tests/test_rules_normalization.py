@@ -95,13 +95,24 @@ def test_decomposed_layer_norm_on_ort_cuda_emits_layer_normalization() -> None:
     assert [(n.domain, n.op_type) for n in optimized.graph.node] == [("", "LayerNormalization")]
 
 
-@pytest.mark.parametrize("target", ["onnx", "ort-cpu"])
-def test_layer_norm_below_opset_17_does_not_fuse(target: str) -> None:
+def test_layer_norm_below_opset_17_does_not_fuse_for_plain_onnx() -> None:
     model = decomposed_layer_norm(opset=16)
-    optimized, report = optimize_with(model, ["FuseLayerNorm"], target=target)
+    optimized, report = optimize_with(model, ["FuseLayerNorm"], target="onnx")
     assert rewrites(report, "FuseLayerNorm") == 0
     assert len(optimized.graph.node) == 9
     assert "opset is 16" in report.rules["FuseLayerNorm"].near_misses[0].reason
+
+
+@pytest.mark.parametrize("target", ["ort-cpu", "ort-cuda"])
+@pytest.mark.parametrize("opset", [11, 13, 16])
+def test_layer_norm_below_opset_17_becomes_onnxruntimes_layer_normalization(target: str, opset: int) -> None:
+    # onnxruntime registers LayerNormalization in the default domain from opset 1 (graphopt.LayerNorm's lowering).
+    model = decomposed_layer_norm(opset=opset)
+    optimized, report = optimize_with(model, ["FuseLayerNorm"], target=target)
+    assert rewrites(report, "FuseLayerNorm") == 1
+    assert [(n.domain, n.op_type) for n in optimized.graph.node] == [("", "LayerNormalization")]
+    assert optimized.opset_import[0].version == opset
+    assert_same_outputs(model, optimized, rtol=1e-4, atol=1e-5)
 
 
 def test_layer_norm_with_non_constant_eps_does_not_fuse() -> None:

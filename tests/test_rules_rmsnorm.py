@@ -261,26 +261,27 @@ def test_tiny_llama_rms_norm_fusions(tmp_path, target: str) -> None:
 F16 = TensorProto.FLOAT16
 
 
-def upcast_rms_norm(opset: int = 17, down: int = F16, source: int = F16) -> onnx.ModelProto:
+def upcast_rms_norm(opset: int = 17, down: int = F16, source: int = F16, square: str = "pow", inverse: str = "reciprocal") -> onnx.ModelProto:
     """transformers' LlamaRMSNorm on a half-precision input, as torch.onnx writes it:
-    Cast(h, float) -> Pow 2 -> ReduceMean -> Add eps -> Sqrt -> Reciprocal -> Mul -> Cast(back) -> Mul weight."""
+    Cast(h, float) -> Pow 2 -> ReduceMean -> Add eps -> Sqrt -> Reciprocal -> Mul -> Cast(back) -> Mul weight;
+    `square` "mul": Mul(x, x); `inverse` "pow": Pow(var + eps, -0.5) instead of Sqrt, Reciprocal."""
     np_type = {F16: np.float16, F: np.float32}
     weight_type = np_type.get(down, np.float32)
     nodes = [
         helper.make_node("Cast", ["h"], ["x"], to=F),
-        helper.make_node("Pow", ["x", "two"], ["sq"]),
+        helper.make_node("Pow", ["x", "two"], ["sq"]) if square == "pow" else helper.make_node("Mul", ["x", "x"], ["sq"]),
         helper.make_node("ReduceMean", ["sq", "axes"], ["var"], keepdims=1)
         if opset >= 18
         else helper.make_node("ReduceMean", ["sq"], ["var"], axes=[-1], keepdims=1),
         helper.make_node("Add", ["var", "eps"], ["ve"]),
-        helper.make_node("Sqrt", ["ve"], ["std"]),
-        helper.make_node("Reciprocal", ["std"], ["inv"]),
+        *([helper.make_node("Sqrt", ["ve"], ["std"]), helper.make_node("Reciprocal", ["std"], ["inv"])] if inverse == "reciprocal"
+          else [helper.make_node("Pow", ["ve", "minus_half"], ["inv"])]),
         helper.make_node("Mul", ["x", "inv"], ["norm"]),
         helper.make_node("Cast", ["norm"], ["norm_low"], to=down),
         helper.make_node("Mul", ["weight", "norm_low"], ["y"]),
     ]
     inits = [init("weight", (rand(H, positive=True) + 0.5).astype(weight_type)), init("two", np.array(2.0, np.float32)),
-             init("eps", np.array(1e-6, np.float32))]
+             init("eps", np.array(1e-6, np.float32)), init("minus_half", np.array(-0.5, np.float32))]
     if opset >= 18:
         inits.append(init("axes", np.array([-1], np.int64)))
     model = make_model(nodes, [helper.make_tensor_value_info("h", source, ["N", 4, H])], [helper.make_tensor_value_info("y", down, None)],
@@ -290,9 +291,10 @@ def upcast_rms_norm(opset: int = 17, down: int = F16, source: int = F16) -> onnx
     return model
 
 
+@pytest.mark.parametrize("square, inverse", [("pow", "reciprocal"), ("mul", "reciprocal"), ("mul", "pow")])
 @pytest.mark.parametrize("target", ["ort-cpu", "ort-cuda"])
-def test_half_precision_rms_norm_with_its_float32_upcast_fuses(target: str) -> None:
-    model = upcast_rms_norm()
+def test_half_precision_rms_norm_with_its_float32_upcast_fuses(target: str, square: str, inverse: str) -> None:
+    model = upcast_rms_norm(square=square, inverse=inverse)
     optimized, report = optimize_with(model, ["FuseRMSNormUpcast"], target=target)
     assert rewrites(report, "FuseRMSNormUpcast") == 1
     assert _ops(optimized) == [("", "SimplifiedLayerNormalization")]

@@ -422,6 +422,15 @@ def _reduce_mean(c: InlineConsts, node: fx.Node, a: dict[str, Any]) -> Presentat
     return Presentation("ReduceMean", [a["self"], axes], {"keepdims": int(bool(a["keepdim"]))})
 
 
+# sum(x, dims) / N is how some code writes a mean: normalization.pdll's families read ReduceSum * (1/N).
+@_presents(aten.sum.dim_IntList)
+def _reduce_sum(c: InlineConsts, node: fx.Node, a: dict[str, Any]) -> Presentation | None:
+    if a["dim"] is None or a.get("dtype") is not None:
+        return None
+    axes = c.const_list(node, "dim", [int(d) for d in a["dim"]])
+    return Presentation("ReduceSum", [a["self"], axes], {"keepdims": int(bool(a["keepdim"]))})
+
+
 @_presents(aten.native_layer_norm.default)
 def _layer_norm(c: InlineConsts, node: fx.Node, a: dict[str, Any]) -> Presentation | None:
     axis = -len(a["normalized_shape"])

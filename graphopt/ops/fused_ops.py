@@ -346,6 +346,18 @@ FUSED_OPS: tuple[OpSpec, ...] = (
         lowerings=_ort(Lowering("", "SimplifiedLayerNormalization")),
     ),
     OpSpec(
+        "graphopt", "LayerNorm",
+        "(x - mean) / sqrt(var + epsilon) * scale + bias over the last axis: LayerNormalization below opset 17",
+        inputs=(Input("X"), Input("Scale"), Input("B", optional=True)),
+        outputs=_Y,
+        attributes=(Attribute("axis", "INT", -1), Attribute("epsilon", "FLOAT", 1e-5)),
+        infer=_like_first,
+        # onnxruntime registers LayerNormalization in the default domain from opset 1 (a contrib
+        # kernel below 17, what its own LayerNormFusion emits): the normalization rules use it
+        # where the model's opset has no standard LayerNormalization.
+        lowerings=_ort(Lowering("", "LayerNormalization")),
+    ),
+    OpSpec(
         "graphopt", "GroupNorm",
         "GroupNormalization with per-channel gamma and beta, optionally followed by SiLU (activation = 1)",
         inputs=(Input("X"), Input("gamma"), Input("beta")),

@@ -167,6 +167,8 @@ _ORT_CUDA_KNOWN: dict[tuple[str, str], frozenset[str]] = {
     ("com.ms.internal.nhwc", "GlobalAveragePool"): _F({"f32", "f16"}),
     ("com.ms.internal.nhwc", "GlobalMaxPool"): _F({"f32", "f16"}),
     ("", "SimplifiedLayerNormalization"): _F({"f32", "f64", "f16", "bf16"}),
+    # contrib_ops/cuda/layer_norm.cc: LayerNormalization in the default domain, opsets 1-16 (graphopt.LayerNorm).
+    ("", "LayerNormalization"): _F({"f32", "f64", "f16", "bf16"}),
 }
 
 
@@ -216,6 +218,10 @@ class Target:
     #: with copies): its provider's whole kernel table, standard ops included, per opset range
     #: and type. Read for standard ops only (`why_not`'s 16-bit check, `missing_kernel`).
     standard_kernels: KernelTable | None = None
+    #: Standard ops on the precision block list (graphopt.passes.precision_plan.DEFAULT_KEEP_FP32)
+    #: whose 16-bit kernels on this target accumulate in float32, so the list's reason (sums in
+    #: 16 bits) does not hold: they are converted like any op rather than wrapped in Casts.
+    float32_accumulating: frozenset[str] = frozenset()
 
     def slower_kernel(self, domain: str, op_type: str) -> str | None:
         """None unless a rewrite emitting this op would run slower on the target than the ops it replaces."""
@@ -339,6 +345,10 @@ TARGETS: dict[str, Target] = {
     "ort-cuda": Target(
         "ort-cuda", "onnxruntime, CUDA execution provider", _ORT_CUDA, registry.lowerings_for("ort-cuda"), contracts=registry.contracts_for("ort-cuda"),
         standard_kernels=_ORT_CUDA_ALL,
+        # core/providers/cuda/math/softmax.h: AccumulateType<MLFloat16> is float (the warp- and
+        # block-wise softmax kernels reduce in it). A Softmax read from an fp16 MatMul kept in
+        # float32 cost two Casts per attention (tf-transformer: 4 of its 10 Casts in fp16).
+        float32_accumulating=frozenset({"Softmax", "LogSoftmax"}),
     ),
 }
 

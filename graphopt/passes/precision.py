@@ -62,11 +62,11 @@ from graphopt.ops.targets import GRAPHOPT_DOMAIN, Target
 from graphopt.passes._common import ONNX_DOMAINS, has_subgraphs, in_qdq_unit, record
 from graphopt.passes.precision_plan import (
     _LOW,
-    DEFAULT_KEEP_FP32,
     PrecisionPlan,
     _formal,
     _op_names,
     _schema,
+    default_blocked,
 )
 from graphopt.passes.precision_region import joins_region, recurrent_seed, region_seed, tail_heads
 from graphopt.report.model import PrecisionSummary, RangeKeep
@@ -245,7 +245,7 @@ class _Converter:
             return "keep_fp32", None
         if shape_derived and f32_out:
             return "shape", None
-        if domain in ONNX_DOMAINS and node.op_type in DEFAULT_KEEP_FP32:
+        if default_blocked(domain, node.op_type, self.target):
             return "block_list", None
         if in_qdq_unit(node):   # a Cast between the op and its Q/DQ would hide the unit
             return "qdq_unit", None

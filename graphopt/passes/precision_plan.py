@@ -24,7 +24,7 @@ from graphopt.ops.registry import has_fact, names_with
 from graphopt.ops.targets import Target
 from graphopt.passes._common import ONNX_DOMAINS
 
-__all__ = ["PRECISIONS", "DEFAULT_KEEP_FP32", "PrecisionPlan", "parse_precision"]
+__all__ = ["PRECISIONS", "DEFAULT_KEEP_FP32", "PrecisionPlan", "default_blocked", "parse_precision"]
 
 #: Accepted values of `--precision`; "fp32" (or None) leaves the model's precision alone.
 PRECISIONS = ("fp32", "fp16", "bf16")
@@ -75,6 +75,13 @@ def _schema_takes(op_type: str, opset: int, low_type: str) -> bool:
     return any("tensor(float)" in c.allowed_type_strs and low_type in c.allowed_type_strs for c in schema.type_constraints)
 
 
+def default_blocked(domain: str, op_type: str, target: Target | None) -> bool:
+    """On the default block list, and not an op whose 16-bit kernel on `target` accumulates in float32."""
+    if domain not in ONNX_DOMAINS or op_type not in DEFAULT_KEEP_FP32:
+        return False
+    return target is None or op_type not in target.float32_accumulating
+
+
 @dataclass(frozen=True)
 class PrecisionPlan:
     """The conversion asked for: the low type and what stays float32.
@@ -110,7 +117,7 @@ class PrecisionPlan:
 
     def blocks_op(self, domain: str, op_type: str, target: Target | None = None) -> bool:
         """Is the op on the block list (the default one, or the user's, by any of its names)?"""
-        if domain in ONNX_DOMAINS and op_type in DEFAULT_KEEP_FP32:
+        if default_blocked(domain, op_type, target):
             return True
         return bool(self.keep and _op_names(domain, op_type, target) & self.keep)
 
