@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from llm_families import FAMILIES  # noqa: E402
 from models import _perturb_1d_params  # noqa: E402  (same seeded noise as the zoo)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -172,14 +173,18 @@ def _whisper_decoder(cache: bool) -> Callable[[], tuple[Any, dict[str, Any]]]:
     return make
 
 
-def _causal_lm_with_cache(config_fn: Callable[[], Any], model_cls: str, heads_kv: int, head_dim: int) -> Callable[[], tuple[Any, dict[str, Any]]]:
-    """A decoder stack (no LM head) with its KV cache as inputs and outputs."""
+def _causal_lm_with_cache(config_fn: Callable[[], Any], model_cls: str, heads_kv: int, head_dim: int,
+                          mask: bool = True, half: bool = False) -> Callable[[], tuple[Any, dict[str, Any]]]:
+    """A decoder stack (no LM head) with its KV cache as inputs and outputs; without `mask` no
+    attention_mask input (transformers builds the causal mask from the cache position alone); `half`:
+    the model and its cache in float16."""
 
     def make() -> tuple[Any, dict[str, Any]]:
         import transformers
 
         cfg = config_fn()
         inner = _perturb_1d_params(getattr(transformers, model_cls)(cfg)).eval()
+        inner = inner.half() if half else inner
         layers = cfg.num_hidden_layers
 
         def forward(m: Any, input_ids: Any, attention_mask: Any, *past: Any) -> Any:
@@ -187,8 +192,14 @@ def _causal_lm_with_cache(config_fn: Callable[[], Any], model_cls: str, heads_kv
                     use_cache=True, return_dict=True)
             return (out.last_hidden_state, *_cache_tensors(out.past_key_values))
 
+        def forward_causal(m: Any, input_ids: Any, *past: Any) -> Any:
+            return forward(m, input_ids, None, *past)
+
         names = ["input_ids", "attention_mask"] + [f"past_{kv}{i}" for i in range(layers) for kv in "kv"]
         past = {n: _randn(BATCH, heads_kv, PAST, head_dim, seed=10 + i) for i, n in enumerate(names[2:])}
+        past = {n: t.half() for n, t in past.items()} if half else past
+        if not mask:
+            return _module(forward_causal, inner, names[:1] + names[2:]), {"input_ids": _ids(cfg.vocab_size, seq=SEQ), **past}
         return _module(forward, inner, names), {
             "input_ids": _ids(cfg.vocab_size, seq=SEQ), "attention_mask": _mask(BATCH, PAST + SEQ), **past,
         }
@@ -274,6 +285,32 @@ ARCHITECTURES: dict[str, _Arch] = {
 }
 
 
+def _family_arch(family: str, mask: bool, half: bool) -> _Arch:
+    from llm_families import config, head_dim, model_class
+
+    cfg = config(family)
+    make = _causal_lm_with_cache(lambda: config(family), model_class(family, causal_lm=False), cfg.num_key_value_heads, head_dim(cfg), mask, half)
+    dynamic = _decoder_dynamic(2, True)
+    if not mask:
+        dynamic.pop("attention_mask")
+    return _Arch(make, ["hidden"] + [f"present_{kv}{i}" for i in range(2) for kv in "kv"], dynamic, exporters=("dynamo",))
+
+
+def _arch(name: str) -> _Arch:
+    if name in ARCHITECTURES:
+        return ARCHITECTURES[name]
+    # the decoder families of tests/llm_families.py with their KV cache: "<family>-kv" with an attention_mask
+    # input, "<family>-kv-causal" without (the mask from the cache position alone), "-fp16" in float16;
+    # not torture cases
+    half = name.endswith("-fp16")
+    base = name.removesuffix("-fp16")
+    causal = base.endswith("-kv-causal")
+    family = base.removesuffix("-causal").removesuffix("-kv")
+    if not base.removesuffix("-causal").endswith("-kv") or family not in FAMILIES:
+        raise KeyError(name)
+    return _family_arch(family, mask=not causal, half=half)
+
+
 def _key(name: str, exporter: str) -> str:
     import torch
     import transformers
@@ -285,7 +322,7 @@ def build(name: str, exporter: str) -> tuple[Path, dict[str, np.ndarray]]:
     """The exported model (cached) and its example inputs."""
     import torch
 
-    arch = ARCHITECTURES[name]
+    arch = _arch(name)
     torch.manual_seed(SEED)
     module, example = arch.make()
     feeds = {k: v.numpy() for k, v in example.items()}
