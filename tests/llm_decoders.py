@@ -29,7 +29,9 @@ I64 = TensorProto.INT64
 
 
 def decoder_block(hidden: int = 32, heads: int = 4, kv_heads: int = 2, repeat: str = "expand", mask: str = "causal_padding",
-                  rotary: bool = True, seed: int = 0, dtype: Any = np.float32) -> onnx.ModelProto:
+                  rotary: bool = True, seed: int = 0, dtype: Any = np.float32, qkv_bias: str = "") -> onnx.ModelProto:
+    """qkv_bias: the projections (of "q", "k", "v") with a constant bias Add after the MatMul, as Qwen2's;
+    "kx" puts k's bias first in its Add (the other operand order)."""
     head = hidden // heads
     group = heads // kv_heads
     rng = np.random.default_rng(seed)
@@ -65,9 +67,16 @@ def decoder_block(hidden: int = 32, heads: int = 4, kv_heads: int = 2, repeat: s
         shape = node("Concat", [batch_1d, seq_1d, one_d["m1"], one_d["head"]], f"{name}_shape", axis=0)
         return node("Transpose", [node("Reshape", [x, shape], f"{name}_view")], f"{name}_t", perm=[0, 2, 1, 3])
 
-    q = heads_view(node("MatMul", ["hidden", wq], "q_proj"), heads, "q")
-    k = heads_view(node("MatMul", ["hidden", wk], "k_proj"), kv_heads, "k")
-    v = heads_view(node("MatMul", ["hidden", wv], "v_proj"), kv_heads, "v")
+    def project(w: str, name: str, width: int) -> str:
+        out = node("MatMul", ["hidden", w], f"{name}_proj" if name not in qkv_bias else f"{name}_mm")
+        if name not in qkv_bias:
+            return out
+        bias = const(f"b{name}", (rng.standard_normal(width) / 4).astype(dtype))
+        return node("Add", [bias, out] if f"{name}x" in qkv_bias else [out, bias], f"{name}_proj")
+
+    q = heads_view(project(wq, "q", heads * head), heads, "q")
+    k = heads_view(project(wk, "k", kv_heads * head), kv_heads, "k")
+    v = heads_view(project(wv, "v", kv_heads * head), kv_heads, "v")
 
     positions = node("Range", [past, total, scalar1], "positions")  # past .. past + seq
     if rotary:
