@@ -62,7 +62,7 @@ def pack_projections(gm: fx.GraphModule, new_constant: NewConstant, fake_mode: A
         elif node.target is _BIASED and len(node.args) == 3:
             x, weight = node.args[1], _right_matrix(gm, node.args[2])
             bias = None if weight is None else _bias(gm, node.args[0], int(weight.shape[1]))
-            if bias is None or bias.dtype != weight.dtype:
+            if weight is None or bias is None or bias.dtype != weight.dtype:
                 continue
         else:
             continue

@@ -67,10 +67,10 @@ def _projection(value: ir.Value | None) -> _Projection | None:
     add = None
     if node is not None and node.op_type == "Add" and node.domain in ("", "ai.onnx"):
         add = node
-        for product, bias in ((node.inputs[0], node.inputs[1]), (node.inputs[1], node.inputs[0])):
-            array = _const(bias)
+        for product, addend in ((node.inputs[0], node.inputs[1]), (node.inputs[1], node.inputs[0])):
             producer = None if product is None else product.producer()
-            if array is not None and producer is not None and producer.op_type == "MatMul" and len(product.uses()) == 1:
+            if _const(addend) is not None and product is not None and producer is not None and producer.op_type == "MatMul" \
+                    and len(product.uses()) == 1:
                 node = producer
                 break
         else:
@@ -81,7 +81,7 @@ def _projection(value: ir.Value | None) -> _Projection | None:
     array = _const(w)
     if array is None or x is None or array.ndim != 2:
         return None
-    bias = None
+    bias: np.ndarray | None = None
     if add is not None:
         bias = next(b for b in (_const(add.inputs[0]), _const(add.inputs[1])) if b is not None)
         if bias.shape != (array.shape[1],) or bias.dtype != array.dtype:
