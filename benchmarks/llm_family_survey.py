@@ -45,7 +45,7 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 FAMILIES = ("llama", "llama3", "qwen2", "mistral", "phi3", "gemma")
 #: the LLM rules whose near-misses the table reports where they did not fire
 LLM_RULES = ("FuseGroupQueryAttention", "FoldRotaryIntoGroupQueryAttention", "FuseRotaryEmbedding", "FuseAttention",
-             "FuseRMSNorm", "FuseRMSNormUpcast", "FuseSkipRMSNorm", "FuseSwiGLU", "FuseGeGLU", "FuseGroupedKV",
+             "FuseRMSNorm", "FuseRMSNormUpcast", "FuseRMSNormDowncast", "FuseSkipRMSNorm", "FuseSwiGLU", "FuseGeGLU", "FuseGroupedKV",
              "FuseScaledDotProductAttention")
 ONNX_COUNTS = {"GQA": "com.microsoft.GroupQueryAttention", "SkipSLN": "com.microsoft.SkipSimplifiedLayerNormalization",
                "SLN": "SimplifiedLayerNormalization", "Rotary": "com.microsoft.RotaryEmbedding",
@@ -164,7 +164,7 @@ def onnx_table(entries: list[dict[str, Any]]) -> str:
 
 
 def torch_table(entries: list[dict[str, Any]]) -> str:
-    rules = ["FuseRMSNorm", "FuseRMSNormUpcast", "FuseSkipRMSNorm", "FuseRotaryEmbedding", "FuseScaledDotProductAttention",
+    rules = ["FuseRMSNorm", "FuseRMSNormUpcast", "FuseRMSNormDowncast", "FuseSkipRMSNorm", "FuseRotaryEmbedding", "FuseScaledDotProductAttention",
              "FuseGroupedKV", "FuseSwiGLU", "FuseGeGLU"]
     lines = ["| family | " + " | ".join(rules) + " | GEMMs (matmul + addmm) | tokens = eager | not fired (first near-miss) |",
              "|---|" + "---|" * (len(rules) + 3)]

@@ -116,6 +116,14 @@ def _rms_norm_upcast(m: nn.Module, h: torch.Tensor) -> torch.Tensor:
     return m.w * x.to(h.dtype)
 
 
+def _rms_norm_gemma(m: nn.Module, h: torch.Tensor, up: torch.dtype = torch.float32) -> torch.Tensor:
+    """transformers' GemmaRMSNorm on a half-precision input: normalized and scaled by (1 + w) in float32 (or `up`),
+    then cast back. eps 2^-20: a float64 one rounds to the fused op's float32 attribute exactly."""
+    x = h.to(up)
+    x = x * torch.rsqrt(x.pow(2.0).mean(-1, keepdim=True) + 2.0**-20)
+    return (x * (1.0 + m.w.to(up))).to(h.dtype)
+
+
 def _layer_norm_second_moment(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """flax's LayerNorm: the variance from the second moment, clamped at 0."""
     mean = x.mean(-1, keepdim=True)
@@ -355,6 +363,9 @@ CASES: list[Case] = [
     Case("FuseLayerNormSecondMoment", fn(_layer_norm_second_moment, g=const(8), b=const(8), zero=lambda: torch.zeros(())), rand(2, 3, 8), 1, rtol=1e-4, atol=1e-4),
     Case("FuseRMSNormUpcast", fn(_rms_norm_upcast, w=lambda: (torch.rand(8) + 0.5).half()), lambda: (torch.randn(2, 3, 8).half(),), 1,
          onnx_target="ort-cpu", rtol=2e-3, atol=2e-3),  # one fp16 rounding apart: the weight multiplies before or after it
+    # Gemma: the (1 + w) scale in float32 before the cast back; FuseRMSNorm takes the float32 interior first
+    Case("FuseRMSNormDowncast", fn(_rms_norm_gemma, w=lambda: (torch.rand(8) - 0.5).half()), lambda: (torch.randn(2, 3, 8).half(),), 1,
+         along=("FuseRMSNorm",), onnx_target="ort-cpu", rtol=2e-3, atol=2e-3),
     Case("FuseSkipRMSNorm", fn(lambda m, a, b: (_rms_norm(m, a + b), a + b), w=const(8)), rands((2, 3, 8), (2, 3, 8)), 1, along=("FuseRMSNorm",),
          onnx_target="ort-cpu"),
     # pad_conv.pdll
@@ -400,6 +411,9 @@ CASES: list[Case] = [
 #: Modules that look like a rule's pattern but are not it: no rewrite on either kind (count 0),
 #: the outputs still the module's.
 NEGATIVE_CASES: list[Case] = [
+    # Gemma's norm computed in float64: the fused op would normalize in float32
+    Case("FuseRMSNormDowncast", fn(lambda m, h: _rms_norm_gemma(m, h, torch.float64), w=lambda: (torch.rand(8) - 0.5).half()),
+         lambda: (torch.randn(2, 3, 8).half(),), 0, along=("FuseRMSNorm",), onnx_target="ort-cpu"),
     # k.repeat(1, 2, 1, 1)'s order (head h reads h % Hkv), not repeat_kv's: another attention
     Case("FuseGroupedKV", fn(lambda m, q, k, v: F.scaled_dot_product_attention(q, _tiled_kv(k, 2), _tiled_kv(v, 2))),
          rands((2, 4, 5, 4), (2, 2, 5, 4), (2, 2, 5, 4)), 0, along=("FuseScaledDotProductAttention", "DropPassThrough"), opset=23,
