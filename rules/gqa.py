@@ -259,12 +259,44 @@ def _same_constant(ctx, a, b) -> bool:
     return x is not None and y is not None and x.dtype == y.dtype and x.shape == y.shape and bool(np.array_equal(x, y))
 
 
+def _slice_span(ctx, node, dim: int) -> tuple[int, int] | None:
+    """(start, end) of a Slice on the last axis (of `dim`) with step 1, else None."""
+    ins = ctx.view.inputs(node)
+    starts, ends = ctx.ints(ins[1]), ctx.ints(ins[2])
+    axes = ctx.ints(ins[3]) if len(ins) > 3 and ins[3] is not None else [0]
+    steps = ctx.ints(ins[4]) if len(ins) > 4 and ins[4] is not None else [1]
+    rank = ctx.rank(ins[0])
+    if None in (starts, ends, axes, steps, rank) or len(starts) != 1 or len(ends) != 1 or len(axes) != 1 or steps != [1]:
+        return None
+    if axes[0] % rank != rank - 1:
+        return None
+    start, end = (min(max(v + dim if v < 0 else v, 0), dim) for v in (starts[0], ends[0]))
+    return start, end
+
+
+def _partial_problem(ctx, rotated, name: str, head: int, half: int) -> str | None:
+    """Concat(rotary(Slice [0, 2 * half)), Slice [2 * half, head)) on the last axis: the first 2 * half dims
+    rotated, the rest passed through in place; None when it is, else why not."""
+    view = ctx.view
+    concat = view.producer(rotated)
+    ins = view.inputs(concat)
+    axis = view.attr(concat, "axis")
+    if len(ins) != 2 or axis is None or int(axis) % 4 != 3:
+        return f"the partial rotary's Concat of {name} joins {len(ins)} inputs on axis {axis}, not 2 on the last"
+    rot_slice = view.producer(view.inputs(view.producer(ins[0]))[0])
+    spans = [_slice_span(ctx, n, head) for n in (rot_slice, view.producer(ins[1]))]
+    if spans != [(0, 2 * half), (2 * half, head)]:
+        return f"{name}'s partial rotary cuts the head ({head}) at {spans}, not [(0, {2 * half}), ({2 * half}, {head})] (the caches' width twice)"
+    return None
+
+
 @native_constraint("RotaryFoldable")
-def rotary_foldable(ctx, q4, k4, qpos, kpos, cos, sin, kcos, ksin, past_k):
+def rotary_foldable(ctx, q4, k4, qpos, kpos, cos, sin, kcos, ksin, past_k, qform, kform, gqa):
     """q [B, N, S, H] and k [B, KV, S, H] rotated from offset 0 (a one-element position 0: token s
-    reads cache row s) by one cos / sin pair of [rows, H / 2] (k's the same values as q's, or
-    constants equal to them: the FX graph holds one constant per FuseRotaryEmbedding rewrite).
-    Padded with `past` rows in front, row past + s is row s, whatever the number of rows."""
+    reads cache row s) by one cos / sin pair of [rows, R / 2] (k's the same values as q's, or
+    constants equal to them: the FX graph holds one constant per FuseRotaryEmbedding rewrite), R the
+    whole head or (partial) the first R dims of it, the rest passed through. Padded with `past` rows
+    in front, row past + s is row s, whatever the number of rows."""
     for name, q_cache, k_cache in (("cos", cos, kcos), ("sin", sin, ksin)):
         if q_cache is not k_cache and not _same_constant(ctx, q_cache, k_cache):
             return f"q and k are rotated by different {name} caches"
@@ -273,10 +305,20 @@ def rotary_foldable(ctx, q4, k4, qpos, kpos, cos, sin, kcos, ksin, past_k):
             return f"the rotary of {name} reads its cache at positions {ctx.ints(pos)}, not from offset 0"
     dq, dk, dc, ds, dp = (ctx.dims(x) for x in (q4, k4, cos, sin, past_k))
     if any(d is None for d in (dq, dk, dc, ds, dp)) or len(dq) != 4 or len(dk) != 4 or len(dc) != 2 or len(ds) != 2:
-        return "the rotated q, k or the cos / sin caches are not [batch, heads, seq, head] and [rows, head / 2]"
-    head = static_int(dq[3])
-    if head is None or not dims_equal([dc[1], ds[1], dk[3], dp[3]], [head // 2, head // 2, head, head]):
-        return f"the cos / sin caches {_fmt(dc)}, {_fmt(ds)} do not rotate the whole head of q {_fmt(dq)}"
+        return "the rotated q, k or the cos / sin caches are not [batch, heads, seq, head] and [rows, rotary / 2]"
+    head, half = static_int(dq[3]), static_int(dc[1])
+    if head is None or half is None or not dims_equal([ds[1], dk[3], dp[3]], [half, head, head]):
+        return f"the cos / sin caches {_fmt(dc)}, {_fmt(ds)} and q {_fmt(dq)}, k {_fmt(dk)} differ in the rotated width or head"
+    if qform != kform:
+        return f"q's rotary is {qform}, k's {kform}"
+    if qform == "whole":
+        return True if 2 * half == head else f"the cos / sin caches {_fmt(dc)} do not rotate the whole head of q {_fmt(dq)}"
+    view = ctx.view
+    for index, name in ((0, "q"), (1, "k")):  # the op's input: Reshape(Transpose(rotated))
+        transpose = view.producer(view.inputs(view.producer(view.inputs(view.producer(gqa))[index]))[0])
+        problem = _partial_problem(ctx, view.inputs(transpose)[0], name, head, half)
+        if problem is not None:
+            return problem
     return True
 
 

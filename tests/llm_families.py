@@ -28,9 +28,10 @@ FAMILIES = ("llama", "llama3", "qwen2", "mistral", "phi3", "gemma")
 
 _CLASSES = {"llama": "Llama", "llama3": "Llama", "qwen2": "Qwen2", "mistral": "Mistral", "phi3": "Phi3", "gemma": "Gemma"}
 
-#: tiny shapes: (hidden, heads, kv heads, intermediate, vocab); Gemma's head_dim is set apart
+#: tiny shapes: (hidden, heads, kv heads, intermediate, vocab); Gemma's head_dim is set apart. Phi-3's head of 64:
+#: its partial rotary (48 dims) is one onnxruntime's GroupQueryAttention rotates (half of it a multiple of 8)
 _TINY = {"llama": (64, 4, 2, 128, 97), "llama3": (128, 8, 2, 256, 256), "qwen2": (64, 4, 2, 128, 97),
-         "mistral": (64, 4, 2, 128, 97), "phi3": (64, 4, 2, 128, 97), "gemma": (64, 4, 1, 128, 97)}
+         "mistral": (64, 4, 2, 128, 97), "phi3": (128, 2, 1, 256, 97), "gemma": (64, 4, 1, 128, 97)}
 #: the sliding window of the tiny Mistral: shorter than the tests' caches, so it hides keys
 TINY_WINDOW = 8
 

@@ -6,6 +6,8 @@ KV cache; negative cases with the reasons the rule gives."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import onnx
@@ -14,6 +16,7 @@ from llm_decoders import decoder_block, feeds
 from rule_testing import run
 
 import graphopt
+from graphopt.ops.fused_ops import SHARED_KV_BUFFER
 from graphopt.ops.opspec import GRAPHOPT_DOMAIN
 from graphopt.ops.targets import TARGETS
 
@@ -41,6 +44,16 @@ def _assert_steps_equal(original: onnx.ModelProto, optimized: onnx.ModelProto, s
         for name, e, a in zip(["out", "present_key", "present_value"], expected, actual, strict=True):
             assert a.shape == e.shape, (batch, seq, past, name)
             np.testing.assert_allclose(a, e, rtol=1e-5, atol=atol, err_msg=f"{name} at batch {batch}, seq {seq}, past {past}, pad {pad}")
+
+
+@contextmanager
+def _shared_kv_buffer() -> Iterator[None]:
+    """--kv-buffer shared for a contract check (ort-cuda refuses GroupQueryAttention over a growing cache otherwise)."""
+    token = SHARED_KV_BUFFER.set(True)
+    try:
+        yield
+    finally:
+        SHARED_KV_BUFFER.reset(token)
 
 
 def _near_miss(report) -> str:
@@ -207,6 +220,24 @@ def test_ort_cuda_contract_refuses_group_query_attention() -> None:
     assert (cuda.contract_problem(GRAPHOPT_DOMAIN, "MultiHeadAttention", {"num_heads": 4, "kv_cache": 1}, []) or "").startswith(GROWS)
     assert cuda.contract_problem(GRAPHOPT_DOMAIN, "MultiHeadAttention", {"num_heads": 4}, []) is None
     assert cpu.contract_problem(GRAPHOPT_DOMAIN, "MultiHeadAttention", {"num_heads": 4, "kv_cache": 1}, []) is None
+
+
+@pytest.mark.parametrize("target", ["ort-cpu", "ort-cuda"])
+def test_contract_refuses_rotary_caches_onnxruntime_cannot_rotate_with(target: str) -> None:
+    """do_rotary: the caches' width (half the rotated dims) at most head / 2 and a multiple of 8 on both providers
+    ("cos_cache dimension 1 must be <= head_size / 2 and a multiple of 8"): a partial rotary of 48 of 64 dims (Phi-4-mini)
+    passes, one of 12 of 16 (width 6) does not."""
+    t = TARGETS[target]
+    rotary = {"do_rotary": 1}
+
+    def problem(head: int, width: int) -> str:
+        shapes = [[1, 1, 4 * head], None, None, [1, 2, 5, head], [1, 2, 5, head], [1], [], [9, width], [9, width]]
+        with _shared_kv_buffer():
+            return t.contract_problem(GRAPHOPT_DOMAIN, "GroupQueryAttention", rotary, shapes) or ""
+
+    assert problem(64, 24) == "" and problem(64, 32) == ""
+    assert "multiple of 8, not 6" in problem(16, 6)
+    assert "not 40" in problem(64, 40)  # wider than half the head
 
 
 def test_ort_cpu_lowering_drops_the_kv_cache_mark() -> None:

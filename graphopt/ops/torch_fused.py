@@ -412,11 +412,18 @@ def _group_query_attention(b: FxBuilder, args: list[Any], attrs: dict[str, Any],
 
     q, k, v = split_heads(q3, heads), split_heads(b.tensor(k3), kv_heads), split_heads(b.tensor(v3), kv_heads)
     if int(attrs.get("do_rotary", 0)):
-        if cos_cache is None or sin_cache is None or 2 * b.size(cos_cache, 1) != head:
-            raise RewriteDeclined("graphopt.GroupQueryAttention on torch rotates the whole head with cos / sin caches [rows, head / 2]")
+        width = None if cos_cache is None or sin_cache is None else b.size(cos_cache, 1)
+        if not isinstance(width, int) or not 0 < 2 * width <= head:
+            raise RewriteDeclined("graphopt.GroupQueryAttention on torch rotates the head's first dims with cos / sin caches [rows, <= head / 2]")
         interleaved = bool(int(attrs.get("rotary_interleaved", 0)))
-        q = _rotate_positions(b, q, cos_cache, sin_cache, past, seq, interleaved)
-        k = _rotate_positions(b, k, cos_cache, sin_cache, past, seq, interleaved)
+
+        def rotate(x: Any) -> Any:  # the first 2 * width dims of each head (a partial rotary passes the rest through)
+            if 2 * width == head:
+                return _rotate_positions(b, x, cos_cache, sin_cache, past, seq, interleaved)
+            part = _rotate_positions(b, b.call(aten.slice.Tensor, x, 3, 0, 2 * width), cos_cache, sin_cache, past, seq, interleaved)
+            return b.call(aten.cat.default, [part, b.call(aten.slice.Tensor, x, 3, 2 * width, head)], -1)
+
+        q, k = rotate(q), rotate(k)
     present_k = b.call(aten.cat.default, [past_k, k], 2)
     present_v = b.call(aten.cat.default, [past_v, v], 2)
     total = b.size(present_k, 2)
