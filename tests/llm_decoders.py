@@ -29,9 +29,12 @@ I64 = TensorProto.INT64
 
 
 def decoder_block(hidden: int = 32, heads: int = 4, kv_heads: int = 2, repeat: str = "expand", mask: str = "causal_padding",
-                  rotary: bool = True, seed: int = 0, dtype: Any = np.float32, qkv_bias: str = "") -> onnx.ModelProto:
+                  rotary: bool = True, seed: int = 0, dtype: Any = np.float32, qkv_bias: str = "",
+                  packed_qkv: tuple[tuple[int, int], ...] = (), packed_width: int = 0) -> onnx.ModelProto:
     """qkv_bias: the projections (of "q", "k", "v") with a constant bias Add after the MatMul, as Qwen2's;
-    "kx" puts k's bias first in its Add (the other operand order)."""
+    "kx" puts k's bias first in its Add (the other operand order). packed_qkv: one MatMul of the three weights
+    side by side (Phi-3's qkv_proj), q, k, v Slices of it on the last axis at these (start, end) spans (Phi-3's:
+    q, then k, then v, nothing between); packed_width: the product's width if wider (columns nobody reads)."""
     head = hidden // heads
     group = heads // kv_heads
     rng = np.random.default_rng(seed)
@@ -74,9 +77,20 @@ def decoder_block(hidden: int = 32, heads: int = 4, kv_heads: int = 2, repeat: s
         bias = const(f"b{name}", (rng.standard_normal(width) / 4).astype(dtype))
         return node("Add", [bias, out] if f"{name}x" in qkv_bias else [out, bias], f"{name}_proj")
 
-    q = heads_view(project(wq, "q", heads * head), heads, "q")
-    k = heads_view(project(wk, "k", kv_heads * head), kv_heads, "k")
-    v = heads_view(project(wv, "v", kv_heads * head), kv_heads, "v")
+    if packed_qkv:
+        arrays = {i.name: numpy_helper.to_array(i) for i in inits}
+        w = np.zeros((hidden, max(packed_width, *(end for _, end in packed_qkv))), arrays["wq"].dtype)
+        for (start, end), name in zip(packed_qkv, ("wq", "wk", "wv"), strict=True):
+            w[:, start:end] = arrays[name]
+        inits[:] = [i for i in inits if i.name not in ("wq", "wk", "wv")]
+        qkv = node("MatMul", ["hidden", const("wqkv", w)], "qkv_proj")
+        parts = [node("Slice", [qkv, const(f"s_{n}", np.array([start], np.int64)), const(f"e_{n}", np.array([end], np.int64)),
+                                const(f"a_{n}", np.array([-1], np.int64))], f"{n}_proj") for (start, end), n in zip(packed_qkv, "qkv", strict=True)]
+        q, k, v = heads_view(parts[0], heads, "q"), heads_view(parts[1], kv_heads, "k"), heads_view(parts[2], kv_heads, "v")
+    else:
+        q = heads_view(project(wq, "q", heads * head), heads, "q")
+        k = heads_view(project(wk, "k", kv_heads * head), kv_heads, "k")
+        v = heads_view(project(wv, "v", kv_heads * head), kv_heads, "v")
 
     positions = node("Range", [past, total, scalar1], "positions")  # past .. past + seq
     if rotary:

@@ -27,7 +27,7 @@ ATTENTION = {
     "llama3": (2, 2, 2, 0),
     "qwen2": (2, 2, 2, 0),  # packed with its biases: MatMul + Add (pack_qkv)
     "mistral": (0, 0, 0, 4),  # not yet: the sliding-window cache keeps window - 1 tokens (see MISSES)
-    "phi3": (2, 2, 0, 0),  # the partial rotary inside; not packed yet: q / k / v are Slices of the checkpoint's qkv_proj
+    "phi3": (2, 2, 2, 0),  # the partial rotary inside, q / k / v the Slices of the checkpoint's qkv_proj: the product itself
     "gemma": (2, 2, 2, 0),  # head_dim 32 != hidden / heads, one kv head
 }
 #: the first near-miss of a rule a family still misses

@@ -148,3 +148,34 @@ def test_qwen2_export_packs_its_biased_projections() -> None:
     gqa = [n for n in optimized.graph.node if n.op_type == "GroupQueryAttention"]
     assert len(gqa) == 2 and all(n.input[1] == "" for n in gqa)
     assert max_step_difference(model, optimized, vocab=97, shared=False) < 1e-5
+
+
+# ----------------------------------------------------------------------------- packed in the checkpoint (Phi-3)
+
+
+def _slices_of_the_product(model: onnx.ModelProto) -> int:
+    [matmul] = [n for n in model.graph.node if n.op_type == "MatMul" and "wqkv" in n.input[1]]
+    return sum(n.op_type == "Slice" and n.input[0] == matmul.output[0] for n in model.graph.node)
+
+
+def test_golden_q_k_v_slices_of_one_product_are_the_packed_query() -> None:
+    """Phi-3's qkv_proj: q, k, v are Slices [0, 64), [64, 96), [96, 128) of one MatMul: the op reads that product."""
+    model = decoder_block(mask="causal", hidden=64, packed_qkv=((0, 64), (64, 96), (96, 128)))
+    optimized, report = graphopt.optimize(model, target="ort-cpu")
+    assert report.pass_stats("pack_qkv").changes == 1
+    [gqa] = [n for n in optimized.graph.node if n.op_type == "GroupQueryAttention"]
+    assert gqa.input[1] == "" and gqa.input[2] == ""
+    assert next(n for n in optimized.graph.node if n.output[0] == gqa.input[0]).op_type == "MatMul"
+    assert _slices_of_the_product(optimized) == 0 and _ops(optimized)["MatMul"] == 2
+    _assert_same(model, optimized)
+
+
+def test_negative_slices_in_another_order_or_leaving_columns_out() -> None:
+    # k first in the product (the op's packed query is q, k, v in that order); a product wider than q + 2 kv
+    for spans, width in ((((32, 96), (0, 32), (96, 128)), 0), (((0, 64), (64, 96), (96, 128)), 136)):
+        model = decoder_block(mask="causal", hidden=64, packed_qkv=spans, packed_width=width)
+        optimized, report = graphopt.optimize(model, target="ort-cpu")
+        assert _ops(optimized)["GroupQueryAttention"] == 1, spans
+        assert report.pass_stats("pack_qkv").changes == 0, spans
+        assert _slices_of_the_product(optimized) == 3, spans
+        _assert_same(model, optimized)

@@ -7,6 +7,9 @@ product per projection: one kernel reading the three weights instead of three ke
 Each projection is MatMul(x, W) or, with a bias (Qwen2's q / k / v, the onnxruntime-genai builder's
 packed MatMul + Add for it), Add(MatMul(x, W), b) with b a constant [width] on either side of the Add:
 the packed form is then MatMul(x, [Wq | Wk | Wv]) + [bq | bk | bv] (zeros for a projection without one).
+A checkpoint that is packed already (Phi-3's qkv_proj) exports q, k, v as Slices of one product on the
+last axis: where they cut it into [0, q), [q, q + kv), [q + kv, q + 2 kv) in order and nothing else reads
+them, the op takes the product itself.
 Only where the three projections are read by the attention alone (and by Shape nodes of their
 batch and seq axes, which then read the packed output), the weights are 2-D
 initializers of one dtype with as many rows, and their widths are heads * head, kv * head, kv * head
@@ -112,12 +115,69 @@ def _initializer(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
     return value
 
 
+def _slice_of(value: ir.Value | None) -> tuple[ir.Node, ir.Value, int, int] | None:
+    """(Slice, its input, start, end) of a value read by the attention (and batch / seq Shapes) only, a step-1
+    Slice of the last axis of a 3-D value with a static last dim, bounds clamped to it."""
+    if value is None or not _single_reader(value):
+        return None
+    node = value.producer()
+    if node is None or node.op_type != "Slice" or node.domain not in ("", "ai.onnx") or len(node.inputs) < 4:
+        return None
+    data = node.inputs[0]
+    bounds = [_const(v) for v in node.inputs[1:]]
+    if data is None or data.shape is None or len(data.shape) != 3 or not isinstance(width := data.shape[2], int):
+        return None
+    if len(bounds) < 4:
+        bounds.append(np.ones(1, np.int64))
+    values = [int(b.item()) if b is not None and b.size == 1 else None for b in bounds[:4]]
+    if None in values or values[3] != 1 or values[2] not in (2, -1):
+        return None
+    start, end = (min(max(v + width if v < 0 else v, 0), width) for v in (values[0], values[1]) if v is not None)
+    return node, data, start, end
+
+
+def _already_packed(node: ir.Node) -> ir.Value | None:
+    """The product q, k, v are consecutive Slices of (the whole of it, in that order), else None."""
+    parts = [_slice_of(node.inputs[i] if len(node.inputs) > i else None) for i in range(3)]
+    if any(p is None for p in parts):
+        return None
+    found = [p for p in parts if p is not None]
+    data = found[0][1]
+    heads, kv_heads = node.attributes["num_heads"].as_int(), node.attributes["kv_num_heads"].as_int()
+    past = node.inputs[3].shape if len(node.inputs) > 3 and node.inputs[3] is not None else None
+    head = past[3] if past is not None and len(past) == 4 else None
+    if not isinstance(head, int) or any(p[1] is not data for p in found) or data.shape is None:
+        return None
+    q, kv = heads * head, kv_heads * head
+    spans = [(p[2], p[3]) for p in found]
+    return data if spans == [(0, q), (q, q + kv), (q + kv, q + 2 * kv)] and data.shape[2] == q + 2 * kv else None
+
+
+def _take_packed(model: ir.Model, node: ir.Node, packed: ir.Value) -> None:
+    """The op reads `packed` as its query, key and value left out; the Slices go (their Shape readers read `packed`)."""
+    slices = [node.inputs[i].producer() for i in range(3)]  # type: ignore[union-attr]
+    for s in slices:
+        for user, slot in list(s.outputs[0].uses()):  # type: ignore[union-attr]
+            if user is not node:
+                user.replace_input_with(slot, packed)
+    node.replace_input_with(0, packed)
+    node.replace_input_with(1, None)
+    node.replace_input_with(2, None)
+    for s in slices:
+        detach_and_remove(model, s)  # type: ignore[arg-type]
+
+
 def pack_qkv(model: ir.Model, *, stats: Any = None) -> int:
     """Packs every GroupQueryAttention it can; returns how many."""
     started = time.perf_counter()
     graph = model.graph
     packed = 0
     for node in [n for n in graph if n.domain == MS_DOMAIN and n.op_type == "GroupQueryAttention"]:
+        already = _already_packed(node)
+        if already is not None:
+            _take_packed(model, node, already)
+            packed += 1
+            continue
         parts, problem = _packable(node)
         if problem is not None:
             continue
