@@ -43,6 +43,9 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parent / "tests"))
 
 FAMILIES = ("llama", "llama3", "qwen2", "mistral", "phi3", "gemma")
+#: ONNX rows beyond the families' own exports: Mistral with a cache that keeps every token (transformers' own
+#: DynamicCache crops a sliding-window layer's to window - 1 tokens)
+ONNX_EXTRA = {"mistral-full": ("mistral", "-full")}
 #: the LLM rules whose near-misses the table reports where they did not fire
 LLM_RULES = ("FuseGroupQueryAttention", "FoldRotaryIntoGroupQueryAttention", "FuseRotaryEmbedding", "FuseAttention",
              "FuseRMSNorm", "FuseRMSNormUpcast", "FuseRMSNormDowncast", "FuseSkipRMSNorm", "FuseSwiGLU", "FuseGeGLU", "FuseGroupedKV",
@@ -70,7 +73,7 @@ def _misses(report: Any, rules: tuple[str, ...] = LLM_RULES) -> dict[str, str]:
     return out
 
 
-def onnx_family(family: str) -> dict[str, Any]:
+def onnx_family(family: str, suffix: str = "") -> dict[str, Any]:
     import onnx
     from architectures import build
     from llm_families import config, max_step_difference
@@ -78,10 +81,10 @@ def onnx_family(family: str) -> dict[str, Any]:
     import graphopt
 
     vocab = config(family).vocab_size
-    entry: dict[str, Any] = {"family": family}
+    entry: dict[str, Any] = {"family": family + suffix}
     # ort-cuda has no float32 GroupQueryAttention: the model in fp16 there, as benchmarks/llm_onnx_decode.py
     # exports it for the GPU (and without an attention_mask input: the CUDA kernel takes no padding mask)
-    for target, kv_buffer, name in (("ort-cpu", "growing", f"{family}-kv"), ("ort-cuda", "shared", f"{family}-kv-causal-fp16")):
+    for target, kv_buffer, name in (("ort-cpu", "growing", f"{family}-kv{suffix}"), ("ort-cuda", "shared", f"{family}-kv-causal-fp16{suffix}")):
         path, _ = build(name, "dynamo")
         model = onnx.load(str(path))
         optimized, report = graphopt.optimize(model, target=target, kv_buffer=kv_buffer)
@@ -204,6 +207,10 @@ def main(argv: list[str] | None = None) -> int:
                 traceback.print_exc()
                 data[path].append({"family": family, "error": f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"})
             print(f"{family} {path} done", file=sys.stderr, flush=True)
+    for row, (family, suffix) in ONNX_EXTRA.items():
+        if "onnx" in paths and family in families:
+            data["onnx"].append(onnx_family(family, suffix))
+            print(f"{row} onnx done", file=sys.stderr, flush=True)
     if data["onnx"]:
         print(onnx_table(data["onnx"]) + "\n")
     if data["torch"]:

@@ -163,20 +163,61 @@ def _causal_constant(past, seq, total) -> np.ndarray | None:
     return np.arange(t)[None, :] <= p + np.arange(s)[:, None]
 
 
-def _mask_plan(ctx, bias, past, seq, total) -> tuple[str | None, str | None]:
-    """("causal" | "padding", None): the mask is causal alone (GroupQueryAttention's causal = 1
-    does all it does) or causal and more (it also goes in as attention_bias); (None, why not)."""
+def _and_terms(ctx, keep, depth: int = 0) -> list[Any]:
+    """The terms And-ed into keep (through Expand and Casts of bool)."""
+    view = ctx.view
+    node = view.producer(keep)
+    if node is None or depth > 16:
+        return [keep]
+    op, ins = view.op_key(node), view.inputs(node)
+    if op == ("", "And"):
+        return [term for x in ins for term in _and_terms(ctx, x, depth + 1)]
+    if op in (("", "Expand"), ("", "Cast")) and ctx.dtype(ins[0]) == "bool":
+        return _and_terms(ctx, ins[0], depth + 1)
+    return [keep]
+
+
+def _window_of(ctx, term, past, seq, total) -> int | None:
+    """w where the term is kv_pos > q_pos - w (Greater(kv, Sub(q, w)) or Less(Sub(q, w), kv), w a constant > 0;
+    the positions as _is_causal reads them): the sliding window (Mistral, Gemma-2) of w keys up to the query's own."""
+    view = ctx.view
+    node = view.producer(term)
+    if node is None or view.op_key(node) not in (("", "Greater"), ("", "Less")):
+        return None
+    kv, bound = view.inputs(node) if view.op_key(node) == ("", "Greater") else view.inputs(node)[::-1]
+    sub = view.producer(bound)
+    if sub is None or view.op_key(sub) != ("", "Sub"):
+        return None
+    q, width = view.inputs(sub)
+    w = ctx.scalar(width)
+    if w is None or w != int(w) or w < 1:
+        return None
+    kv_pos, q_pos = _positions(ctx, kv, -1), _positions(ctx, q, -2)
+    if kv_pos is None or q_pos is None or not dims_equal([kv_pos[0], kv_pos[1], q_pos[0], q_pos[1]], [0, total, past, seq]):
+        return None
+    return int(w)
+
+
+def _everywhere_true(ctx, term) -> bool:
+    array = ctx.array(term)
+    return array is not None and array.dtype == np.bool_ and bool(array.all())
+
+
+def _mask_plan(ctx, bias, past, seq, total) -> tuple[str | None, str | None, int]:
+    """("causal" | "padding", None, window): the mask is causal alone, or causal and a sliding window of `window`
+    keys (GroupQueryAttention's causal = 1 and local_window_size do all it does; window -1 without one), or causal
+    and more (it also goes in as attention_bias, which carries any window itself); (None, why not, -1)."""
     if bias is None and static_int(seq) == 1:  # one query at the last position: causal hides nothing (a decode step)
-        return "causal", None
+        return "causal", None, -1
     if bias is None:
         return None, ("the attention has no mask: bidirectional over the cache, while GroupQueryAttention "
-                      "runs several new tokens over a past at batch > 1 only with causal = 1")
+                      "runs several new tokens over a past at batch > 1 only with causal = 1"), -1
     keep, problem = _where_keep(ctx, bias)
     if keep is None:
-        return None, problem
+        return None, problem, -1
     if not _is_causal(ctx, keep, past, seq, total):
         return None, ("the mask is not known to hide every key after the query's position (kv_pos <= past + q_pos, "
-                      "Range-built): GroupQueryAttention's causal = 1 would hide them")
+                      "Range-built): GroupQueryAttention's causal = 1 would hide them"), -1
     value, node = keep, None
     while not isinstance(value, np.ndarray) and (node := ctx.view.producer(value)) is not None \
             and ctx.view.op_key(node) in (("", "Expand"), ("", "Cast")):
@@ -185,9 +226,19 @@ def _mask_plan(ctx, bias, past, seq, total) -> tuple[str | None, str | None]:
     allowed = _causal_constant(past, seq, total)
     if const is not None:  # folded: only causal if it is the causal pattern itself, in every leading row
         only_causal = allowed is not None and const.shape[-2:] == allowed.shape and bool(np.all(const == allowed))
-    else:
-        only_causal = node is not None and ctx.view.op_key(node) in (("", "LessOrEqual"), ("", "GreaterOrEqual"))
-    return ("causal" if only_causal else "padding"), None
+        return ("causal" if only_causal else "padding"), None, -1
+    windows, other = set(), False
+    for term in _and_terms(ctx, keep):
+        if isinstance(term, np.ndarray) or _everywhere_true(ctx, term):
+            continue
+        window = _window_of(ctx, term, past, seq, total)
+        if window is not None:
+            windows.add(window)
+        elif not _is_causal(ctx, term, past, seq, total):
+            other = True
+    if other or len(windows) > 1:
+        return "padding", None, -1
+    return "causal", None, (windows.pop() if windows else -1)
 
 
 @native_constraint("GqaShapes", params=GqaMatch)
@@ -229,7 +280,7 @@ def gqa_shapes(ctx, m: GqaMatch):
         problem = _repeat_problem(ctx, m.mha, index, form, name, kv_heads, group)
         if problem is not None:
             return problem
-    _, problem = _mask_plan(ctx, m.bias, dpk[2], seq, total)
+    _, problem, _ = _mask_plan(ctx, m.bias, dpk[2], seq, total)
     return True if problem is None else problem
 
 
@@ -239,7 +290,7 @@ def gqa_plan(ctx, k_new, past_k, bias):
     kv_heads = static_int(dk[1]) if dk is not None else None
     if kv_heads is None or dp is None:  # checked by GqaShapes
         raise RewriteDeclined("the number of kv heads is not static")
-    mask, problem = _mask_plan(ctx, bias, dp[2], dk[2], dp[2] + dk[2])
+    mask, problem, window = _mask_plan(ctx, bias, dp[2], dk[2], dp[2] + dk[2])
     if mask is None:
         raise RewriteDeclined(problem or "the mask is not causal")
     return {
@@ -248,6 +299,7 @@ def gqa_plan(ctx, k_new, past_k, bias):
         "one": np.array([1], dtype=np.int64),
         "scalar": np.array([], dtype=np.int64),
         "mask": mask,
+        "window": window,
     }
 
 

@@ -30,11 +30,13 @@ I64 = TensorProto.INT64
 
 def decoder_block(hidden: int = 32, heads: int = 4, kv_heads: int = 2, repeat: str = "expand", mask: str = "causal_padding",
                   rotary: bool = True, seed: int = 0, dtype: Any = np.float32, qkv_bias: str = "",
-                  packed_qkv: tuple[tuple[int, int], ...] = (), packed_width: int = 0) -> onnx.ModelProto:
+                  packed_qkv: tuple[tuple[int, int], ...] = (), packed_width: int = 0, window: int | str = 0) -> onnx.ModelProto:
     """qkv_bias: the projections (of "q", "k", "v") with a constant bias Add after the MatMul, as Qwen2's;
     "kx" puts k's bias first in its Add (the other operand order). packed_qkv: one MatMul of the three weights
     side by side (Phi-3's qkv_proj), q, k, v Slices of it on the last axis at these (start, end) spans (Phi-3's:
-    q, then k, then v, nothing between); packed_width: the product's width if wider (columns nobody reads)."""
+    q, then k, then v, nothing between); packed_width: the product's width if wider (columns nobody reads).
+    window: a sliding window of that many keys And-ed into the causal mask (kv_pos > q_pos - window, as
+    transformers' sliding_window_overlay writes it); "input": its width a run-time value (the past length)."""
     head = hidden // heads
     group = heads // kv_heads
     rng = np.random.default_rng(seed)
@@ -134,6 +136,11 @@ def decoder_block(hidden: int = 32, heads: int = 4, kv_heads: int = 2, repeat: s
         kv_pos = node("Unsqueeze", [kv_range, const("ax012", np.array([0, 1, 2], np.int64))], "kv_pos_u")
         q_pos = node("Unsqueeze", [positions, const("ax013", np.array([0, 1, 3], np.int64))], "q_pos_u")
         causal = node("LessOrEqual", [kv_pos, q_pos], "causal")  # [1, 1, seq, total]
+        if window:
+            width = (const("window", np.array(window, np.int64)) if isinstance(window, int)
+                     else node("Squeeze", [node("Shape", ["past_key"], "window_1d", start=2, end=3)], "window"))
+            slide = node("Greater", [kv_pos, node("Sub", [q_pos, width], "q_minus_window")], "slide")
+            causal = node("And", [causal, slide], "causal_window")
         # the mask read at each key position, as transformers' padding_mask_function indexes it
         if mask in ("causal_padding", "padding"):
             mask_at = node("Gather", [node("Cast", ["attention_mask"], "mask_b", to=TensorProto.BOOL), kv_range], "mask_at", axis=1)

@@ -26,7 +26,7 @@ ATTENTION = {
     "llama": (2, 2, 2, 0),
     "llama3": (2, 2, 2, 0),
     "qwen2": (2, 2, 2, 0),  # packed with its biases: MatMul + Add (pack_qkv)
-    "mistral": (0, 0, 0, 4),  # not yet: the sliding-window cache keeps window - 1 tokens (see MISSES)
+    "mistral": (0, 0, 0, 4),  # not with the cache cropped to window - 1 tokens (see MISSES); with a full one below
     "phi3": (2, 2, 2, 0),  # the partial rotary inside, q / k / v the Slices of the checkpoint's qkv_proj: the product itself
     "gemma": (2, 2, 2, 0),  # head_dim 32 != hidden / heads, one kv head
 }
@@ -66,6 +66,26 @@ def test_family_on_ort_cpu(family: str) -> None:
         rule, reason = MISSES[family]
         assert reason in _miss(report, rule)
     assert max_step_difference(model, optimized, config(family).vocab_size, shared=False) < 1e-5
+
+
+@pytest.mark.parametrize("export, target", [("mistral-kv-causal-full", "ort-cpu"), ("mistral-kv-causal-fp16-full", "ort-cuda"),
+                                            ("mistral-kv-full", "ort-cpu")])
+def test_mistral_with_a_cache_of_every_token(export: str, target: str) -> None:
+    """Mistral exported with a DynamicCache that keeps every token (not cropped to the window): GroupQueryAttention
+    with local_window_size 8 (the window) and no mask where the export has no attention_mask; with one the whole mask,
+    window included, is the attention_bias (ort-cpu). Equal over a prefill of 6 and 4 steps: the cache outgrows the
+    window (10 > 8)."""
+    path, _ = build(export, "dynamo")
+    model = onnx.load(str(path))
+    shared = target == "ort-cuda"
+    optimized, _ = graphopt.optimize(model, target=target, kv_buffer="shared" if shared else "growing")
+    gqa = [n for n in optimized.graph.node if n.op_type == "GroupQueryAttention"]
+    assert len(gqa) == 2 and _ops(optimized)["Softmax"] == 0
+    masked = "causal" not in export
+    for node in gqa:
+        assert next(a.i for a in node.attribute if a.name == "local_window_size") == (-1 if masked else 8)
+        assert (len(node.input) > 10 and node.input[10] != "") == masked
+    assert max_step_difference(model, optimized, config("mistral").vocab_size, shared=shared) < (1e-2 if shared else 1e-5)
 
 
 @pytest.mark.parametrize("family", list(ATTENTION))

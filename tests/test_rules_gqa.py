@@ -240,6 +240,57 @@ def test_contract_refuses_rotary_caches_onnxruntime_cannot_rotate_with(target: s
     assert "not 40" in problem(64, 40)  # wider than half the head
 
 
+# ----------------------------------------------------------------------------- sliding window (Mistral, Gemma-2)
+
+
+def _gqa_node(model: onnx.ModelProto) -> onnx.NodeProto:
+    [node] = [n for n in model.graph.node if n.op_type == "GroupQueryAttention"]
+    return node
+
+
+def _window(node: onnx.NodeProto) -> int:
+    return next((a.i for a in node.attribute if a.name == "local_window_size"), -1)
+
+
+@pytest.mark.parametrize("target", ["ort-cpu", "ort-cuda"])
+def test_golden_a_sliding_window_mask_becomes_local_window_size(target: str) -> None:
+    """causal And kv_pos > q_pos - 3: causal = 1 with local_window_size = 3 (onnxruntime's left window counts the
+    query's own key, as transformers' sliding_window does), the mask gone; equal over prefill and decode steps longer
+    than the window on ort-cpu (ort-cuda, float16 and a shared buffer: tests/test_llm_families.py runs Mistral's)."""
+    model = decoder_block(mask="causal", hidden=64, window=3, dtype=np.float16 if target == "ort-cuda" else np.float32)
+    optimized, report = _optimize(model, target=target, kv_buffer="shared" if target == "ort-cuda" else "growing")
+    assert report.rules[RULE].applications == 1
+    node = _gqa_node(optimized)
+    assert _window(node) == 3 and (len(node.input) <= 10 or node.input[10] == "")
+    if target == "ort-cpu":
+        _assert_steps_equal(model, optimized)
+
+
+def test_a_sliding_window_with_padding_goes_in_as_the_bias() -> None:
+    """With an attention_mask too, the whole mask (window included) is the attention_bias; no local window."""
+    model = decoder_block(mask="causal_padding", hidden=64, window=3)
+    optimized, report = _optimize(model)
+    assert report.rules[RULE].applications == 1
+    node = _gqa_node(optimized)
+    assert _window(node) == -1 and node.input[10] != ""
+    _assert_steps_equal(model, optimized)
+
+
+def test_negative_a_window_of_run_time_width_is_not_a_local_window() -> None:
+    """kv_pos > q_pos - w with w read from a shape: not known to be one width; on ort-cpu the mask stays the bias,
+    on ort-cuda (no attention_bias there) the attention stays unfused."""
+    model = decoder_block(mask="causal", hidden=64, window="input")
+    optimized, report = _optimize(model)
+    assert report.rules[RULE].applications == 1
+    node = _gqa_node(optimized)
+    assert _window(node) == -1 and node.input[10] != ""
+    # (the width here is the past length: with no past every key is hidden, a row the rule does not keep equal)
+    _assert_steps_equal(model, optimized, [(2, 1, 7, 0), (2, 1, 7, 3), (1, 4, 3, 0)])
+    _, cuda = _optimize(decoder_block(mask="causal", hidden=64, window="input", dtype=np.float16), target="ort-cuda", kv_buffer="shared")
+    assert RULE not in cuda.rules or cuda.rules[RULE].applications == 0
+    assert "no attention_bias" in _near_miss(cuda)
+
+
 def test_ort_cpu_lowering_drops_the_kv_cache_mark() -> None:
     """kv_cache is graphopt's own: the com.microsoft.MultiHeadAttention the CPU keeps (no GroupQueryAttention
     for a Tile repeat) has no such attribute."""

@@ -119,8 +119,20 @@ def test_it_lowers_to_aten_ops_in_every_kernel_policy() -> None:
         assert "GroupQueryAttention" in torch_target(kernels=kernels).lowerings, kernels
 
 
-def test_a_local_window_is_declined() -> None:
+@pytest.mark.parametrize("window", [2, 4, 20])
+def test_a_local_window_attends_as_onnxruntime_does(window: int) -> None:
+    """local_window_size (Mistral's sliding window): each query sees the last `window` keys up to its own; 20 covers
+    the whole cache (the same as none)."""
+    feeds, attrs = _inputs(True, False), {**_attrs(True, False), "local_window_size": window}
+    expected, actual = _onnxruntime(feeds, attrs), _torch(feeds, attrs)
+    for name, e, a in zip(("out", "present_key", "present_value"), expected, actual, strict=True):
+        np.testing.assert_allclose(a.numpy(), e, rtol=1e-5, atol=1e-5, err_msg=name)
+    whole = _torch(feeds, _attrs(True, False))[0]
+    assert torch.allclose(actual[0], whole, atol=1e-6) == (window >= T)
+
+
+def test_a_zero_window_is_declined() -> None:
     feeds = _inputs(False, False)
-    with pytest.raises(RewriteDeclined, match="causal over the whole cache"):
-        _torch(feeds, {**_attrs(False, False), "local_window_size": 4})
+    with pytest.raises(RewriteDeclined, match="causal"):
+        _torch(feeds, {**_attrs(False, False), "local_window_size": 0})
 

@@ -400,8 +400,9 @@ def _group_query_attention(b: FxBuilder, args: list[Any], attrs: dict[str, Any],
     cos_cache, sin_cache, position_ids, bias = (arg(args, i) for i in (7, 8, 9, 10))
     if any(arg(args, i) is not None for i in range(11, 16)):
         raise RewriteDeclined("graphopt.GroupQueryAttention on torch takes no head_sink, k / v scales or q / k norms")
-    if position_ids is not None or int(attrs.get("causal", 1)) != 1 or int(attrs.get("local_window_size", -1)) != -1:
-        raise RewriteDeclined("graphopt.GroupQueryAttention on torch is causal over the whole cache, positions from the past length")
+    window = int(attrs.get("local_window_size", -1))
+    if position_ids is not None or int(attrs.get("causal", 1)) != 1 or window == 0 or window < -1:
+        raise RewriteDeclined("graphopt.GroupQueryAttention on torch is causal (over a local window or the whole cache), positions from the past length")
     heads, kv_heads = int(attrs["num_heads"]), int(attrs["kv_num_heads"])
     if b.rank(q3) != 3 or b.rank(past_k) != 4 or not isinstance(head := b.size(past_k, 3), int):
         raise RewriteDeclined("graphopt.GroupQueryAttention on torch takes q [batch, seq, heads * head] and past k [batch, kv_heads, past, head]")
@@ -430,7 +431,10 @@ def _group_query_attention(b: FxBuilder, args: list[Any], attrs: dict[str, Any],
     device = b.meta(q3).device
     kv_pos = b.call(aten.arange.default, total, dtype=torch.int64, device=device)
     q_pos = b.call(aten.arange.start, past, total, dtype=torch.int64, device=device)
-    keep = b.call(aten.le.Tensor, b.call(aten.unsqueeze.default, kv_pos, 0), b.call(aten.unsqueeze.default, q_pos, 1))
+    kv_row, q_col = b.call(aten.unsqueeze.default, kv_pos, 0), b.call(aten.unsqueeze.default, q_pos, 1)
+    keep = b.call(aten.le.Tensor, kv_row, q_col)
+    if window > 0:  # the last `window` keys up to the query's own (onnxruntime's local_window_size)
+        keep = b.call(aten.logical_and.default, keep, b.call(aten.gt.Tensor, kv_row, b.call(aten.sub.Tensor, q_col, window)))
     mask = keep
     if bias is not None:  # added where visible; elsewhere the lowest float, as the models write their masks
         fill = float(torch.finfo(b.meta(q3).dtype).min)
