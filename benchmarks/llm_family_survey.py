@@ -48,7 +48,7 @@ FAMILIES = ("llama", "llama3", "qwen2", "mistral", "phi3", "gemma")
 ONNX_EXTRA = {"mistral-full": ("mistral", "-full")}
 #: the LLM rules whose near-misses the table reports where they did not fire
 LLM_RULES = ("FuseGroupQueryAttention", "FoldRotaryIntoGroupQueryAttention", "FuseRotaryEmbedding", "FuseAttention",
-             "FuseRMSNorm", "FuseRMSNormUpcast", "FuseRMSNormDowncast", "FuseSkipRMSNorm", "FuseSwiGLU", "FuseGeGLU", "FuseGroupedKV",
+             "FuseRMSNorm", "FuseRMSNormUpcast", "FuseRMSNormDowncast", "FuseSkipRMSNorm", "FuseSwiGLU", "FuseGatedGelu", "FuseGeGLU", "FuseGroupedKV",
              "FuseScaledDotProductAttention")
 ONNX_COUNTS = {"GQA": "com.microsoft.GroupQueryAttention", "SkipSLN": "com.microsoft.SkipSimplifiedLayerNormalization",
                "SLN": "SimplifiedLayerNormalization", "Rotary": "com.microsoft.RotaryEmbedding",
@@ -168,7 +168,7 @@ def onnx_table(entries: list[dict[str, Any]]) -> str:
 
 def torch_table(entries: list[dict[str, Any]]) -> str:
     rules = ["FuseRMSNorm", "FuseRMSNormUpcast", "FuseRMSNormDowncast", "FuseSkipRMSNorm", "FuseRotaryEmbedding", "FuseScaledDotProductAttention",
-             "FuseGroupedKV", "FuseSwiGLU", "FuseGeGLU"]
+             "FuseGroupedKV", "FuseSwiGLU", "FuseGatedGelu"]
     lines = ["| family | " + " | ".join(rules) + " | GEMMs (matmul + addmm) | tokens = eager | not fired (first near-miss) |",
              "|---|" + "---|" * (len(rules) + 3)]
     for e in entries:

@@ -381,6 +381,10 @@ CASES: list[Case] = [
          onnx_target="ort-cpu", atol=1e-4),
     # FX only (the rule's file says why not ONNX): proven on FX
     Case("FuseSwiGLU", fn(lambda m, x: F.silu(x @ m.w1) * (x @ m.w3), w1=const(8, 16), w3=const(8, 16)), rand(2, 3, 8), 1, kinds=("fx",)),
+    Case("FuseGatedGelu", fn(lambda m, x: F.gelu(x @ m.w1, approximate="tanh") * (x @ m.w3), w1=const(8, 16), w3=const(8, 16)), rand(2, 3, 8), 1,
+         kinds=("fx",)),
+    Case("FuseGatedGelu", fn(lambda m, x: F.gelu(x @ m.w1) * (x @ m.w3), w1=const(8, 16), w3=const(8, 16)), rand(2, 3, 8), 1, kinds=("fx",),
+         name="erf"),
     Case("FuseScaledDotProductAttention", fn(lambda m, q, k, v: F.scaled_dot_product_attention(q, k, v)),
          rands((2, 2, 5, 4), (2, 2, 5, 4), (2, 2, 5, 4)), 1, kinds=("fx",)),
     # sdpa.pdll: repeat_kv copies taken out of attention (ONNX's opset-23 Attention, graphopt's SDPA on FX)
@@ -411,6 +415,8 @@ CASES: list[Case] = [
 #: Modules that look like a rule's pattern but are not it: no rewrite on either kind (count 0),
 #: the outputs still the module's.
 NEGATIVE_CASES: list[Case] = [
+    # gelu(gate) * up with up broadcast along the rows: not one elementwise gate
+    Case("FuseGatedGelu", fn(lambda m, x: F.gelu(x @ m.w1) * m.u, w1=const(8, 16), u=const(16)), rand(2, 3, 8), 0, kinds=("fx",)),
     # Gemma's norm computed in float64: the fused op would normalize in float32
     Case("FuseRMSNormDowncast", fn(lambda m, h: _rms_norm_gemma(m, h, torch.float64), w=lambda: (torch.rand(8) - 0.5).half()),
          lambda: (torch.randn(2, 3, 8).half(),), 0, along=("FuseRMSNorm",), onnx_target="ort-cpu"),

@@ -127,19 +127,20 @@ def _torch_family(family: str) -> dict[str, Any]:
 
 
 @pytest.mark.usefixtures("graphopt_never_falls_back")
-@pytest.mark.parametrize("family, gemms, swiglu", [("qwen2", 9, 2), ("gemma", 9, 0)])
-def test_family_decode_step_on_the_torch_path(family: str, gemms: int, swiglu: int) -> None:
+@pytest.mark.parametrize("family, gemms, swiglu, gated_gelu", [("qwen2", 9, 2, 0), ("gemma", 9, 0, 2)])
+def test_family_decode_step_on_the_torch_path(family: str, gemms: int, swiglu: int, gated_gelu: int) -> None:
     """The decode step over a StaticCache (inductor off): the same rewrites as LLaMA's (RMSNorm 5, 4 with the
     residual, rotary 4, attention 2, the repeated kv heads out), Qwen2's biased q/k/v packed into one GEMM like
-    LLaMA's (9 GEMMs: 2 x (qkv, o, gate|up, down) + the LM head); greedy tokens equal eager's. Gemma's GeGLU of two
-    projections (gelu_tanh(gate) * up) is not fused yet."""
+    LLaMA's (9 GEMMs: 2 x (qkv, o, gate|up, down) + the LM head), Gemma's GELU gate of two projections
+    (gelu_tanh(gate) * up) one graphopt::geglu like LLaMA's SwiGLU; greedy tokens equal eager's."""
     result = _torch_family(family)
     decode = result["graphs"][-1]
     assert {r: decode.get(r, 0) for r in ("FuseRMSNorm", "FuseSkipRMSNorm", "FuseRotaryEmbedding", "FuseScaledDotProductAttention",
-                                         "FuseGroupedKV", "FuseSwiGLU")} == {
+                                         "FuseGroupedKV", "FuseSwiGLU", "FuseGatedGelu")} == {
         "FuseRMSNorm": 5, "FuseSkipRMSNorm": 4, "FuseRotaryEmbedding": 4, "FuseScaledDotProductAttention": 2, "FuseGroupedKV": 2,
-        "FuseSwiGLU": swiglu}
+        "FuseSwiGLU": swiglu, "FuseGatedGelu": gated_gelu}
     calls = result["decode_calls"]
+    assert calls.get("graphopt.geglu.default", 0) == gated_gelu and calls.get("graphopt.swiglu.default", 0) == swiglu
     assert sum(calls.get(f"aten.{g}.default", 0) for g in ("mm", "addmm", "matmul")) == gemms
     assert result["tokens_equal"], result
     assert result["logits_max_diff"] < 1e-4

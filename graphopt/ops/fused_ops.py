@@ -408,6 +408,9 @@ FUSED_OPS: tuple[OpSpec, ...] = (
         lowerings={"ort-cuda": Lowering(MS_DOMAIN, "BiasSplitGelu", contract=_cuda_bias_split_gelu)},
     ),
     OpSpec("graphopt", "SwiGLU", "silu(gate) * up (torch only)", inputs=(Input("gate"), Input("up")), outputs=_Y, infer=_like_first),
+    OpSpec("graphopt", "GatedGelu", "gelu(gate) * up, erf or tanh GELU, gate and up two projections (Gemma's MLP; torch only)",
+           inputs=(Input("gate"), Input("up")), outputs=_Y,
+           attributes=(Attribute("approximate", "STRING", "none", choices=("none", "tanh")),), infer=_like_first),
     OpSpec(
         "graphopt", "GemmActivation",
         "activation(A @ B + C) in the GEMM's epilogue (torch: cuBLASLt's; ort-cpu: FusedGemm, Relu only)",

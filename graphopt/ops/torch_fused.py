@@ -201,6 +201,11 @@ def _swiglu(b: FxBuilder, args: list[Any], attrs: dict[str, Any], wanted: set[in
     return [b.call(graphopt_op("swiglu"), b.tensor(args[0]), b.tensor(args[1]))]
 
 
+@_lowers("GatedGelu", ("graphopt::geglu",))
+def _gated_gelu(b: FxBuilder, args: list[Any], attrs: dict[str, Any], wanted: set[int]) -> list[Any]:
+    return [b.call(graphopt_op("geglu"), b.tensor(args[0]), b.tensor(args[1]), str(attrs.get("approximate", "none")) == "tanh")]
+
+
 @_lowers("GeGLU", ("graphopt::geglu",))
 def _geglu(b: FxBuilder, args: list[Any], attrs: dict[str, Any], wanted: set[int]) -> list[Any]:
     """graphopt.GeGLU(x, bias): (x + bias) halved on the last axis into (a, g) -> a * gelu(g)."""
