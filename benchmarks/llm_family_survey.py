@@ -106,7 +106,8 @@ def onnx_family(family: str, suffix: str = "") -> dict[str, Any]:
     return entry
 
 
-def torch_family(family: str, prompt: int = 8, new_tokens: int = 6, cache_len: int = 32) -> dict[str, Any]:
+def torch_family(family: str, prompt: int = 8, new_tokens: int = 6, cache_len: int = 32, half: bool = False) -> dict[str, Any]:
+    """The decode step's rewrites and greedy tokens against eager (`half`: the model in float16, as on a GPU)."""
     import torch
     import transformers
     from llm_families import config, model_class
@@ -120,6 +121,7 @@ def torch_family(family: str, prompt: int = 8, new_tokens: int = 6, cache_len: i
         for p in model.parameters():
             if p.dim() == 1:
                 p.add_(torch.randn_like(p) * 0.1)
+    model = model.half() if half else model
     ids = torch.randint(0, model.config.vocab_size, (BATCH, prompt))
     key = "cache" if "cache" in __import__("inspect").signature(type(model).forward).parameters else "past_key_values"
 

@@ -116,14 +116,14 @@ def test_negative_gemma_float32_needs_no_downcast() -> None:
 # ----------------------------------------------------------------------------- torch
 
 
-def _torch_family(family: str) -> dict[str, Any]:
+def _torch_family(family: str, half: bool = False) -> dict[str, Any]:
     import sys
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     from llm_family_survey import torch_family
 
-    return torch_family(family)
+    return torch_family(family, half=half)
 
 
 @pytest.mark.usefixtures("graphopt_never_falls_back")
@@ -144,3 +144,14 @@ def test_family_decode_step_on_the_torch_path(family: str, gemms: int, swiglu: i
     assert sum(calls.get(f"aten.{g}.default", 0) for g in ("mm", "addmm", "matmul")) == gemms
     assert result["tokens_equal"], result
     assert result["logits_max_diff"] < 1e-4
+
+
+@pytest.mark.usefixtures("graphopt_never_falls_back")
+def test_gemma_in_float16_on_the_torch_path_fuses_its_norms_as_llama_does() -> None:
+    """In float16 Gemma's norm is Cast((norm(Cast(h, float)) * (1 + w)), float16): FuseRMSNormDowncast makes it
+    graphopt.RMSNorm on h (5), so the residual adds fuse as LLaMA's (4); tokens equal eager's (float16, CPU)."""
+    result = _torch_family("gemma", half=True)
+    decode = result["graphs"][-1]
+    assert (decode.get("FuseRMSNormDowncast"), decode.get("FuseSkipRMSNorm"), decode.get("FuseGatedGelu")) == (5, 4, 2)
+    assert result["tokens_equal"], result
+    assert result["logits_max_diff"] < 1e-2
