@@ -72,15 +72,16 @@ def export_llama(path: Path, args: argparse.Namespace) -> None:
     from architectures import _cache_from, _cache_tensors, _module
     from llm_families import config, head_dim, model_class
 
-    if args.family == "llama":
+    family = getattr(args, "family", "llama")  # callers that build their own Namespace (tests) predate it
+    if family == "llama":
         cfg = transformers.LlamaConfig(num_hidden_layers=args.layers, hidden_size=args.hidden, num_attention_heads=args.heads,
                                        num_key_value_heads=args.kv_heads, intermediate_size=args.intermediate, vocab_size=args.vocab,
                                        max_position_embeddings=4096, attn_implementation="sdpa")
     else:  # the family's own full-size shape (tests/llm_families.py), --layers of it
-        cfg = config(args.family, tiny=False)
+        cfg = config(family, tiny=False)
         cfg.num_hidden_layers = args.layers
     dtype = torch.float16 if args.dtype == "fp16" else torch.float32
-    model = getattr(transformers, model_class(args.family, causal_lm=False))(cfg).eval().to(dtype)
+    model = getattr(transformers, model_class(family, causal_lm=False))(cfg).eval().to(dtype)
     layers, head, kv_heads = args.layers, head_dim(cfg), cfg.num_key_value_heads
 
     def forward(m: Any, input_ids: Any, attention_mask: Any, *past: Any) -> Any:

@@ -240,6 +240,24 @@ def test_contract_refuses_rotary_caches_onnxruntime_cannot_rotate_with(target: s
     assert "not 40" in problem(64, 40)  # wider than half the head
 
 
+def test_negative_a_partial_rotary_onnxruntime_cannot_rotate_stays_outside() -> None:
+    """Phi-2 (tests/architectures.py "phi2-kv": heads of 16, partial rotary 0.5): 8 rotated dims, caches of width 4,
+    not a multiple of 8: GroupQueryAttention without do_rotary, RotaryEmbedding outside; outputs equal."""
+    pytest.importorskip("transformers")
+    from architectures import build
+
+    path, inputs = build("phi2-kv", "dynamo")
+    model = onnx.load(str(path))
+    optimized, report = _optimize(model)
+    assert report.rules[RULE].applications == 2
+    assert "FoldRotaryIntoGroupQueryAttention" not in report.rules or report.rules["FoldRotaryIntoGroupQueryAttention"].applications == 0
+    misses = report.rules["FoldRotaryIntoGroupQueryAttention"].near_misses
+    assert "multiple of 8, not 4" in misses[0].reason
+    assert _ops(optimized)["com.microsoft.RotaryEmbedding"] == 4
+    for e, a in zip(run(model, inputs), run(optimized, inputs), strict=True):
+        np.testing.assert_allclose(a, e, rtol=1e-4, atol=1e-5)
+
+
 # ----------------------------------------------------------------------------- sliding window (Mistral, Gemma-2)
 
 
