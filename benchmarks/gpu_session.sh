@@ -38,6 +38,10 @@
 #   bash benchmarks/gpu_session.sh wq cg       # the same without inductor (graphopt's graph replayed as one CUDA graph)
 #   bash benchmarks/gpu_session.sh fp8         # FP8 GEMMs (issue 18): TinyLlama-shaped bf16 vs precision="fp8", decode (batch 1) and a
 #                                              # 2048-token prefill, and _scaled_mm vs bf16 mm per GEMM shape at M=1,16,2048 (fp8_bench.py)
+#   bash benchmarks/gpu_session.sh llm-family F torch|onnx  # issue 17, one decoder family F (llama3, qwen2, mistral, phi3, gemma;
+#                                              # tests/llm_families.py) at full size, fp16, batch 1: "torch" its static-cache decode,
+#                                              # inductor's CUDA graphs against graphopt's (llm_decode.py --family); "onnx" decode steps
+#                                              # of a 4-layer export, the export against graphopt's (llm_onnx_decode.py --family)
 #   bash benchmarks/gpu_session.sh llm-onnx    # decode steps of a 4-layer TinyLlama-shaped export with a KV cache, fp16, CUDA, io-binding:
 #                                              # the export against graphopt's GroupQueryAttention (llm_onnx_decode.py)
 #   bash benchmarks/gpu_session.sh genai-build # issue 17: the 1.1B-shaped LlamaConfig's folder, the onnxruntime-genai builder's fp16 CUDA
@@ -195,6 +199,24 @@ wq)
     tail -14 "$OUT/llm_decode-wq-${2:-ro}.log"
     ;;
   *) echo "wq takes kernels, bench, ro or cg" >&2; exit 2 ;;
+  esac
+  ;;
+llm-family)
+  family="${2:?llm-family takes a family: llama3, qwen2, mistral, phi3 or gemma}"
+  case "${3:-torch}" in
+  torch)
+    timeout 560 python3 benchmarks/llm_decode.py --family "$family" --variants eager,inductor-ro,graphopt-ro,graphopt-cg --batches 1 \
+      --new-tokens 64 --budget-s 420 --out "$OUT/llm_decode-$family.json" > "$OUT/llm_decode-$family.log" 2>&1
+    tail -12 "$OUT/llm_decode-$family.log"
+    ;;
+  onnx)
+    # the models (Gemma's embedding alone is 1 GB in fp16) stay on the machine; the figures come back
+    timeout 540 python3 benchmarks/llm_onnx_decode.py --out "/tmp/llm-onnx-$family" --family "$family" --device cuda --dtype fp16 \
+      --layers 4 --batch 1 --prompt 128 --steps 64 > "$OUT/llm_onnx_decode-$family.log" 2>&1
+    cp "/tmp/llm-onnx-$family/llm_onnx_decode.json" "$OUT/llm_onnx_decode-$family.json" 2>/dev/null
+    tail -12 "$OUT/llm_onnx_decode-$family.log"
+    ;;
+  *) echo "llm-family takes torch or onnx after the family" >&2; exit 2 ;;
   esac
   ;;
 llm-onnx)

@@ -40,6 +40,8 @@ few hundredths), and the agreement: the fraction of (sequence, step) tokens equa
 
     python benchmarks/llm_decode.py                       # CUDA, fp16, batches 1 and 8 (bounded by --budget-s)
     python benchmarks/llm_decode.py --tiny --device cpu   # a smoke test of the same code on a tiny config (seconds)
+    python benchmarks/llm_decode.py --family qwen2        # another decoder family's traits at the same size
+                                                          # (llama3, qwen2, mistral, phi3, gemma: tests/llm_families.py)
 
 Output: a table printed last; JSON at --out (a file, or a folder) or under $OUT when set.
 --budget-s bounds the whole run: a (batch, variant) not started by then is recorded as skipped.
@@ -64,15 +66,23 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 VARIANTS = ("eager", "inductor-ro", "graphopt", "graphopt-ro", "graphopt-cg")
+FAMILIES = ("llama", "llama3", "qwen2", "mistral", "phi3", "gemma")  # tests/llm_families.py
 #: Weight-only quantized variants (issue 18): not in the default set (their compile quantizes the model).
 WQ_VARIANTS = ("graphopt-int8-ro", "graphopt-int4-ro", "graphopt-int8-cg", "graphopt-int4-cg", "torchao-int4-ro")
 #: memory bandwidth by GPU name (bytes/s, the vendor's figure); others use the measured copy.
 SPEC_BANDWIDTH = (("H200", 4.8e12), ("H100 PCIe", 2.0e12), ("H100", 3.35e12), ("A100-SXM4-80GB", 2.039e12), ("A100", 1.555e12))
 
 
-def llama_config(tiny: bool) -> Any:
+def llama_config(tiny: bool, family: str = "llama") -> Any:
+    """The TinyLlama-shaped LlamaConfig (or the tiny one); another `family` (tests/llm_families.py: llama3, qwen2,
+    mistral, phi3, gemma) is that family's config at the same size, with its traits."""
     import transformers
 
+    if family != "llama":
+        sys.path.insert(0, str(REPO / "tests"))
+        from llm_families import config
+
+        return config(family, tiny=tiny)
     if tiny:
         return transformers.LlamaConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
                                         intermediate_size=128, vocab_size=100, max_position_embeddings=512)
@@ -80,13 +90,14 @@ def llama_config(tiny: bool) -> Any:
                                     intermediate_size=5632, vocab_size=32000, max_position_embeddings=2048, rms_norm_eps=1e-5)
 
 
-def build_model(tiny: bool, device: str, dtype: Any) -> Any:
+def build_model(tiny: bool, device: str, dtype: Any, family: str = "llama") -> Any:
     import torch
     import transformers
 
     torch.manual_seed(0)
+    cfg = llama_config(tiny, family)
     with torch.device(device):  # random weights made on the device (a 1.1B model's init on the CPU takes long)
-        model = transformers.LlamaForCausalLM(llama_config(tiny))
+        model = getattr(transformers, type(cfg).__name__.replace("Config", "ForCausalLM"))(cfg)
     return model.to(dtype).eval()
 
 
@@ -397,9 +408,10 @@ def environment(device: str) -> dict[str, Any]:
     return env
 
 
-def write_json(data: dict[str, Any], out: str, tiny: bool) -> Path:
+def write_json(data: dict[str, Any], out: str, tiny: bool, family: str = "llama") -> Path:
     folder = Path(out).is_dir() or out.endswith(("/", os.sep))
-    path = Path(out) / f"llm_decode{'-tiny' if tiny else ''}.json" if folder else Path(out)
+    name = f"llm_decode{'' if family == 'llama' else '-' + family}{'-tiny' if tiny else ''}.json"
+    path = Path(out) / name if folder else Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     staged = path.with_name(f".{path.name}.tmp")
     results = [{k: v for k, v in e.items() if k != "gaps"} for e in data["results"]]  # the gaps' minimum is kept
@@ -418,6 +430,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--new-tokens", type=int, default=None, help="greedy tokens (default 128; 8 with --tiny)")
     parser.add_argument("--device", default=None, help="cuda (default when available) or cpu")
     parser.add_argument("--tiny", action="store_true", help="a tiny LlamaConfig (a smoke test, fp32 on the CPU)")
+    parser.add_argument("--family", default="llama", choices=FAMILIES,
+                        help="the decoder family (tests/llm_families.py): its traits at the TinyLlama size (or tiny)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed generations first (compiling, CUDA-graph recording)")
     parser.add_argument("--runs", type=int, default=3, help="timed generations")
     parser.add_argument("--budget-s", type=float, default=150.0, help="start no (batch, variant) after this many seconds")
@@ -449,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.perf_counter()
     dtype = torch.float16 if args.device.startswith("cuda") and not args.tiny else torch.float32
-    model = build_model(args.tiny, args.device, dtype)
+    model = build_model(args.tiny, args.device, dtype, args.family)
     bw = bandwidth(args.device)
     env = environment(args.device)
     print(f"GPU: {env['gpu']}; bandwidth spec {bw['spec']}, measured copy {bw['measured']}", flush=True)
@@ -457,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
     data = {"benchmark": "llm_decode", "environment": env, "bandwidth": bw, "settings": {
         "tiny": args.tiny, "dtype": str(dtype), "batches": batches, "prompt": args.prompt, "new_tokens": args.new_tokens,
         "warmup": args.warmup, "runs": args.runs, "variants": variants, "budget_s": args.budget_s,
-        "config": llama_config(args.tiny).to_dict()}, "results": results}
+        "family": args.family, "config": llama_config(args.tiny, args.family).to_dict()}, "results": results}
     for batch in batches:
         reference = None
         for variant in variants:
@@ -482,7 +496,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"batch {batch} {variant}: {short}", flush=True)
             if out:  # after every variant: a run stopped by a time limit keeps what it measured
                 data["total_s"] = time.perf_counter() - started
-                path = write_json(data, out, args.tiny)
+                path = write_json(data, out, args.tiny, args.family)
     if out:
         print(f"wrote {path}")
     print()

@@ -6,6 +6,7 @@ attention as com.microsoft.MultiHeadAttention over Concat + repeat_kv).
     python benchmarks/llm_onnx_decode.py --out DIR                       # CUDA, float16, batch 1 and 8
     python benchmarks/llm_onnx_decode.py --out DIR --device cpu --dtype fp32 --layers 2 --hidden 256 --heads 8 --kv-heads 2 --prompt 32 --steps 8
     python benchmarks/llm_onnx_decode.py --out DIR --variants original,graphopt,graphopt-int4,graphopt-int8,original   # weight-only
+    python benchmarks/llm_onnx_decode.py --out DIR --family qwen2 --layers 4   # another decoder family (tests/llm_families.py)
 
 The model: transformers' LlamaModel (no LM head) from a LlamaConfig with random weights
 (--layers, --hidden, --heads, --kv-heads, --intermediate, --vocab), cast to --dtype before the
@@ -67,18 +68,25 @@ WEIGHTS = {"graphopt-int4": "int4", "graphopt-int8": "int8"}
 
 def export_llama(path: Path, args: argparse.Namespace) -> None:
     import torch
+    import transformers
     from architectures import _cache_from, _cache_tensors, _module
-    from transformers import LlamaConfig, LlamaModel
+    from llm_families import config, head_dim, model_class
 
-    cfg = LlamaConfig(num_hidden_layers=args.layers, hidden_size=args.hidden, num_attention_heads=args.heads,
-                      num_key_value_heads=args.kv_heads, intermediate_size=args.intermediate, vocab_size=args.vocab,
-                      max_position_embeddings=4096, attn_implementation="sdpa")
+    family = getattr(args, "family", "llama")  # callers that build their own Namespace (tests) predate it
+    if family == "llama":
+        cfg = transformers.LlamaConfig(num_hidden_layers=args.layers, hidden_size=args.hidden, num_attention_heads=args.heads,
+                                       num_key_value_heads=args.kv_heads, intermediate_size=args.intermediate, vocab_size=args.vocab,
+                                       max_position_embeddings=4096, attn_implementation="sdpa")
+    else:  # the family's own full-size shape (tests/llm_families.py), --layers of it
+        cfg = config(family, tiny=False)
+        cfg.num_hidden_layers = args.layers
     dtype = torch.float16 if args.dtype == "fp16" else torch.float32
-    model = LlamaModel(cfg).eval().to(dtype)
-    layers, head = args.layers, args.hidden // args.heads
+    model = getattr(transformers, model_class(family, causal_lm=False))(cfg).eval().to(dtype)
+    layers, head, kv_heads = args.layers, head_dim(cfg), cfg.num_key_value_heads
 
     def forward(m: Any, input_ids: Any, attention_mask: Any, *past: Any) -> Any:
-        out = m(input_ids=input_ids, attention_mask=attention_mask, past_key_values=_cache_from(layers, list(past), cfg),
+        # a cache of every token: a sliding-window family's own crops it to the window inside the graph
+        out = m(input_ids=input_ids, attention_mask=attention_mask, past_key_values=_cache_from(layers, list(past), cfg, full=True),
                 use_cache=True, return_dict=True)
         return (out.last_hidden_state, *_cache_tensors(out.past_key_values))
 
@@ -91,7 +99,7 @@ def export_llama(path: Path, args: argparse.Namespace) -> None:
     if not args.attention_mask:  # transformers builds a causal mask from the cache position alone
         names.pop(1)
         example.pop(1)
-    example += [torch.randn(batch, args.kv_heads, past, head, dtype=dtype) for _ in range(2 * layers)]
+    example += [torch.randn(batch, kv_heads, past, head, dtype=dtype) for _ in range(2 * layers)]
     dims = {d: torch.export.Dim(d) for d in ("batch", "seq", "total", "past")}
     shapes: dict[str, Any] = {"input_ids": {0: dims["batch"], 1: dims["seq"]}}
     if args.attention_mask:
@@ -266,6 +274,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kv-heads", type=int, default=4)
     parser.add_argument("--intermediate", type=int, default=5632)
     parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--family", default="llama", choices=("llama", "llama3", "qwen2", "mistral", "phi3", "gemma"),
+                        help="llama: the LlamaConfig of --hidden, --heads, ...; another family (tests/llm_families.py): its own "
+                             "full-size config with --layers layers")
     parser.add_argument("--batch", default="1,8")
     parser.add_argument("--prompt", type=int, default=128)
     parser.add_argument("--steps", type=int, default=64)

@@ -163,20 +163,61 @@ def _causal_constant(past, seq, total) -> np.ndarray | None:
     return np.arange(t)[None, :] <= p + np.arange(s)[:, None]
 
 
-def _mask_plan(ctx, bias, past, seq, total) -> tuple[str | None, str | None]:
-    """("causal" | "padding", None): the mask is causal alone (GroupQueryAttention's causal = 1
-    does all it does) or causal and more (it also goes in as attention_bias); (None, why not)."""
+def _and_terms(ctx, keep, depth: int = 0) -> list[Any]:
+    """The terms And-ed into keep (through Expand and Casts of bool)."""
+    view = ctx.view
+    node = view.producer(keep)
+    if node is None or depth > 16:
+        return [keep]
+    op, ins = view.op_key(node), view.inputs(node)
+    if op == ("", "And"):
+        return [term for x in ins for term in _and_terms(ctx, x, depth + 1)]
+    if op in (("", "Expand"), ("", "Cast")) and ctx.dtype(ins[0]) == "bool":
+        return _and_terms(ctx, ins[0], depth + 1)
+    return [keep]
+
+
+def _window_of(ctx, term, past, seq, total) -> int | None:
+    """w where the term is kv_pos > q_pos - w (Greater(kv, Sub(q, w)) or Less(Sub(q, w), kv), w a constant > 0;
+    the positions as _is_causal reads them): the sliding window (Mistral, Gemma-2) of w keys up to the query's own."""
+    view = ctx.view
+    node = view.producer(term)
+    if node is None or view.op_key(node) not in (("", "Greater"), ("", "Less")):
+        return None
+    kv, bound = view.inputs(node) if view.op_key(node) == ("", "Greater") else view.inputs(node)[::-1]
+    sub = view.producer(bound)
+    if sub is None or view.op_key(sub) != ("", "Sub"):
+        return None
+    q, width = view.inputs(sub)
+    w = ctx.scalar(width)
+    if w is None or w != int(w) or w < 1:
+        return None
+    kv_pos, q_pos = _positions(ctx, kv, -1), _positions(ctx, q, -2)
+    if kv_pos is None or q_pos is None or not dims_equal([kv_pos[0], kv_pos[1], q_pos[0], q_pos[1]], [0, total, past, seq]):
+        return None
+    return int(w)
+
+
+def _everywhere_true(ctx, term) -> bool:
+    array = ctx.array(term)
+    return array is not None and array.dtype == np.bool_ and bool(array.all())
+
+
+def _mask_plan(ctx, bias, past, seq, total) -> tuple[str | None, str | None, int]:
+    """("causal" | "padding", None, window): the mask is causal alone, or causal and a sliding window of `window`
+    keys (GroupQueryAttention's causal = 1 and local_window_size do all it does; window -1 without one), or causal
+    and more (it also goes in as attention_bias, which carries any window itself); (None, why not, -1)."""
     if bias is None and static_int(seq) == 1:  # one query at the last position: causal hides nothing (a decode step)
-        return "causal", None
+        return "causal", None, -1
     if bias is None:
         return None, ("the attention has no mask: bidirectional over the cache, while GroupQueryAttention "
-                      "runs several new tokens over a past at batch > 1 only with causal = 1")
+                      "runs several new tokens over a past at batch > 1 only with causal = 1"), -1
     keep, problem = _where_keep(ctx, bias)
     if keep is None:
-        return None, problem
+        return None, problem, -1
     if not _is_causal(ctx, keep, past, seq, total):
         return None, ("the mask is not known to hide every key after the query's position (kv_pos <= past + q_pos, "
-                      "Range-built): GroupQueryAttention's causal = 1 would hide them")
+                      "Range-built): GroupQueryAttention's causal = 1 would hide them"), -1
     value, node = keep, None
     while not isinstance(value, np.ndarray) and (node := ctx.view.producer(value)) is not None \
             and ctx.view.op_key(node) in (("", "Expand"), ("", "Cast")):
@@ -185,9 +226,19 @@ def _mask_plan(ctx, bias, past, seq, total) -> tuple[str | None, str | None]:
     allowed = _causal_constant(past, seq, total)
     if const is not None:  # folded: only causal if it is the causal pattern itself, in every leading row
         only_causal = allowed is not None and const.shape[-2:] == allowed.shape and bool(np.all(const == allowed))
-    else:
-        only_causal = node is not None and ctx.view.op_key(node) in (("", "LessOrEqual"), ("", "GreaterOrEqual"))
-    return ("causal" if only_causal else "padding"), None
+        return ("causal" if only_causal else "padding"), None, -1
+    windows, other = set(), False
+    for term in _and_terms(ctx, keep):
+        if isinstance(term, np.ndarray) or _everywhere_true(ctx, term):
+            continue
+        window = _window_of(ctx, term, past, seq, total)
+        if window is not None:
+            windows.add(window)
+        elif not _is_causal(ctx, term, past, seq, total):
+            other = True
+    if other or len(windows) > 1:
+        return "padding", None, -1
+    return "causal", None, (windows.pop() if windows else -1)
 
 
 @native_constraint("GqaShapes", params=GqaMatch)
@@ -229,7 +280,7 @@ def gqa_shapes(ctx, m: GqaMatch):
         problem = _repeat_problem(ctx, m.mha, index, form, name, kv_heads, group)
         if problem is not None:
             return problem
-    _, problem = _mask_plan(ctx, m.bias, dpk[2], seq, total)
+    _, problem, _ = _mask_plan(ctx, m.bias, dpk[2], seq, total)
     return True if problem is None else problem
 
 
@@ -239,7 +290,7 @@ def gqa_plan(ctx, k_new, past_k, bias):
     kv_heads = static_int(dk[1]) if dk is not None else None
     if kv_heads is None or dp is None:  # checked by GqaShapes
         raise RewriteDeclined("the number of kv heads is not static")
-    mask, problem = _mask_plan(ctx, bias, dp[2], dk[2], dp[2] + dk[2])
+    mask, problem, window = _mask_plan(ctx, bias, dp[2], dk[2], dp[2] + dk[2])
     if mask is None:
         raise RewriteDeclined(problem or "the mask is not causal")
     return {
@@ -248,6 +299,7 @@ def gqa_plan(ctx, k_new, past_k, bias):
         "one": np.array([1], dtype=np.int64),
         "scalar": np.array([], dtype=np.int64),
         "mask": mask,
+        "window": window,
     }
 
 
@@ -259,12 +311,44 @@ def _same_constant(ctx, a, b) -> bool:
     return x is not None and y is not None and x.dtype == y.dtype and x.shape == y.shape and bool(np.array_equal(x, y))
 
 
+def _slice_span(ctx, node, dim: int) -> tuple[int, int] | None:
+    """(start, end) of a Slice on the last axis (of `dim`) with step 1, else None."""
+    ins = ctx.view.inputs(node)
+    starts, ends = ctx.ints(ins[1]), ctx.ints(ins[2])
+    axes = ctx.ints(ins[3]) if len(ins) > 3 and ins[3] is not None else [0]
+    steps = ctx.ints(ins[4]) if len(ins) > 4 and ins[4] is not None else [1]
+    rank = ctx.rank(ins[0])
+    if None in (starts, ends, axes, steps, rank) or len(starts) != 1 or len(ends) != 1 or len(axes) != 1 or steps != [1]:
+        return None
+    if axes[0] % rank != rank - 1:
+        return None
+    start, end = (min(max(v + dim if v < 0 else v, 0), dim) for v in (starts[0], ends[0]))
+    return start, end
+
+
+def _partial_problem(ctx, rotated, name: str, head: int, half: int) -> str | None:
+    """Concat(rotary(Slice [0, 2 * half)), Slice [2 * half, head)) on the last axis: the first 2 * half dims
+    rotated, the rest passed through in place; None when it is, else why not."""
+    view = ctx.view
+    concat = view.producer(rotated)
+    ins = view.inputs(concat)
+    axis = view.attr(concat, "axis")
+    if len(ins) != 2 or axis is None or int(axis) % 4 != 3:
+        return f"the partial rotary's Concat of {name} joins {len(ins)} inputs on axis {axis}, not 2 on the last"
+    rot_slice = view.producer(view.inputs(view.producer(ins[0]))[0])
+    spans = [_slice_span(ctx, n, head) for n in (rot_slice, view.producer(ins[1]))]
+    if spans != [(0, 2 * half), (2 * half, head)]:
+        return f"{name}'s partial rotary cuts the head ({head}) at {spans}, not [(0, {2 * half}), ({2 * half}, {head})] (the caches' width twice)"
+    return None
+
+
 @native_constraint("RotaryFoldable")
-def rotary_foldable(ctx, q4, k4, qpos, kpos, cos, sin, kcos, ksin, past_k):
+def rotary_foldable(ctx, q4, k4, qpos, kpos, cos, sin, kcos, ksin, past_k, qform, kform, gqa):
     """q [B, N, S, H] and k [B, KV, S, H] rotated from offset 0 (a one-element position 0: token s
-    reads cache row s) by one cos / sin pair of [rows, H / 2] (k's the same values as q's, or
-    constants equal to them: the FX graph holds one constant per FuseRotaryEmbedding rewrite).
-    Padded with `past` rows in front, row past + s is row s, whatever the number of rows."""
+    reads cache row s) by one cos / sin pair of [rows, R / 2] (k's the same values as q's, or
+    constants equal to them: the FX graph holds one constant per FuseRotaryEmbedding rewrite), R the
+    whole head or (partial) the first R dims of it, the rest passed through. Padded with `past` rows
+    in front, row past + s is row s, whatever the number of rows."""
     for name, q_cache, k_cache in (("cos", cos, kcos), ("sin", sin, ksin)):
         if q_cache is not k_cache and not _same_constant(ctx, q_cache, k_cache):
             return f"q and k are rotated by different {name} caches"
@@ -273,10 +357,23 @@ def rotary_foldable(ctx, q4, k4, qpos, kpos, cos, sin, kcos, ksin, past_k):
             return f"the rotary of {name} reads its cache at positions {ctx.ints(pos)}, not from offset 0"
     dq, dk, dc, ds, dp = (ctx.dims(x) for x in (q4, k4, cos, sin, past_k))
     if any(d is None for d in (dq, dk, dc, ds, dp)) or len(dq) != 4 or len(dk) != 4 or len(dc) != 2 or len(ds) != 2:
-        return "the rotated q, k or the cos / sin caches are not [batch, heads, seq, head] and [rows, head / 2]"
-    head = static_int(dq[3])
-    if head is None or not dims_equal([dc[1], ds[1], dk[3], dp[3]], [head // 2, head // 2, head, head]):
-        return f"the cos / sin caches {_fmt(dc)}, {_fmt(ds)} do not rotate the whole head of q {_fmt(dq)}"
+        return "the rotated q, k or the cos / sin caches are not [batch, heads, seq, head] and [rows, rotary / 2]"
+    head, half = static_int(dq[3]), static_int(dc[1])
+    if head is None or half is None or not dims_equal([ds[1], dk[3], dp[3]], [half, head, head]):
+        return f"the cos / sin caches {_fmt(dc)}, {_fmt(ds)} and q {_fmt(dq)}, k {_fmt(dk)} differ in the rotated width or head"
+    if qform != kform:
+        return f"q's rotary is {qform}, k's {kform}"
+    if qform == "whole":
+        return True if 2 * half == head else f"the cos / sin caches {_fmt(dc)} do not rotate the whole head of q {_fmt(dq)}"
+    if half % 8:  # checked here: the padded caches' shape is not known where the kernels' contracts look
+        return (f"a partial rotary of {2 * half} dims: onnxruntime's GroupQueryAttention rotates with caches of a width that is "
+                f"a multiple of 8, not {half} (the rotary stays graphopt.RotaryEmbedding)")
+    view = ctx.view
+    for index, name in ((0, "q"), (1, "k")):  # the op's input: Reshape(Transpose(rotated))
+        transpose = view.producer(view.inputs(view.producer(view.inputs(view.producer(gqa))[index]))[0])
+        problem = _partial_problem(ctx, view.inputs(transpose)[0], name, head, half)
+        if problem is not None:
+            return problem
     return True
 
 

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from llm_families import FAMILIES  # noqa: E402
 from models import _perturb_1d_params  # noqa: E402  (same seeded noise as the zoo)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -78,10 +79,12 @@ def _module(forward: Callable[..., Any], inner: Any, names: list[str]) -> Any:
     return module.eval()
 
 
-def _cache_from(layers: int, past: list[Any], config: Any) -> Any:
+def _cache_from(layers: int, past: list[Any], config: Any, full: bool = False) -> Any:
+    """A DynamicCache holding `past`; made from the config (a sliding-window model's layers then keep window - 1
+    tokens, cropping the past and the present), or `full`: every layer keeps every token."""
     from transformers import DynamicCache
 
-    cache = DynamicCache(config=config)
+    cache = DynamicCache() if full else DynamicCache(config=config)
     for i in range(layers):
         cache.update(past[2 * i], past[2 * i + 1], i)
     return cache
@@ -172,23 +175,33 @@ def _whisper_decoder(cache: bool) -> Callable[[], tuple[Any, dict[str, Any]]]:
     return make
 
 
-def _causal_lm_with_cache(config_fn: Callable[[], Any], model_cls: str, heads_kv: int, head_dim: int) -> Callable[[], tuple[Any, dict[str, Any]]]:
-    """A decoder stack (no LM head) with its KV cache as inputs and outputs."""
+def _causal_lm_with_cache(config_fn: Callable[[], Any], model_cls: str, heads_kv: int, head_dim: int,
+                          mask: bool = True, half: bool = False, full: bool = False) -> Callable[[], tuple[Any, dict[str, Any]]]:
+    """A decoder stack (no LM head) with its KV cache as inputs and outputs; without `mask` no
+    attention_mask input (transformers builds the causal mask from the cache position alone); `half`:
+    the model and its cache in float16; `full`: a cache that keeps every token (_cache_from)."""
 
     def make() -> tuple[Any, dict[str, Any]]:
         import transformers
 
         cfg = config_fn()
         inner = _perturb_1d_params(getattr(transformers, model_cls)(cfg)).eval()
+        inner = inner.half() if half else inner
         layers = cfg.num_hidden_layers
 
         def forward(m: Any, input_ids: Any, attention_mask: Any, *past: Any) -> Any:
-            out = m(input_ids=input_ids, attention_mask=attention_mask, past_key_values=_cache_from(layers, list(past), cfg),
+            out = m(input_ids=input_ids, attention_mask=attention_mask, past_key_values=_cache_from(layers, list(past), cfg, full),
                     use_cache=True, return_dict=True)
             return (out.last_hidden_state, *_cache_tensors(out.past_key_values))
 
+        def forward_causal(m: Any, input_ids: Any, *past: Any) -> Any:
+            return forward(m, input_ids, None, *past)
+
         names = ["input_ids", "attention_mask"] + [f"past_{kv}{i}" for i in range(layers) for kv in "kv"]
         past = {n: _randn(BATCH, heads_kv, PAST, head_dim, seed=10 + i) for i, n in enumerate(names[2:])}
+        past = {n: t.half() for n, t in past.items()} if half else past
+        if not mask:
+            return _module(forward_causal, inner, names[:1] + names[2:]), {"input_ids": _ids(cfg.vocab_size, seq=SEQ), **past}
         return _module(forward, inner, names), {
             "input_ids": _ids(cfg.vocab_size, seq=SEQ), "attention_mask": _mask(BATCH, PAST + SEQ), **past,
         }
@@ -274,6 +287,29 @@ ARCHITECTURES: dict[str, _Arch] = {
 }
 
 
+def _family_arch(family: str, mask: bool, half: bool, full: bool) -> _Arch:
+    from llm_families import config, head_dim, model_class
+
+    cfg = config(family)
+    make = _causal_lm_with_cache(lambda: config(family), model_class(family, causal_lm=False), cfg.num_key_value_heads, head_dim(cfg), mask, half, full)
+    dynamic = _decoder_dynamic(2, True)
+    if not mask:
+        dynamic.pop("attention_mask")
+    return _Arch(make, ["hidden"] + [f"present_{kv}{i}" for i in range(2) for kv in "kv"], dynamic, exporters=("dynamo",))
+
+
+def _arch(name: str) -> _Arch:
+    if name in ARCHITECTURES:
+        return ARCHITECTURES[name]
+    # the decoder families of tests/llm_families.py with their KV cache: "<family>-kv" with an attention_mask
+    # input, and with "-causal" without one (the mask from the cache position alone), "-fp16" in float16,
+    # "-full" with a cache that keeps every token (a sliding-window model's crops to the window); not torture cases
+    family, *tokens = name.split("-")
+    if family not in FAMILIES or not tokens or tokens[0] != "kv" or not set(tokens[1:]) <= {"causal", "fp16", "full"}:
+        raise KeyError(name)
+    return _family_arch(family, mask="causal" not in tokens, half="fp16" in tokens, full="full" in tokens)
+
+
 def _key(name: str, exporter: str) -> str:
     import torch
     import transformers
@@ -285,7 +321,7 @@ def build(name: str, exporter: str) -> tuple[Path, dict[str, np.ndarray]]:
     """The exported model (cached) and its example inputs."""
     import torch
 
-    arch = ARCHITECTURES[name]
+    arch = _arch(name)
     torch.manual_seed(SEED)
     module, example = arch.make()
     feeds = {k: v.numpy() for k, v in example.items()}

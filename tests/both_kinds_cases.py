@@ -116,6 +116,14 @@ def _rms_norm_upcast(m: nn.Module, h: torch.Tensor) -> torch.Tensor:
     return m.w * x.to(h.dtype)
 
 
+def _rms_norm_gemma(m: nn.Module, h: torch.Tensor, up: torch.dtype = torch.float32) -> torch.Tensor:
+    """transformers' GemmaRMSNorm on a half-precision input: normalized and scaled by (1 + w) in float32 (or `up`),
+    then cast back. eps 2^-20: a float64 one rounds to the fused op's float32 attribute exactly."""
+    x = h.to(up)
+    x = x * torch.rsqrt(x.pow(2.0).mean(-1, keepdim=True) + 2.0**-20)
+    return (x * (1.0 + m.w.to(up))).to(h.dtype)
+
+
 def _layer_norm_second_moment(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """flax's LayerNorm: the variance from the second moment, clamped at 0."""
     mean = x.mean(-1, keepdim=True)
@@ -393,6 +401,9 @@ CASES: list[Case] = [
     Case("FoldBiasIntoLayerNorm", fn(lambda m, x: F.layer_norm(x, (8,), m.g) + m.b, g=const(8), b=const(8)), rand(2, 3, 8), 1),
     Case("FuseRMSNormUpcast", fn(_rms_norm_upcast, w=lambda: (torch.rand(8) + 0.5).half()), lambda: (torch.randn(2, 3, 8).half(),), 1,
          onnx_target="ort-cpu", rtol=2e-3, atol=2e-3),  # one fp16 rounding apart: the weight multiplies before or after it
+    # Gemma: the (1 + w) scale in float32 before the cast back; FuseRMSNorm takes the float32 interior first
+    Case("FuseRMSNormDowncast", fn(_rms_norm_gemma, w=lambda: (torch.rand(8) - 0.5).half()), lambda: (torch.randn(2, 3, 8).half(),), 1,
+         along=("FuseRMSNorm",), onnx_target="ort-cpu", rtol=2e-3, atol=2e-3),
     Case("FuseSkipRMSNorm", fn(lambda m, a, b: (_rms_norm(m, a + b), a + b), w=const(8)), rands((2, 3, 8), (2, 3, 8)), 1, along=("FuseRMSNorm",),
          onnx_target="ort-cpu"),
     # pad_conv.pdll
@@ -408,6 +419,10 @@ CASES: list[Case] = [
          onnx_target="ort-cpu", atol=1e-4),
     # FX only (the rule's file says why not ONNX): proven on FX
     Case("FuseSwiGLU", fn(lambda m, x: F.silu(x @ m.w1) * (x @ m.w3), w1=const(8, 16), w3=const(8, 16)), rand(2, 3, 8), 1, kinds=("fx",)),
+    Case("FuseGatedGelu", fn(lambda m, x: F.gelu(x @ m.w1, approximate="tanh") * (x @ m.w3), w1=const(8, 16), w3=const(8, 16)), rand(2, 3, 8), 1,
+         kinds=("fx",)),
+    Case("FuseGatedGelu", fn(lambda m, x: F.gelu(x @ m.w1) * (x @ m.w3), w1=const(8, 16), w3=const(8, 16)), rand(2, 3, 8), 1, kinds=("fx",),
+         name="erf"),
     Case("FuseScaledDotProductAttention", fn(lambda m, q, k, v: F.scaled_dot_product_attention(q, k, v)),
          rands((2, 2, 5, 4), (2, 2, 5, 4), (2, 2, 5, 4)), 1, kinds=("fx",)),
     # sdpa.pdll: repeat_kv copies taken out of attention (ONNX's opset-23 Attention, graphopt's SDPA on FX)
@@ -438,6 +453,12 @@ CASES: list[Case] = [
 #: Modules that look like a rule's pattern but are not it: no rewrite on either kind (count 0),
 #: the outputs still the module's.
 NEGATIVE_CASES: list[Case] = [
+    # gelu(gate) * up with up broadcast along the rows: not one elementwise gate
+    Case("FuseGatedGelu", fn(lambda m, x: F.gelu(x @ m.w1) * m.u, w1=const(8, 16), u=const(16)), rand(2, 3, 8), 0, kinds=("fx",)),
+    # Gemma's norm computed in float64: the fused op would normalize in float32
+    Case("FuseRMSNormDowncast", fn(lambda m, h: _rms_norm_gemma(m, h, torch.float64), w=lambda: (torch.rand(8) - 0.5).half()),
+         lambda: (torch.randn(2, 3, 8).half(),), 0, along=("FuseRMSNorm",), onnx_target="ort-cpu"),
+
     # Keras's LayerNorm over the middle axis: not LayerNormalization's last axis
     Case("FuseLayerNormMoments", fn(lambda m, x: _layer_norm_moments(m, x, dim=1), g=const(8), b=const(8)),
          rand(2, 3, 8), 0, name="middle-axis"),

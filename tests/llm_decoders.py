@@ -29,7 +29,14 @@ I64 = TensorProto.INT64
 
 
 def decoder_block(hidden: int = 32, heads: int = 4, kv_heads: int = 2, repeat: str = "expand", mask: str = "causal_padding",
-                  rotary: bool = True, seed: int = 0, dtype: Any = np.float32) -> onnx.ModelProto:
+                  rotary: bool = True, seed: int = 0, dtype: Any = np.float32, qkv_bias: str = "",
+                  packed_qkv: tuple[tuple[int, int], ...] = (), packed_width: int = 0, window: int | str = 0) -> onnx.ModelProto:
+    """qkv_bias: the projections (of "q", "k", "v") with a constant bias Add after the MatMul, as Qwen2's;
+    "kx" puts k's bias first in its Add (the other operand order). packed_qkv: one MatMul of the three weights
+    side by side (Phi-3's qkv_proj), q, k, v Slices of it on the last axis at these (start, end) spans (Phi-3's:
+    q, then k, then v, nothing between); packed_width: the product's width if wider (columns nobody reads).
+    window: a sliding window of that many keys And-ed into the causal mask (kv_pos > q_pos - window, as
+    transformers' sliding_window_overlay writes it); "input": its width a run-time value (the past length)."""
     head = hidden // heads
     group = heads // kv_heads
     rng = np.random.default_rng(seed)
@@ -65,9 +72,27 @@ def decoder_block(hidden: int = 32, heads: int = 4, kv_heads: int = 2, repeat: s
         shape = node("Concat", [batch_1d, seq_1d, one_d["m1"], one_d["head"]], f"{name}_shape", axis=0)
         return node("Transpose", [node("Reshape", [x, shape], f"{name}_view")], f"{name}_t", perm=[0, 2, 1, 3])
 
-    q = heads_view(node("MatMul", ["hidden", wq], "q_proj"), heads, "q")
-    k = heads_view(node("MatMul", ["hidden", wk], "k_proj"), kv_heads, "k")
-    v = heads_view(node("MatMul", ["hidden", wv], "v_proj"), kv_heads, "v")
+    def project(w: str, name: str, width: int) -> str:
+        out = node("MatMul", ["hidden", w], f"{name}_proj" if name not in qkv_bias else f"{name}_mm")
+        if name not in qkv_bias:
+            return out
+        bias = const(f"b{name}", (rng.standard_normal(width) / 4).astype(dtype))
+        return node("Add", [bias, out] if f"{name}x" in qkv_bias else [out, bias], f"{name}_proj")
+
+    if packed_qkv:
+        arrays = {i.name: numpy_helper.to_array(i) for i in inits}
+        w = np.zeros((hidden, max(packed_width, *(end for _, end in packed_qkv))), arrays["wq"].dtype)
+        for (start, end), name in zip(packed_qkv, ("wq", "wk", "wv"), strict=True):
+            w[:, start:end] = arrays[name]
+        inits[:] = [i for i in inits if i.name not in ("wq", "wk", "wv")]
+        qkv = node("MatMul", ["hidden", const("wqkv", w)], "qkv_proj")
+        parts = [node("Slice", [qkv, const(f"s_{n}", np.array([start], np.int64)), const(f"e_{n}", np.array([end], np.int64)),
+                                const(f"a_{n}", np.array([-1], np.int64))], f"{n}_proj") for (start, end), n in zip(packed_qkv, "qkv", strict=True)]
+        q, k, v = heads_view(parts[0], heads, "q"), heads_view(parts[1], kv_heads, "k"), heads_view(parts[2], kv_heads, "v")
+    else:
+        q = heads_view(project(wq, "q", heads * head), heads, "q")
+        k = heads_view(project(wk, "k", kv_heads * head), kv_heads, "k")
+        v = heads_view(project(wv, "v", kv_heads * head), kv_heads, "v")
 
     positions = node("Range", [past, total, scalar1], "positions")  # past .. past + seq
     if rotary:
@@ -111,6 +136,11 @@ def decoder_block(hidden: int = 32, heads: int = 4, kv_heads: int = 2, repeat: s
         kv_pos = node("Unsqueeze", [kv_range, const("ax012", np.array([0, 1, 2], np.int64))], "kv_pos_u")
         q_pos = node("Unsqueeze", [positions, const("ax013", np.array([0, 1, 3], np.int64))], "q_pos_u")
         causal = node("LessOrEqual", [kv_pos, q_pos], "causal")  # [1, 1, seq, total]
+        if window:
+            width = (const("window", np.array(window, np.int64)) if isinstance(window, int)
+                     else node("Squeeze", [node("Shape", ["past_key"], "window_1d", start=2, end=3)], "window"))
+            slide = node("Greater", [kv_pos, node("Sub", [q_pos, width], "q_minus_window")], "slide")
+            causal = node("And", [causal, slide], "causal_window")
         # the mask read at each key position, as transformers' padding_mask_function indexes it
         if mask in ("causal_padding", "padding"):
             mask_at = node("Gather", [node("Cast", ["attention_mask"], "mask_b", to=TensorProto.BOOL), kv_range], "mask_at", axis=1)

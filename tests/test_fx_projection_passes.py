@@ -1,6 +1,6 @@
 """The FX passes after lowering that change what inductor gets (issue 15): repeat_kv removed in
-front of attention (fx_gqa.unrepeat_kv) and bias-free projections of one input packed into
-one GEMM (fx_pack.pack_projections). Each with outputs equal to eager's, and look-alikes left
+front of attention (fx_gqa.unrepeat_kv) and projections of one input (bias-free, or each with
+a constant bias: Qwen2's q/k/v) packed into one GEMM (fx_pack.pack_projections). Each with outputs equal to eager's, and look-alikes left
 alone.
 """
 
@@ -37,9 +37,10 @@ def _calls(target: Any) -> int:
 class Projections(nn.Module):
     """q, k, v of one input (bias-free, GQA widths), and a fourth of another input."""
 
-    def __init__(self, other_input: bool = False, biased: bool = False) -> None:
+    def __init__(self, other_input: bool = False, biased: bool = False, k_biased: bool | None = None) -> None:
         super().__init__()
-        self.q, self.k, self.v = (nn.Linear(16, n, bias=biased) for n in (16, 8, 8))
+        k_bias = biased if k_biased is None else k_biased
+        self.q, self.k, self.v = (nn.Linear(16, n, bias=b) for n, b in ((16, biased), (8, k_bias), (8, biased)))
         self.other_input = other_input
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -54,11 +55,22 @@ def test_three_projections_of_one_input_are_one_gemm() -> None:
     assert _calls(torch.ops.aten.split_with_sizes.default) == 1
 
 
-def test_projections_of_other_inputs_or_with_a_bias_stay_apart() -> None:
+def test_biased_projections_of_one_input_are_one_addmm() -> None:
+    """Qwen2's q/k/v: three addmm with constant biases -> one addmm of the packed weights and biases."""
+    torch.manual_seed(0)
+    report = _compile(Projections(biased=True).eval(), torch.randn(2, 5, 16), torch.randn(2, 5, 16))
+    assert report.passes["pack_projections"].changes == 2
+    assert _calls(torch.ops.aten.addmm.default) == 1 and _calls(torch.ops.aten.split_with_sizes.default) == 1
+
+
+def test_projections_of_other_inputs_or_of_another_form_stay_apart() -> None:
     torch.manual_seed(0)
     x, y = torch.randn(2, 5, 16), torch.randn(2, 5, 16)
     assert _compile(Projections(other_input=True).eval(), x, y).passes["pack_projections"].changes == 1  # q and v only
-    assert _compile(Projections(biased=True).eval(), x, y).passes["pack_projections"].changes == 0  # addmm: not this pass's
+    assert _compile(Projections(other_input=True, biased=True).eval(), x, y).passes["pack_projections"].changes == 1
+    # a bias-free k between biased q and v: q and v packed (one addmm), k its own GEMM
+    assert _compile(Projections(biased=True, k_biased=False).eval(), x, y).passes["pack_projections"].changes == 1
+    assert _calls(torch.ops.aten.addmm.default) == 1
 
 
 class WeightsAsInputs(nn.Module):

@@ -366,6 +366,7 @@ def test_graphopt_ops_lists_the_declarations(cli) -> None:
 _TORCH_CASES: dict[str, tuple[list[list[int]], dict[str, Any]]] = {
     "ScaledDotProductAttention": ([[2, 3, 5, 8], [2, 3, 7, 8], [2, 3, 7, 6]], {}),
     "SwiGLU": ([[2, 5, 16], [2, 5, 16]], {}),
+    "GatedGelu": ([[2, 5, 16], [2, 5, 16]], {"approximate": "tanh"}),
     "GeGLU": ([[2, 5, 16], [16]], {}),
     "GemmActivation": ([[4, 8], [8, 6], [6]], {"activation": "Relu"}),
 }

@@ -9,6 +9,7 @@ from collections import Counter
 
 import numpy as np
 import onnx
+import pytest
 from llm_decoders import decoder_block, feeds
 from onnx import helper
 from rule_testing import run
@@ -81,3 +82,100 @@ def test_negative_k_projected_from_another_input() -> None:
     optimized, report = graphopt.optimize(model, target="ort-cpu")
     assert _ops(optimized)["GroupQueryAttention"] == 1
     assert report.pass_stats("pack_qkv").changes == 0 and _ops(optimized)["MatMul"] == 4
+
+
+# ----------------------------------------------------------------------------- biased projections (Qwen2)
+
+
+def _packed(optimized: onnx.ModelProto) -> tuple[onnx.NodeProto, onnx.NodeProto]:
+    """The packed MatMul and the Add of its bias, read by the one GroupQueryAttention."""
+    [gqa] = [n for n in optimized.graph.node if n.op_type == "GroupQueryAttention"]
+    assert gqa.input[1] == "" and gqa.input[2] == ""
+    add = next(n for n in optimized.graph.node if n.output[0] == gqa.input[0])
+    matmul = next(n for n in optimized.graph.node if n.output[0] in add.input)
+    return matmul, add
+
+
+def test_golden_biased_q_k_v_become_one_matmul_and_one_bias_add() -> None:
+    """Qwen2's projections: Add(MatMul(x, W), b) for q, k and v (k's Add with the bias first) -> one MatMul and
+    one Add of the concatenated biases."""
+    model = decoder_block(mask="causal", hidden=64, qkv_bias="q,kx,v")
+    assert _ops(model)["Add"] - _ops(decoder_block(mask="causal", hidden=64))["Add"] == 3
+    optimized, report = graphopt.optimize(model, target="ort-cpu")
+    assert report.pass_stats("pack_qkv").changes == 1
+    assert _ops(optimized)["MatMul"] == 2
+    matmul, add = _packed(optimized)
+    inits = {i.name: i for i in optimized.graph.initializer}
+    bias = onnx.numpy_helper.to_array(inits[next(i for i in add.input if i in inits)])
+    expected = np.concatenate([onnx.numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == f"b{n}")) for n in "qkv"])
+    np.testing.assert_array_equal(bias, expected)  # q's, then k's, then v's
+    assert matmul.op_type == "MatMul" and set(inits).isdisjoint({"wq", "wk", "wv", "bq", "bk", "bv"})
+    _assert_same(model, optimized)
+
+
+def test_golden_a_bias_on_k_only_packs_zeros_for_q_and_v() -> None:
+    model = decoder_block(mask="causal", hidden=64, qkv_bias="k")
+    optimized, report = graphopt.optimize(model, target="ort-cpu")
+    assert report.pass_stats("pack_qkv").changes == 1 and _ops(optimized)["MatMul"] == 2
+    _, add = _packed(optimized)
+    bias = onnx.numpy_helper.to_array(next(i for i in optimized.graph.initializer if i.name in add.input))
+    assert not bias[:64].any() and bias[64:96].any() and not bias[96:].any()
+    _assert_same(model, optimized)
+
+
+def test_negative_a_bias_that_is_not_a_constant() -> None:
+    model = decoder_block(mask="causal", hidden=64, qkv_bias="q,k,v")
+    bk = next(i for i in model.graph.initializer if i.name == "bk")
+    model.graph.initializer.remove(bk)
+    model.graph.input.append(helper.make_tensor_value_info("bk", onnx.TensorProto.FLOAT, list(bk.dims)))
+    optimized, report = graphopt.optimize(model, target="ort-cpu")
+    assert _ops(optimized)["GroupQueryAttention"] == 1
+    assert report.pass_stats("pack_qkv").changes == 0 and _ops(optimized)["MatMul"] == 4
+    _assert_same(model, optimized, {"bk": onnx.numpy_helper.to_array(bk)})
+
+
+def test_qwen2_export_packs_its_biased_projections() -> None:
+    """The tiny Qwen2 (tests/llm_families.py) exported with a cache: both layers' q / k / v (biased) packed, the
+    outputs over a prefill and decode steps equal the export's in onnxruntime's CPU provider."""
+    pytest.importorskip("transformers")
+    from architectures import build
+    from llm_families import max_step_difference
+
+    path, _ = build("qwen2-kv", "dynamo")
+    model = onnx.load(str(path))
+    optimized, report = graphopt.optimize(model, target="ort-cpu")
+    assert report.pass_stats("pack_qkv").changes == 2
+    gqa = [n for n in optimized.graph.node if n.op_type == "GroupQueryAttention"]
+    assert len(gqa) == 2 and all(n.input[1] == "" for n in gqa)
+    assert max_step_difference(model, optimized, vocab=97, shared=False) < 1e-5
+
+
+# ----------------------------------------------------------------------------- packed in the checkpoint (Phi-3)
+
+
+def _slices_of_the_product(model: onnx.ModelProto) -> int:
+    [matmul] = [n for n in model.graph.node if n.op_type == "MatMul" and "wqkv" in n.input[1]]
+    return sum(n.op_type == "Slice" and n.input[0] == matmul.output[0] for n in model.graph.node)
+
+
+def test_golden_q_k_v_slices_of_one_product_are_the_packed_query() -> None:
+    """Phi-3's qkv_proj: q, k, v are Slices [0, 64), [64, 96), [96, 128) of one MatMul: the op reads that product."""
+    model = decoder_block(mask="causal", hidden=64, packed_qkv=((0, 64), (64, 96), (96, 128)))
+    optimized, report = graphopt.optimize(model, target="ort-cpu")
+    assert report.pass_stats("pack_qkv").changes == 1
+    [gqa] = [n for n in optimized.graph.node if n.op_type == "GroupQueryAttention"]
+    assert gqa.input[1] == "" and gqa.input[2] == ""
+    assert next(n for n in optimized.graph.node if n.output[0] == gqa.input[0]).op_type == "MatMul"
+    assert _slices_of_the_product(optimized) == 0 and _ops(optimized)["MatMul"] == 2
+    _assert_same(model, optimized)
+
+
+def test_negative_slices_in_another_order_or_leaving_columns_out() -> None:
+    # k first in the product (the op's packed query is q, k, v in that order); a product wider than q + 2 kv
+    for spans, width in ((((32, 96), (0, 32), (96, 128)), 0), (((0, 64), (64, 96), (96, 128)), 136)):
+        model = decoder_block(mask="causal", hidden=64, packed_qkv=spans, packed_width=width)
+        optimized, report = graphopt.optimize(model, target="ort-cpu")
+        assert _ops(optimized)["GroupQueryAttention"] == 1, spans
+        assert report.pass_stats("pack_qkv").changes == 0, spans
+        assert _slices_of_the_product(optimized) == 3, spans
+        _assert_same(model, optimized)

@@ -6,6 +6,8 @@ KV cache; negative cases with the reasons the rule gives."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import onnx
@@ -14,6 +16,7 @@ from llm_decoders import decoder_block, feeds
 from rule_testing import run
 
 import graphopt
+from graphopt.ops.fused_ops import SHARED_KV_BUFFER
 from graphopt.ops.opspec import GRAPHOPT_DOMAIN
 from graphopt.ops.targets import TARGETS
 
@@ -41,6 +44,16 @@ def _assert_steps_equal(original: onnx.ModelProto, optimized: onnx.ModelProto, s
         for name, e, a in zip(["out", "present_key", "present_value"], expected, actual, strict=True):
             assert a.shape == e.shape, (batch, seq, past, name)
             np.testing.assert_allclose(a, e, rtol=1e-5, atol=atol, err_msg=f"{name} at batch {batch}, seq {seq}, past {past}, pad {pad}")
+
+
+@contextmanager
+def _shared_kv_buffer() -> Iterator[None]:
+    """--kv-buffer shared for a contract check (ort-cuda refuses GroupQueryAttention over a growing cache otherwise)."""
+    token = SHARED_KV_BUFFER.set(True)
+    try:
+        yield
+    finally:
+        SHARED_KV_BUFFER.reset(token)
 
 
 def _near_miss(report) -> str:
@@ -207,6 +220,93 @@ def test_ort_cuda_contract_refuses_group_query_attention() -> None:
     assert (cuda.contract_problem(GRAPHOPT_DOMAIN, "MultiHeadAttention", {"num_heads": 4, "kv_cache": 1}, []) or "").startswith(GROWS)
     assert cuda.contract_problem(GRAPHOPT_DOMAIN, "MultiHeadAttention", {"num_heads": 4}, []) is None
     assert cpu.contract_problem(GRAPHOPT_DOMAIN, "MultiHeadAttention", {"num_heads": 4, "kv_cache": 1}, []) is None
+
+
+@pytest.mark.parametrize("target", ["ort-cpu", "ort-cuda"])
+def test_contract_refuses_rotary_caches_onnxruntime_cannot_rotate_with(target: str) -> None:
+    """do_rotary: the caches' width (half the rotated dims) at most head / 2 and a multiple of 8 on both providers
+    ("cos_cache dimension 1 must be <= head_size / 2 and a multiple of 8"): a partial rotary of 48 of 64 dims (Phi-4-mini)
+    passes, one of 12 of 16 (width 6) does not."""
+    t = TARGETS[target]
+    rotary = {"do_rotary": 1}
+
+    def problem(head: int, width: int) -> str:
+        shapes = [[1, 1, 4 * head], None, None, [1, 2, 5, head], [1, 2, 5, head], [1], [], [9, width], [9, width]]
+        with _shared_kv_buffer():
+            return t.contract_problem(GRAPHOPT_DOMAIN, "GroupQueryAttention", rotary, shapes) or ""
+
+    assert problem(64, 24) == "" and problem(64, 32) == ""
+    assert "multiple of 8, not 6" in problem(16, 6)
+    assert "not 40" in problem(64, 40)  # wider than half the head
+
+
+def test_negative_a_partial_rotary_onnxruntime_cannot_rotate_stays_outside() -> None:
+    """Phi-2 (tests/architectures.py "phi2-kv": heads of 16, partial rotary 0.5): 8 rotated dims, caches of width 4,
+    not a multiple of 8: GroupQueryAttention without do_rotary, RotaryEmbedding outside; outputs equal."""
+    pytest.importorskip("transformers")
+    from architectures import build
+
+    path, inputs = build("phi2-kv", "dynamo")
+    model = onnx.load(str(path))
+    optimized, report = _optimize(model)
+    assert report.rules[RULE].applications == 2
+    assert "FoldRotaryIntoGroupQueryAttention" not in report.rules or report.rules["FoldRotaryIntoGroupQueryAttention"].applications == 0
+    misses = report.rules["FoldRotaryIntoGroupQueryAttention"].near_misses
+    assert "multiple of 8, not 4" in misses[0].reason
+    assert _ops(optimized)["com.microsoft.RotaryEmbedding"] == 4
+    for e, a in zip(run(model, inputs), run(optimized, inputs), strict=True):
+        np.testing.assert_allclose(a, e, rtol=1e-4, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- sliding window (Mistral, Gemma-2)
+
+
+def _gqa_node(model: onnx.ModelProto) -> onnx.NodeProto:
+    [node] = [n for n in model.graph.node if n.op_type == "GroupQueryAttention"]
+    return node
+
+
+def _window(node: onnx.NodeProto) -> int:
+    return next((a.i for a in node.attribute if a.name == "local_window_size"), -1)
+
+
+@pytest.mark.parametrize("target", ["ort-cpu", "ort-cuda"])
+def test_golden_a_sliding_window_mask_becomes_local_window_size(target: str) -> None:
+    """causal And kv_pos > q_pos - 3: causal = 1 with local_window_size = 3 (onnxruntime's left window counts the
+    query's own key, as transformers' sliding_window does), the mask gone; equal over prefill and decode steps longer
+    than the window on ort-cpu (ort-cuda, float16 and a shared buffer: tests/test_llm_families.py runs Mistral's)."""
+    model = decoder_block(mask="causal", hidden=64, window=3, dtype=np.float16 if target == "ort-cuda" else np.float32)
+    optimized, report = _optimize(model, target=target, kv_buffer="shared" if target == "ort-cuda" else "growing")
+    assert report.rules[RULE].applications == 1
+    node = _gqa_node(optimized)
+    assert _window(node) == 3 and (len(node.input) <= 10 or node.input[10] == "")
+    if target == "ort-cpu":
+        _assert_steps_equal(model, optimized)
+
+
+def test_a_sliding_window_with_padding_goes_in_as_the_bias() -> None:
+    """With an attention_mask too, the whole mask (window included) is the attention_bias; no local window."""
+    model = decoder_block(mask="causal_padding", hidden=64, window=3)
+    optimized, report = _optimize(model)
+    assert report.rules[RULE].applications == 1
+    node = _gqa_node(optimized)
+    assert _window(node) == -1 and node.input[10] != ""
+    _assert_steps_equal(model, optimized)
+
+
+def test_negative_a_window_of_run_time_width_is_not_a_local_window() -> None:
+    """kv_pos > q_pos - w with w read from a shape: not known to be one width; on ort-cpu the mask stays the bias,
+    on ort-cuda (no attention_bias there) the attention stays unfused."""
+    model = decoder_block(mask="causal", hidden=64, window="input")
+    optimized, report = _optimize(model)
+    assert report.rules[RULE].applications == 1
+    node = _gqa_node(optimized)
+    assert _window(node) == -1 and node.input[10] != ""
+    # (the width here is the past length: with no past every key is hidden, a row the rule does not keep equal)
+    _assert_steps_equal(model, optimized, [(2, 1, 7, 0), (2, 1, 7, 3), (1, 4, 3, 0)])
+    _, cuda = _optimize(decoder_block(mask="causal", hidden=64, window="input", dtype=np.float16), target="ort-cuda", kv_buffer="shared")
+    assert RULE not in cuda.rules or cuda.rules[RULE].applications == 0
+    assert "no attention_bias" in _near_miss(cuda)
 
 
 def test_ort_cpu_lowering_drops_the_kv_cache_mark() -> None:

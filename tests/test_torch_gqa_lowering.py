@@ -79,6 +79,30 @@ def test_the_torch_lowering_computes_what_onnxruntimes_kernel_computes(rotary: b
         np.testing.assert_allclose(a.numpy(), e, rtol=1e-5, atol=1e-5, err_msg=name)
 
 
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_a_partial_rotary_rotates_the_first_dims_as_onnxruntime_does(interleaved: bool) -> None:
+    """Phi-4-mini's partial rotary in the op: caches [rows, 8] on heads of 32 rotate the first 16 dims of each
+    head and pass the other 16 through (onnxruntime: the caches' width <= head / 2, a multiple of 8)."""
+    head, width = 32, 8
+    rng = np.random.default_rng(1)
+    feeds = {k: v for k, v in _inputs(False, False).items()}
+    for name, heads in (("query", N), ("key", KV), ("value", KV)):
+        feeds[name] = rng.standard_normal((B, S, heads * head)).astype(np.float32)
+    for name in ("past_key", "past_value"):
+        feeds[name] = rng.standard_normal((B, KV, P, head)).astype(np.float32)
+    angles = np.outer(np.arange(T), 1.0 / 10000 ** (np.arange(0, 2 * width, 2) / (2 * width)))
+    feeds = {k: feeds[k] for k in _ORDER[:7]} | {"cos_cache": np.cos(angles).astype(np.float32),
+                                                 "sin_cache": np.sin(angles).astype(np.float32), "query_seqlens": feeds["query_seqlens"]}
+    attrs = _attrs(True, interleaved) | {"scale": head ** -0.5}
+    expected, actual = _onnxruntime(feeds, attrs), _torch(feeds, attrs)
+    for name, e, a in zip(("out", "present_key", "present_value"), expected, actual, strict=True):
+        np.testing.assert_allclose(a.numpy(), e, rtol=1e-5, atol=1e-5, err_msg=name)
+    new_keys = actual[1][:, :, P:].numpy()
+    plain = feeds["key"].reshape(B, S, KV, head).transpose(0, 2, 1, 3)
+    np.testing.assert_array_equal(new_keys[..., 2 * width:], plain[..., 2 * width:])  # passed through
+    assert not np.allclose(new_keys[..., : 2 * width], plain[..., : 2 * width], atol=1e-3)  # rotated
+
+
 def test_the_rotary_really_rotates() -> None:
     """Guards the comparison above: the same inputs without do_rotary give another output."""
     feeds = _inputs(True, False)
@@ -95,8 +119,20 @@ def test_it_lowers_to_aten_ops_in_every_kernel_policy() -> None:
         assert "GroupQueryAttention" in torch_target(kernels=kernels).lowerings, kernels
 
 
-def test_a_local_window_is_declined() -> None:
+@pytest.mark.parametrize("window", [2, 4, 20])
+def test_a_local_window_attends_as_onnxruntime_does(window: int) -> None:
+    """local_window_size (Mistral's sliding window): each query sees the last `window` keys up to its own; 20 covers
+    the whole cache (the same as none)."""
+    feeds, attrs = _inputs(True, False), {**_attrs(True, False), "local_window_size": window}
+    expected, actual = _onnxruntime(feeds, attrs), _torch(feeds, attrs)
+    for name, e, a in zip(("out", "present_key", "present_value"), expected, actual, strict=True):
+        np.testing.assert_allclose(a.numpy(), e, rtol=1e-5, atol=1e-5, err_msg=name)
+    whole = _torch(feeds, _attrs(True, False))[0]
+    assert torch.allclose(actual[0], whole, atol=1e-6) == (window >= T)
+
+
+def test_a_zero_window_is_declined() -> None:
     feeds = _inputs(False, False)
-    with pytest.raises(RewriteDeclined, match="causal over the whole cache"):
-        _torch(feeds, {**_attrs(False, False), "local_window_size": 4})
+    with pytest.raises(RewriteDeclined, match="causal"):
+        _torch(feeds, {**_attrs(False, False), "local_window_size": 0})
 

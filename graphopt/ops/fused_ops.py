@@ -81,6 +81,20 @@ def _cuda_bias_split_gelu(attrs: Mapping[str, Any], shapes: Sequence[Any]) -> st
     return None
 
 
+def _gqa_rotary_problem(attrs: Mapping[str, Any], shapes: Sequence[Any]) -> str | None:
+    """contrib_ops/cpu/bert/group_query_attention_helper.h (both providers): with do_rotary "cos_cache
+    dimension 1 must be <= head_size / 2 and a multiple of 8" (a partial rotary rotates its first twice as many dims)."""
+    past = shapes[3] if len(shapes) > 3 else None
+    cos = shapes[7] if len(shapes) > 7 else None
+    head = past[3] if past is not None and len(past) == 4 else None
+    width = cos[1] if cos is not None and len(cos) == 2 else None
+    if attrs.get("do_rotary") != 1 or not isinstance(head, int) or not isinstance(width, int):
+        return None
+    if width % 8 or 2 * width > head:
+        return f"GroupQueryAttention rotates (do_rotary) with caches of a width <= head / 2 ({head // 2}) and a multiple of 8, not {width}"
+    return None
+
+
 def _cpu_gqa(attrs: Mapping[str, Any], shapes: Sequence[Any]) -> str | None:
     """contrib_ops/cpu/bert/group_query_attention.cc: do_rotary needs "head_size shall be a multiple
     of 16"; "batch_size must be 1 when sequence_length > 1
@@ -91,6 +105,8 @@ def _cpu_gqa(attrs: Mapping[str, Any], shapes: Sequence[Any]) -> str | None:
     head = past[3] if past is not None and len(past) == 4 else None
     if attrs.get("do_rotary") == 1 and (not isinstance(head, int) or head % 16):
         return f"the CPU GroupQueryAttention kernel rotates (do_rotary) heads of a multiple of 16 only, not {head}"
+    if (rotary := _gqa_rotary_problem(attrs, shapes)) is not None:
+        return rotary
     if len(shapes) > 16:
         return None  # query_seqlens given: batched chunks run (causal = 1)
     if query is None or past is None or len(query) != 3 or len(past) != 4:
@@ -138,6 +154,8 @@ def _cuda_gqa(attrs: Mapping[str, Any], shapes: Sequence[Any]) -> str | None:
         return "the CUDA GroupQueryAttention kernel takes no attention_bias (a mask that pads)"
     if len(shapes) > 16:
         return "the CUDA GroupQueryAttention kernels in use take no query_seqlens"
+    if (rotary := _gqa_rotary_problem(attrs, shapes)) is not None:
+        return rotary
     return None if SHARED_KV_BUFFER.get() else GROWING_KV_CACHE_ON_CUDA
 
 
@@ -402,6 +420,9 @@ FUSED_OPS: tuple[OpSpec, ...] = (
         lowerings={"ort-cuda": Lowering(MS_DOMAIN, "BiasSplitGelu", contract=_cuda_bias_split_gelu)},
     ),
     OpSpec("graphopt", "SwiGLU", "silu(gate) * up (torch only)", inputs=(Input("gate"), Input("up")), outputs=_Y, infer=_like_first),
+    OpSpec("graphopt", "GatedGelu", "gelu(gate) * up, erf or tanh GELU, gate and up two projections (Gemma's MLP; torch only)",
+           inputs=(Input("gate"), Input("up")), outputs=_Y,
+           attributes=(Attribute("approximate", "STRING", "none", choices=("none", "tanh")),), infer=_like_first),
     OpSpec(
         "graphopt", "GemmActivation",
         "activation(A @ B + C) in the GEMM's epilogue (torch: cuBLASLt's; ort-cpu: FusedGemm, Relu only)",

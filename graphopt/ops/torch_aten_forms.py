@@ -6,7 +6,7 @@ custom op costs more than it saves: its Python dispatch per call, and it is a fu
 barrier for inductor. The rewrites that find a LLaMA block's parts still pay there when
 what they leave is the canonical ATen form inductor fuses best: one pointwise expression
 for a rotary embedding on caches folded at compile time, RMSNorm as one fp32 reduction,
-SwiGLU as silu(gate) * up. Each form here is attached to its op's `GraphoptLowering.aten`;
+SwiGLU as silu(gate) * up, GatedGelu as gelu(gate) * up. Each form here is attached to its op's `GraphoptLowering.aten`;
 `torch_lowering.torch_target(kernels="none")` offers exactly the ops that have one.
 """
 
@@ -96,6 +96,11 @@ def _swiglu(b: FxBuilder, args: list[Any], attrs: dict[str, Any], wanted: set[in
     return [b.call(aten.mul.Tensor, b.call(aten.silu.default, gate), up)]
 
 
+def _gated_gelu(b: FxBuilder, args: list[Any], attrs: dict[str, Any], wanted: set[int]) -> list[Any]:
+    gate, up = b.tensor(args[0]), b.tensor(args[1])
+    return [b.call(aten.mul.Tensor, b.call(aten.gelu.default, gate, approximate=str(attrs.get("approximate", "none"))), up)]
+
+
 #: graphopt op -> its ATen-only form. Ops left out have none on purpose: their fusion is
 #: found on an op dynamo's graph already has (FuseSkipLayerNorm on aten.layer_norm,
 #: FuseScaledDotProductAttention on SDPA), and its ATen form would be that op again: a
@@ -106,6 +111,7 @@ ATEN_FORMS: dict[str, LoweringFn] = {
     "RMSNorm": _rms_norm,
     "SkipRMSNorm": _skip_rms_norm,
     "SwiGLU": _swiglu,
+    "GatedGelu": _gated_gelu,
 }
 
 for _op, _form in ATEN_FORMS.items():

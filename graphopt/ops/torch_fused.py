@@ -201,6 +201,11 @@ def _swiglu(b: FxBuilder, args: list[Any], attrs: dict[str, Any], wanted: set[in
     return [b.call(graphopt_op("swiglu"), b.tensor(args[0]), b.tensor(args[1]))]
 
 
+@_lowers("GatedGelu", ("graphopt::geglu",))
+def _gated_gelu(b: FxBuilder, args: list[Any], attrs: dict[str, Any], wanted: set[int]) -> list[Any]:
+    return [b.call(graphopt_op("geglu"), b.tensor(args[0]), b.tensor(args[1]), str(attrs.get("approximate", "none")) == "tanh")]
+
+
 @_lowers("GeGLU", ("graphopt::geglu",))
 def _geglu(b: FxBuilder, args: list[Any], attrs: dict[str, Any], wanted: set[int]) -> list[Any]:
     """graphopt.GeGLU(x, bias): (x + bias) halved on the last axis into (a, g) -> a * gelu(g)."""
@@ -400,8 +405,9 @@ def _group_query_attention(b: FxBuilder, args: list[Any], attrs: dict[str, Any],
     cos_cache, sin_cache, position_ids, bias = (arg(args, i) for i in (7, 8, 9, 10))
     if any(arg(args, i) is not None for i in range(11, 16)):
         raise RewriteDeclined("graphopt.GroupQueryAttention on torch takes no head_sink, k / v scales or q / k norms")
-    if position_ids is not None or int(attrs.get("causal", 1)) != 1 or int(attrs.get("local_window_size", -1)) != -1:
-        raise RewriteDeclined("graphopt.GroupQueryAttention on torch is causal over the whole cache, positions from the past length")
+    window = int(attrs.get("local_window_size", -1))
+    if position_ids is not None or int(attrs.get("causal", 1)) != 1 or window == 0 or window < -1:
+        raise RewriteDeclined("graphopt.GroupQueryAttention on torch is causal (over a local window or the whole cache), positions from the past length")
     heads, kv_heads = int(attrs["num_heads"]), int(attrs["kv_num_heads"])
     if b.rank(q3) != 3 or b.rank(past_k) != 4 or not isinstance(head := b.size(past_k, 3), int):
         raise RewriteDeclined("graphopt.GroupQueryAttention on torch takes q [batch, seq, heads * head] and past k [batch, kv_heads, past, head]")
@@ -412,18 +418,28 @@ def _group_query_attention(b: FxBuilder, args: list[Any], attrs: dict[str, Any],
 
     q, k, v = split_heads(q3, heads), split_heads(b.tensor(k3), kv_heads), split_heads(b.tensor(v3), kv_heads)
     if int(attrs.get("do_rotary", 0)):
-        if cos_cache is None or sin_cache is None or 2 * b.size(cos_cache, 1) != head:
-            raise RewriteDeclined("graphopt.GroupQueryAttention on torch rotates the whole head with cos / sin caches [rows, head / 2]")
+        width = None if cos_cache is None or sin_cache is None else b.size(cos_cache, 1)
+        if not isinstance(width, int) or not 0 < 2 * width <= head:
+            raise RewriteDeclined("graphopt.GroupQueryAttention on torch rotates the head's first dims with cos / sin caches [rows, <= head / 2]")
         interleaved = bool(int(attrs.get("rotary_interleaved", 0)))
-        q = _rotate_positions(b, q, cos_cache, sin_cache, past, seq, interleaved)
-        k = _rotate_positions(b, k, cos_cache, sin_cache, past, seq, interleaved)
+
+        def rotate(x: Any) -> Any:  # the first 2 * width dims of each head (a partial rotary passes the rest through)
+            if 2 * width == head:
+                return _rotate_positions(b, x, cos_cache, sin_cache, past, seq, interleaved)
+            part = _rotate_positions(b, b.call(aten.slice.Tensor, x, 3, 0, 2 * width), cos_cache, sin_cache, past, seq, interleaved)
+            return b.call(aten.cat.default, [part, b.call(aten.slice.Tensor, x, 3, 2 * width, head)], -1)
+
+        q, k = rotate(q), rotate(k)
     present_k = b.call(aten.cat.default, [past_k, k], 2)
     present_v = b.call(aten.cat.default, [past_v, v], 2)
     total = b.size(present_k, 2)
     device = b.meta(q3).device
     kv_pos = b.call(aten.arange.default, total, dtype=torch.int64, device=device)
     q_pos = b.call(aten.arange.start, past, total, dtype=torch.int64, device=device)
-    keep = b.call(aten.le.Tensor, b.call(aten.unsqueeze.default, kv_pos, 0), b.call(aten.unsqueeze.default, q_pos, 1))
+    kv_row, q_col = b.call(aten.unsqueeze.default, kv_pos, 0), b.call(aten.unsqueeze.default, q_pos, 1)
+    keep = b.call(aten.le.Tensor, kv_row, q_col)
+    if window > 0:  # the last `window` keys up to the query's own (onnxruntime's local_window_size)
+        keep = b.call(aten.logical_and.default, keep, b.call(aten.gt.Tensor, kv_row, b.call(aten.sub.Tensor, q_col, window)))
     mask = keep
     if bias is not None:  # added where visible; elsewhere the lowest float, as the models write their masks
         fill = float(torch.finfo(b.meta(q3).dtype).min)

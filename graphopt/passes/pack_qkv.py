@@ -4,7 +4,13 @@ packed query (key and value left out; the kernel splits [batch, seq, (heads + 2 
 itself), as the onnxruntime-genai builder's models do. A decode step at batch 1 is a matrix-vector
 product per projection: one kernel reading the three weights instead of three kernels.
 
-Only where the three MatMul outputs are read by the attention alone (and by Shape nodes of their
+Each projection is MatMul(x, W) or, with a bias (Qwen2's q / k / v, the onnxruntime-genai builder's
+packed MatMul + Add for it), Add(MatMul(x, W), b) with b a constant [width] on either side of the Add:
+the packed form is then MatMul(x, [Wq | Wk | Wv]) + [bq | bk | bv] (zeros for a projection without one).
+A checkpoint that is packed already (Phi-3's qkv_proj) exports q, k, v as Slices of one product on the
+last axis: where they cut it into [0, q), [q, q + kv), [q + kv, q + 2 kv) in order and nothing else reads
+them, the op takes the product itself.
+Only where the three projections are read by the attention alone (and by Shape nodes of their
 batch and seq axes, which then read the packed output), the weights are 2-D
 initializers of one dtype with as many rows, and their widths are heads * head, kv * head, kv * head
 (the op's attributes; the head size from the past input). Runs after lowering, on com.microsoft nodes.
@@ -13,6 +19,7 @@ initializers of one dtype with as many rows, and their widths are heads * head, 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -33,36 +40,131 @@ def _batch_seq_shape(node: ir.Node) -> bool:
     return end is not None and 0 <= start < end <= 2
 
 
-def _projection(value: ir.Value | None) -> tuple[ir.Node, ir.Value, np.ndarray] | None:
-    """(MatMul, its input, its constant 2-D weight) of a value read by the attention and by Shape
-    nodes of its batch and seq axes only (the rule counts the new tokens on v)."""
-    if value is None or len([u for u, _ in value.uses() if not _batch_seq_shape(u)]) != 1:
+@dataclass(frozen=True)
+class _Projection:
+    matmul: ir.Node
+    add: ir.Node | None  # the bias Add after it, if any
+    x: ir.Value
+    weight: np.ndarray  # [K, N]
+    bias: np.ndarray | None  # [N]
+
+    @property
+    def output(self) -> ir.Value:
+        return (self.add or self.matmul).outputs[0]
+
+
+def _const(value: ir.Value | None) -> np.ndarray | None:
+    return None if value is None or value.const_value is None else value.const_value.numpy()
+
+
+def _single_reader(value: ir.Value) -> bool:
+    return len([u for u, _ in value.uses() if not _batch_seq_shape(u)]) == 1
+
+
+def _projection(value: ir.Value | None) -> _Projection | None:
+    """The MatMul (and bias Add) with a constant 2-D weight (and constant [N] bias) making a value read
+    by the attention and by Shape nodes of its batch and seq axes only (the rule counts the new tokens on v)."""
+    if value is None or not _single_reader(value):
         return None
     node = value.producer()
+    add = None
+    if node is not None and node.op_type == "Add" and node.domain in ("", "ai.onnx"):
+        add = node
+        for product, addend in ((node.inputs[0], node.inputs[1]), (node.inputs[1], node.inputs[0])):
+            producer = None if product is None else product.producer()
+            if _const(addend) is not None and product is not None and producer is not None and producer.op_type == "MatMul" \
+                    and len(product.uses()) == 1:
+                node = producer
+                break
+        else:
+            return None
     if node is None or node.op_type != "MatMul" or node.domain not in ("", "ai.onnx"):
         return None
     x, w = node.inputs
-    if w is None or w.const_value is None or x is None:
+    array = _const(w)
+    if array is None or x is None or array.ndim != 2:
         return None
-    array = w.const_value.numpy()
-    return (node, x, array) if array.ndim == 2 else None
+    bias: np.ndarray | None = None
+    if add is not None:
+        bias = next(b for b in (_const(add.inputs[0]), _const(add.inputs[1])) if b is not None)
+        if bias.shape != (array.shape[1],) or bias.dtype != array.dtype:
+            return None  # not a per-column bias of this projection
+    return _Projection(node, add, x, array, bias)
 
 
-def _packable(node: ir.Node) -> tuple[list[tuple[ir.Node, ir.Value, np.ndarray]], str | None]:
+def _packable(node: ir.Node) -> tuple[list[_Projection], str | None]:
     parts = [_projection(node.inputs[i] if len(node.inputs) > i else None) for i in range(3)]
     if any(p is None for p in parts):
-        return [], "q, k and v are not each a MatMul with a constant 2-D weight read by the attention only"
+        return [], "q, k and v are not each a MatMul with a constant 2-D weight (and a constant bias) read by the attention only"
     found = [p for p in parts if p is not None]
-    if len({id(x) for _, x, _ in found}) != 1:
+    if len({id(p.x) for p in found}) != 1:
         return [], "q, k and v are projected from different inputs"
-    if len({w.dtype for _, _, w in found}) != 1 or len({w.shape[0] for _, _, w in found}) != 1:
+    if len({p.weight.dtype for p in found}) != 1 or len({p.weight.shape[0] for p in found}) != 1:
         return [], "the weights differ in dtype or rows"
     heads, kv_heads = node.attributes["num_heads"].as_int(), node.attributes["kv_num_heads"].as_int()
     past = node.inputs[3].shape if len(node.inputs) > 3 and node.inputs[3] is not None else None
     head = past[3] if past is not None and len(past) == 4 else None
-    if not isinstance(head, int) or [w.shape[1] for _, _, w in found] != [heads * head, kv_heads * head, kv_heads * head]:
+    if not isinstance(head, int) or [p.weight.shape[1] for p in found] != [heads * head, kv_heads * head, kv_heads * head]:
         return [], "the weights' widths are not heads, kv_heads, kv_heads times the head size"
     return found, None
+
+
+def _initializer(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
+    value = ir.Value(name=name, const_value=ir.tensor(array, name=name))
+    graph.register_initializer(value)
+    return value
+
+
+def _slice_of(value: ir.Value | None) -> tuple[ir.Node, ir.Value, int, int] | None:
+    """(Slice, its input, start, end) of a value read by the attention (and batch / seq Shapes) only, a step-1
+    Slice of the last axis of a 3-D value with a static last dim, bounds clamped to it."""
+    if value is None or not _single_reader(value):
+        return None
+    node = value.producer()
+    if node is None or node.op_type != "Slice" or node.domain not in ("", "ai.onnx") or len(node.inputs) < 4:
+        return None
+    data = node.inputs[0]
+    bounds = [_const(v) for v in node.inputs[1:]]
+    if data is None or data.shape is None or len(data.shape) != 3 or not isinstance(width := data.shape[2], int):
+        return None
+    if len(bounds) < 4:
+        bounds.append(np.ones(1, np.int64))
+    values = [int(b.item()) if b is not None and b.size == 1 else None for b in bounds[:4]]
+    if None in values or values[3] != 1 or values[2] not in (2, -1):
+        return None
+    start, end = (min(max(v + width if v < 0 else v, 0), width) for v in (values[0], values[1]) if v is not None)
+    return node, data, start, end
+
+
+def _already_packed(node: ir.Node) -> ir.Value | None:
+    """The product q, k, v are consecutive Slices of (the whole of it, in that order), else None."""
+    parts = [_slice_of(node.inputs[i] if len(node.inputs) > i else None) for i in range(3)]
+    if any(p is None for p in parts):
+        return None
+    found = [p for p in parts if p is not None]
+    data = found[0][1]
+    heads, kv_heads = node.attributes["num_heads"].as_int(), node.attributes["kv_num_heads"].as_int()
+    past = node.inputs[3].shape if len(node.inputs) > 3 and node.inputs[3] is not None else None
+    head = past[3] if past is not None and len(past) == 4 else None
+    if not isinstance(head, int) or any(p[1] is not data for p in found) or data.shape is None:
+        return None
+    q, kv = heads * head, kv_heads * head
+    spans = [(p[2], p[3]) for p in found]
+    return data if spans == [(0, q), (q, q + kv), (q + kv, q + 2 * kv)] and data.shape[2] == q + 2 * kv else None
+
+
+def _take_packed(model: ir.Model, node: ir.Node, packed: ir.Value) -> None:
+    """The op reads `packed` as its query, key and value left out; the Slices go (their Shape readers read `packed`)."""
+    slices = [node.inputs[i].producer() for i in range(3)]  # type: ignore[union-attr]
+    for s in slices:
+        for user, slot in list(s.outputs[0].uses()):  # type: ignore[union-attr]
+            if user is not node:
+                user.replace_input_with(slot, packed)
+    node.replace_input_with(0, packed)
+    node.replace_input_with(1, None)
+    node.replace_input_with(2, None)
+    for s in slices:
+        detach_and_remove(model, s)  # type: ignore[arg-type]
 
 
 def pack_qkv(model: ir.Model, *, stats: Any = None) -> int:
@@ -71,33 +173,46 @@ def pack_qkv(model: ir.Model, *, stats: Any = None) -> int:
     graph = model.graph
     packed = 0
     for node in [n for n in graph if n.domain == MS_DOMAIN and n.op_type == "GroupQueryAttention"]:
+        already = _already_packed(node)
+        if already is not None:
+            _take_packed(model, node, already)
+            packed += 1
+            continue
         parts, problem = _packable(node)
         if problem is not None:
             continue
-        (q_node, x, wq), (k_node, _, wk), (v_node, _, wv) = parts
-        name = f"{q_node.name}_qkv"
-        packed_array = np.concatenate([wq, wk, wv], axis=1)
-        weight = ir.Value(name=f"{name}_weight", const_value=ir.tensor(packed_array, name=f"{name}_weight"))
-        graph.register_initializer(weight)
-        matmul = ir.Node("", "MatMul", [x, weight], name=name)
-        matmul.outputs[0].name = f"{name}_output"
-        q_value = q_node.outputs[0]
-        matmul.outputs[0].type = q_value.type
-        if q_value.shape is not None and len(q_value.shape) >= 1:  # [..., (heads + 2 kv_heads) * head]
-            matmul.outputs[0].shape = ir.Shape([*list(q_value.shape)[:-1], packed_array.shape[1]])
-        graph.insert_before(q_node, matmul)
-        for old in (q_node, k_node, v_node):  # the Shape reads of [batch, seq]
-            for user, slot in list(old.outputs[0].uses()):
+        q = parts[0]
+        name = f"{q.matmul.name}_qkv"
+        packed_array = np.concatenate([p.weight for p in parts], axis=1)
+        matmul = ir.Node("", "MatMul", [q.x, _initializer(graph, f"{name}_weight", packed_array)], name=name)
+        packed_value = matmul.outputs[0]
+        packed_value.name = f"{name}_output"
+        graph.insert_before(q.matmul, matmul)
+        if any(p.bias is not None for p in parts):
+            bias = np.concatenate([p.bias if p.bias is not None else np.zeros(p.weight.shape[1], p.weight.dtype) for p in parts])
+            add = ir.Node("", "Add", [packed_value, _initializer(graph, f"{name}_bias", bias)], name=f"{name}_bias_add")
+            graph.insert_after(matmul, add)
+            packed_value = add.outputs[0]
+            packed_value.name = f"{name}_biased"
+        q_value = q.output
+        for value in {id(v): v for v in (matmul.outputs[0], packed_value)}.values():
+            value.type = q_value.type
+            if q_value.shape is not None and len(q_value.shape) >= 1:  # [..., (heads + 2 kv_heads) * head]
+                value.shape = ir.Shape([*list(q_value.shape)[:-1], packed_array.shape[1]])
+        for p in parts:  # the Shape reads of [batch, seq]
+            for user, slot in list(p.output.uses()):
                 if user is not node:
-                    user.replace_input_with(slot, matmul.outputs[0])
-        node.replace_input_with(0, matmul.outputs[0])
+                    user.replace_input_with(slot, packed_value)
+        node.replace_input_with(0, packed_value)
         node.replace_input_with(1, None)
         node.replace_input_with(2, None)
-        for old in (q_node, k_node, v_node):
-            unused = [old.inputs[1]]
-            detach_and_remove(model, old)
-            for w in unused:  # the separate weights, unless something else reads them
-                if w is not None and w.name is not None and not w.uses() and w.name in graph.initializers and not w.is_graph_output():
+        for p in parts:
+            unused = [v for n in (p.add, p.matmul) if n is not None for v in n.inputs if v is not None and v.const_value is not None]
+            for old in (p.add, p.matmul):
+                if old is not None:
+                    detach_and_remove(model, old)
+            for w in unused:  # the separate weights and biases, unless something else reads them
+                if w.name is not None and not w.uses() and w.name in graph.initializers and not w.is_graph_output():
                     del graph.initializers[w.name]
         packed += 1
     record(stats, packed, started)
