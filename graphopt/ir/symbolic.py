@@ -328,6 +328,11 @@ class SymbolicShapes:
             return out3
         if op == "Slice":
             return self._slice(node, ins, d)
+        if op == "Pad" and len(ins) in (2, 3):  # opset 11+ pads as an input, no axes: begins then ends
+            src, pads = self.dims(ins[0], d), self.tensor(ins[1], d)
+            if src is None or pads is None or len(pads) != 2 * len(src):
+                return None
+            return [x + pads[i] + pads[i + len(src)] for i, x in enumerate(src)]
         if op == "Shape":
             t = self.tensor(value, d)
             return None if t is None else [sympy.Integer(len(t))]

@@ -25,12 +25,14 @@ from typing import Any
 
 from graphopt.errors import GraphoptError
 from graphopt.ir import provenance
+from graphopt.ir.symbolic import SymbolicShapes, static_int
 from graphopt.ir.view import GraphView
 from graphopt.library import BUILTIN_RULES_DIR
 from graphopt.match.cycles import TopoOrder, cycle_through
 from graphopt.match.matcher import Failure, Match, Matcher, OpBinding
 from graphopt.match.qdq import qdq_unit_problem
 from graphopt.match.rewrite import plan_rewrite, target_variants
+from graphopt.ops.opspec import UNKNOWN_SHAPE
 from graphopt.ops.registry import has_fact
 from graphopt.ops.targets import Target
 from graphopt.pattern.ir import Rule, required_ops
@@ -303,6 +305,25 @@ def _first_dtype(view: GraphView, node: Any) -> str | None:
     return view.dtype(first) if first is not None else None
 
 
+def _contract_shapes(view: GraphView, node: Any) -> list[Any]:
+    """A contract's `shapes` for the node: None for an omitted input (trailing ones left out, as the
+    lowering does), the recorded shape, else, for a value a rewrite just made, the dims derived
+    through the graph (the padded rotary caches), else UNKNOWN_SHAPE."""
+    inputs = list(view.inputs(node))
+    while inputs and inputs[-1] is None:
+        inputs.pop()
+    symbolic: SymbolicShapes | None = None
+    shapes: list[Any] = []
+    for value in inputs:
+        shape: Any = None if value is None else view.shape(value)
+        if value is not None and shape is None:
+            symbolic = symbolic or SymbolicShapes(view)
+            dims = symbolic.dims(value)
+            shape = UNKNOWN_SHAPE if dims is None else tuple(static_int(d) for d in dims)  # symbolic dims: unknown
+        shapes.append(shape)
+    return shapes
+
+
 def _target_problem(view: GraphView, target: Target, new_nodes: list[Any], precision: Any = None, matched: Iterable[Any] = ()) -> str | None:
     replaced: list[tuple[str, str, str | None]] | None = None
     matched = tuple(matched)
@@ -315,12 +336,8 @@ def _target_problem(view: GraphView, target: Target, new_nodes: list[Any], preci
             if replaced is None:
                 replaced = [(*view.op_key(m), _first_dtype(view, m)) for m in matched]
             reason = precision.fusion_problem(target, domain, op_type, dtype, view.opset(""), replaced)
-        if reason is None:  # the kernel's own limits (activations, shapes), where the target lists them
-            inputs = list(view.inputs(node))
-            while inputs and inputs[-1] is None:  # trailing omitted inputs are left out, as the lowering does
-                inputs.pop()
-            shapes = [view.shape(v) if v is not None else None for v in inputs]
-            reason = target.contract_problem(domain, op_type, view.attrs(node), shapes)
+        if reason is None and target.has_contract(domain, op_type):  # the kernel's own limits (activations, shapes)
+            reason = target.contract_problem(domain, op_type, view.attrs(node), _contract_shapes(view, node))
         if reason is None and not any(view.op_key(m) == (domain, op_type) for m in matched):
             # new to the graph here: not if slower than what it replaces, nor if the target's
             # provider would hand it to another one (ort-cuda has no Mish kernel)

@@ -18,7 +18,20 @@ from collections.abc import Mapping, Sequence
 from contextvars import ContextVar
 from typing import Any
 
-from graphopt.ops.opspec import MS_DOMAIN, Attribute, Contract, InferContext, Input, Lowering, OpSpec, Output, facts
+from graphopt.ops.opspec import (
+    MS_DOMAIN,
+    Attribute,
+    Contract,
+    InferContext,
+    Input,
+    Lowering,
+    OpSpec,
+    Output,
+    facts,
+    is_given,
+    known_shape,
+    unproven,
+)
 from graphopt.pattern.ir import MISSING
 
 __all__ = ["FUSED_OPS", "FUSED_CONV_ACTIVATIONS"]
@@ -54,13 +67,17 @@ def _activation_in(*allowed: str | None) -> Contract:
 def _cuda_group_norm(attrs: Mapping[str, Any], shapes: Sequence[Any]) -> str | None:
     """group_norm.cc / group_norm_impl.cu: 4-D input, C divisible by groups, and the
     channels per group even (2 per thread) and at most 512 (one block), else NOT_IMPLEMENTED."""
-    x_shape = shapes[0] if shapes else None
-    if x_shape is not None and len(x_shape) != 4:
+    x_shape = known_shape(shapes, 0)
+    if x_shape is None:
+        return unproven("X", "the 4-D input the CUDA GroupNorm kernel takes")
+    if len(x_shape) != 4:
         return f"the CUDA GroupNorm kernel takes 4-D input, not rank {len(x_shape)}"
-    gamma = shapes[1] if len(shapes) > 1 else None
+    gamma = known_shape(shapes, 1)
+    if gamma is None or len(gamma) != 1 or not isinstance(gamma[0], int):
+        return unproven("gamma", "the channel count the CUDA GroupNorm kernel splits into groups")
     groups = attrs.get("groups")
-    if gamma is None or len(gamma) != 1 or not isinstance(gamma[0], int) or not groups:
-        return "the channel count or the group count is unknown"
+    if not groups:
+        return "the group count is unknown"
     channels, groups = gamma[0], int(groups)
     if channels % groups:
         return f"{channels} channels do not split into {groups} groups"
@@ -70,26 +87,51 @@ def _cuda_group_norm(attrs: Mapping[str, Any], shapes: Sequence[Any]) -> str | N
     return None
 
 
+_BIAS_SPLIT_GELU_WIDTHS = (2560, 5120, 10240)
+
+
 def _cuda_bias_split_gelu(attrs: Mapping[str, Any], shapes: Sequence[Any]) -> str | None:
     """contrib_ops/cuda/diffusion/bias_split_gelu.cc: X is 3-D with a last dim of 2560,
     5120 or 10240 (the kernel is instantiated for those half widths only), bias is [D]."""
-    x_shape = shapes[0] if shapes else None
-    if x_shape is None or len(x_shape) != 3:
-        return f"the CUDA BiasSplitGelu kernel takes 3-D input, not {'unknown rank' if x_shape is None else f'rank {len(x_shape)}'}"
-    if x_shape[-1] not in (2560, 5120, 10240):
+    x_shape = known_shape(shapes, 0)
+    if x_shape is None or (len(x_shape) == 3 and not isinstance(x_shape[-1], int)):
+        return unproven("X", f"the 3-D input of a hidden size in {_BIAS_SPLIT_GELU_WIDTHS} the CUDA BiasSplitGelu kernel takes")
+    if len(x_shape) != 3:
+        return f"the CUDA BiasSplitGelu kernel takes 3-D input, not rank {len(x_shape)}"
+    if x_shape[-1] not in _BIAS_SPLIT_GELU_WIDTHS:
         return f"the CUDA BiasSplitGelu kernel runs hidden sizes 2560, 5120 and 10240 only, not {x_shape[-1]}"
+    bias = known_shape(shapes, 1)
+    if bias is None:
+        return unproven("bias", f"the bias [{x_shape[-1]}] the CUDA BiasSplitGelu kernel takes")
+    if list(bias) != [x_shape[-1]]:
+        return f"the CUDA BiasSplitGelu kernel takes a bias of [{x_shape[-1]}], not {list(bias)}"
     return None
+
+
+def _gqa_head(shapes: Sequence[Any]) -> int | str:
+    """The head size (past_key [batch, kv_heads, past, head]), or why it is not known."""
+    past = known_shape(shapes, 3)
+    head = past[3] if past is not None and len(past) == 4 else None
+    return head if isinstance(head, int) else unproven("past_key", "the head size GroupQueryAttention rotates (do_rotary)")
 
 
 def _gqa_rotary_problem(attrs: Mapping[str, Any], shapes: Sequence[Any]) -> str | None:
     """contrib_ops/cpu/bert/group_query_attention_helper.h (both providers): with do_rotary "cos_cache
     dimension 1 must be <= head_size / 2 and a multiple of 8" (a partial rotary rotates its first twice as many dims)."""
-    past = shapes[3] if len(shapes) > 3 else None
-    cos = shapes[7] if len(shapes) > 7 else None
-    head = past[3] if past is not None and len(past) == 4 else None
-    width = cos[1] if cos is not None and len(cos) == 2 else None
-    if attrs.get("do_rotary") != 1 or not isinstance(head, int) or not isinstance(width, int):
+    if attrs.get("do_rotary") != 1:
         return None
+    head = _gqa_head(shapes)
+    if isinstance(head, str):
+        return head
+    widths = []
+    for index, name in ((7, "cos_cache"), (8, "sin_cache")):
+        cache = known_shape(shapes, index)
+        if cache is None or len(cache) != 2 or not isinstance(cache[1], int):
+            return unproven(name, f"a rotary cache width <= head / 2 ({head // 2}) and a multiple of 8 (do_rotary)")
+        widths.append(cache[1])
+    if widths[0] != widths[1]:
+        return f"GroupQueryAttention rotates with cos and sin caches of one width, not {widths[0]} and {widths[1]}"
+    width = widths[0]
     if width % 8 or 2 * width > head:
         return f"GroupQueryAttention rotates (do_rotary) with caches of a width <= head / 2 ({head // 2}) and a multiple of 8, not {width}"
     return None
@@ -97,24 +139,30 @@ def _gqa_rotary_problem(attrs: Mapping[str, Any], shapes: Sequence[Any]) -> str 
 
 def _cpu_gqa(attrs: Mapping[str, Any], shapes: Sequence[Any]) -> str | None:
     """contrib_ops/cpu/bert/group_query_attention.cc: do_rotary needs "head_size shall be a multiple
-    of 16"; "batch_size must be 1 when sequence_length > 1
-    and past context is given" (a run-time error) unless query_seqlens is given. Refused where the
-    shapes say it will happen; with symbolic dims prefill (no past) and one-token steps still run."""
-    query = shapes[0] if shapes else None
-    past = shapes[3] if len(shapes) > 3 else None
-    head = past[3] if past is not None and len(past) == 4 else None
-    if attrs.get("do_rotary") == 1 and (not isinstance(head, int) or head % 16):
-        return f"the CPU GroupQueryAttention kernel rotates (do_rotary) heads of a multiple of 16 only, not {head}"
+    of 16"; "batch_size must be 1 when sequence_length > 1 and past context is given" (a run-time
+    error) unless query_seqlens is given (FuseGroupQueryAttention gives it on ort-cpu): without it,
+    only shapes that prove batch 1, one new token or no past pass."""
+    if attrs.get("do_rotary") == 1:
+        head = _gqa_head(shapes)
+        if isinstance(head, str):
+            return head
+        if head % 16:
+            return f"the CPU GroupQueryAttention kernel rotates (do_rotary) heads of a multiple of 16 only, not {head}"
     if (rotary := _gqa_rotary_problem(attrs, shapes)) is not None:
         return rotary
-    if len(shapes) > 16:
+    if is_given(shapes, 16):
         return None  # query_seqlens given: batched chunks run (causal = 1)
-    if query is None or past is None or len(query) != 3 or len(past) != 4:
+    query, past = known_shape(shapes, 0), known_shape(shapes, 3)
+    query_dims = query[:2] if query is not None and len(query) == 3 else (None, None)
+    past_len = past[2] if past is not None and len(past) == 4 else None
+    batch, seq = query_dims
+    if batch == 1 or seq == 1 or past_len == 0:
         return None
-    batch, seq, past_len = query[0], query[1], past[2]
-    if all(isinstance(d, int) for d in (batch, seq, past_len)) and batch > 1 and seq > 1 and past_len > 0:
+    if isinstance(batch, int) and isinstance(seq, int) and isinstance(past_len, int):
         return f"the CPU GroupQueryAttention kernel takes several new tokens over a past only at batch 1 (batch {batch}, {seq} tokens, past {past_len})"
-    return None
+    return unproven("past_key" if isinstance(batch, int) and isinstance(seq, int) else "query",
+                    "batch 1, one new token or no past (without query_seqlens the CPU GroupQueryAttention kernel "
+                    "takes several new tokens over a past only at batch 1)")
 
 
 # Measured (benchmarks/llm_onnx_decode.py --profile): the host rebuilds the cuDNN attention plan
@@ -150,9 +198,9 @@ def _cuda_gqa(attrs: Mapping[str, Any], shapes: Sequence[Any]) -> str | None:
     (`shapes` ends at the last input given: trailing omitted inputs are left out.) The rest is
     refused too: GroupQueryAttention attends over past + new, a cache that grows each call by
     construction (present = Concat(past, new)), slower fused (GROWING_KV_CACHE_ON_CUDA)."""
-    if len(shapes) > 10 and shapes[10] is not None:
+    if is_given(shapes, 10):  # given, whatever its shape
         return "the CUDA GroupQueryAttention kernel takes no attention_bias (a mask that pads)"
-    if len(shapes) > 16:
+    if is_given(shapes, 16):
         return "the CUDA GroupQueryAttention kernels in use take no query_seqlens"
     if (rotary := _gqa_rotary_problem(attrs, shapes)) is not None:
         return rotary

@@ -14,7 +14,7 @@ from typing import Any
 
 from graphopt.pattern.ir import MISSING
 
-__all__ = ["GRAPHOPT_DOMAIN", "MS_DOMAIN", "FACTS", "Input", "Output", "Attribute", "Lowering", "Contract", "InferContext", "InferFn", "OpSpec", "facts"]
+__all__ = ["GRAPHOPT_DOMAIN", "MS_DOMAIN", "FACTS", "Input", "Output", "Attribute", "Lowering", "Contract", "UNKNOWN_SHAPE", "is_given", "known_shape", "unproven", "InferContext", "InferFn", "OpSpec", "facts"]
 
 GRAPHOPT_DOMAIN = "graphopt"
 MS_DOMAIN = "com.microsoft"
@@ -71,8 +71,39 @@ class Attribute:
 
 
 # What a kernel accepts beyond its dtypes, where it is pickier than its schema:
-# check(attributes, input shapes) -> None, or why not.
+# check(attributes, input shapes) -> None, or why not. `shapes` has one entry per input up
+# to the last one given: None for an omitted optional input, UNKNOWN_SHAPE for an input
+# that is given but whose shape is not known, else its dims (ints, names of symbolic dims,
+# None for an unknown dim). A contract that needs a dim refuses when it is not known
+# (`unproven`): an unknown shape proves nothing.
 Contract = Callable[[Mapping[str, Any], Sequence[Any]], "str | None"]
+
+
+class _UnknownShape:
+    """The type of UNKNOWN_SHAPE (one instance)."""
+
+    def __repr__(self) -> str:
+        return "UNKNOWN_SHAPE"
+
+
+#: In a contract's `shapes`: the input is given, its shape is not known.
+UNKNOWN_SHAPE = _UnknownShape()
+
+
+def is_given(shapes: Sequence[Any], index: int) -> bool:
+    """Whether the input at `index` is given (its shape known or not)."""
+    return index < len(shapes) and shapes[index] is not None
+
+
+def known_shape(shapes: Sequence[Any], index: int) -> tuple[Any, ...] | None:
+    """The input's dims, or None when it is omitted or its shape is unknown (is_given tells which)."""
+    shape = shapes[index] if index < len(shapes) else None
+    return None if shape is None or shape is UNKNOWN_SHAPE else tuple(shape)
+
+
+def unproven(name: str, what: str) -> str:
+    """A contract's refusal where the dims it needs are not known."""
+    return f"shape of input {name} unknown: cannot prove {what}"
 
 
 @dataclass(frozen=True)

@@ -267,8 +267,13 @@ class Target:
         """Where the kernel table came from (the installed onnxruntime, or a table shipped with graphopt)."""
         return self.kernels.source if isinstance(self.kernels, KernelTable) else "graphopt's own"
 
+    def has_contract(self, domain: str, op_type: str) -> bool:
+        """Whether the kernel this op runs on has a contract (`contract_problem` reads shapes only then)."""
+        return self.lowered(domain, op_type) in self.contracts
+
     def contract_problem(self, domain: str, op_type: str, attrs: Mapping[str, Any], shapes: Sequence[Any]) -> str | None:
-        """None if the kernel this op runs on accepts these attributes and input shapes."""
+        """None if the kernel this op runs on accepts these attributes and input shapes (see `Contract`:
+        None for an omitted input, UNKNOWN_SHAPE for a given one whose shape is not known)."""
         check = self.contracts.get(self.lowered(domain, op_type))
         return None if check is None else check(attrs, shapes)
 
