@@ -365,7 +365,9 @@ def rotary_foldable(ctx, q4, k4, qpos, kpos, cos, sin, kcos, ksin, past_k, qform
         return f"q's rotary is {qform}, k's {kform}"
     if qform == "whole":
         return True if 2 * half == head else f"the cos / sin caches {_fmt(dc)} do not rotate the whole head of q {_fmt(dq)}"
-    if half % 8:  # checked here: the padded caches' shape is not known where the kernels' contracts look
+    # onnxruntime's limit, which the kernels' contracts check too (the padded caches' width derived through the Pad):
+    # kept here for torch, whose lowering is held to onnxruntime's kernel only at widths that kernel runs.
+    if half % 8:
         return (f"a partial rotary of {2 * half} dims: onnxruntime's GroupQueryAttention rotates with caches of a width that is "
                 f"a multiple of 8, not {half} (the rotary stays graphopt.RotaryEmbedding)")
     view = ctx.view

@@ -25,6 +25,7 @@ from test_report import validate
 import graphopt
 from graphopt.api import OptimizeOptions
 from graphopt.errors import GraphoptError
+from graphopt.ops.opspec import UNKNOWN_SHAPE
 from graphopt.ops.targets import get_target
 from graphopt.passes.precision import remove_cast_pairs
 from graphopt.passes.precision_plan import DEFAULT_KEEP_FP32, PrecisionPlan
@@ -564,7 +565,8 @@ def cuda_contract_problems(model: onnx.ModelProto) -> list[str]:
     graph = model.graph
     values = [*graph.value_info, *graph.input, *graph.output]
     types = {v.name: v.type.tensor_type.elem_type for v in values}
-    shapes: dict[str, tuple] = {v.name: tuple(d.dim_value or None for d in v.type.tensor_type.shape.dim) for v in values}
+    shapes: dict[str, tuple] = {v.name: tuple(d.dim_value or None for d in v.type.tensor_type.shape.dim)
+                                for v in values if v.type.tensor_type.HasField("shape")}
     types.update({i.name: i.data_type for i in graph.initializer})
     shapes.update({i.name: tuple(i.dims) for i in graph.initializer})
     short = {TensorProto.FLOAT: "f32", TensorProto.FLOAT16: "f16", TensorProto.BFLOAT16: "bf16"}
@@ -580,7 +582,7 @@ def cuda_contract_problems(model: onnx.ModelProto) -> list[str]:
             if types.get(node.input[i]) != TensorProto.FLOAT:
                 problems.append(f"{node.name}: {node.op_type} input {i} must be float32, is {short.get(types.get(node.input[i], 0))}")
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        problem = target.contract_problem(node.domain, node.op_type, attrs, [shapes.get(name) for name in node.input])
+        problem = target.contract_problem(node.domain, node.op_type, attrs, [shapes.get(name, UNKNOWN_SHAPE) if name else None for name in node.input])
         if problem:
             problems.append(f"{node.name}: {problem}")
     return problems

@@ -17,7 +17,7 @@ from rule_testing import run
 
 import graphopt
 from graphopt.ops.fused_ops import SHARED_KV_BUFFER
-from graphopt.ops.opspec import GRAPHOPT_DOMAIN
+from graphopt.ops.opspec import GRAPHOPT_DOMAIN, UNKNOWN_SHAPE
 from graphopt.ops.targets import TARGETS
 
 RULE = "FuseGroupQueryAttention"
@@ -231,7 +231,7 @@ def test_contract_refuses_rotary_caches_onnxruntime_cannot_rotate_with(target: s
     rotary = {"do_rotary": 1}
 
     def problem(head: int, width: int) -> str:
-        shapes = [[1, 1, 4 * head], None, None, [1, 2, 5, head], [1, 2, 5, head], [1], [], [9, width], [9, width]]
+        shapes = [[1, 1, 4 * head], UNKNOWN_SHAPE, UNKNOWN_SHAPE, [1, 2, 5, head], [1, 2, 5, head], [1], [], [9, width], [9, width]]
         with _shared_kv_buffer():
             return t.contract_problem(GRAPHOPT_DOMAIN, "GroupQueryAttention", rotary, shapes) or ""
 
