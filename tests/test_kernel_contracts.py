@@ -16,7 +16,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from graphopt.ir.onnx_view import OnnxView
-from graphopt.match.driver import _contract_shapes
+from graphopt.match.driver import _contract_shapes, _target_problem
 from graphopt.ops.fused_ops import SHARED_KV_BUFFER
 from graphopt.ops.opspec import GRAPHOPT_DOMAIN, UNKNOWN_SHAPE, is_given, known_shape
 from graphopt.ops.targets import TARGETS
@@ -196,3 +196,31 @@ def test_driver_shapes_recorded_derived_unknown_and_omitted() -> None:
     assert _contract_shapes(view, reader) == [("seq", 8), None, (None, 8), UNKNOWN_SHAPE]
     view, reader = _padded_cache_view(pad_output_shape=True)
     assert _contract_shapes(view, reader)[2] == (None, 8)
+
+
+def _gqa_node_view(cos_shape: list[Any] | None) -> tuple[OnnxView, Any]:
+    """One graphopt.GroupQueryAttention (do_rotary 1, heads of 16) over graph inputs; the caches of `cos_shape`
+    (None: recorded with no shape, as a value a rewrite made whose dims nothing derives)."""
+    f = TensorProto.FLOAT
+    names = ["query", "key", "value", "past_key", "past_value", "seqlens_k", "total", "cos", "sin", "", "", "", "", "", "", "", "qsl"]
+    shapes = {"query": ["b", "s", 64], "key": ["b", "s", 32], "value": ["b", "s", 32], "past_key": ["b", 2, "p", 16],
+              "past_value": ["b", 2, "p", 16], "seqlens_k": ["b"], "total": [], "cos": cos_shape, "sin": cos_shape, "qsl": ["b"]}
+    ints = {"seqlens_k", "total", "qsl"}
+    inputs = [helper.make_tensor_value_info(n, TensorProto.INT32 if n in ints else f, shapes[n]) for n in names if n]
+    node = helper.make_node("GroupQueryAttention", names, ["out", "present_key", "present_value"], domain=GRAPHOPT_DOMAIN,
+                            num_heads=4, kv_num_heads=2, do_rotary=1)
+    graph = helper.make_graph([node], "g", inputs, [helper.make_tensor_value_info("out", f, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(GRAPHOPT_DOMAIN, 1)])
+    view = OnnxView(ir.serde.deserialize_model(model))
+    return view, view.nodes(view.scopes()[0])[0]
+
+
+def test_driver_turns_an_unknown_cache_into_the_rewrites_reason() -> None:
+    """What the near-miss says: the driver's target check of an emitted GroupQueryAttention with do_rotary."""
+    view, node = _gqa_node_view(cos_shape=None)
+    assert _target_problem(view, TARGETS["ort-cpu"], [node]) == (
+        "shape of input cos_cache unknown: cannot prove a rotary cache width <= head / 2 (8) and a multiple of 8 (do_rotary)")
+    view, node = _gqa_node_view(cos_shape=["rows", 8])
+    assert _target_problem(view, TARGETS["ort-cpu"], [node]) is None
+    view, node = _gqa_node_view(cos_shape=["rows", 4])
+    assert "multiple of 8, not 4" in (_target_problem(view, TARGETS["ort-cpu"], [node]) or "")
