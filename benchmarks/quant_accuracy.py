@@ -13,6 +13,11 @@ Variants (--variants, comma-separated):
   fp8           options={"precision": "fp8"} (CUDA with compute capability >= 8.9 only)
   identity      the reference model itself, compiled by graphopt without quantization (a check:
                 cosine 1, agreement 100 %)
+  onnx, onnx-int8, onnx-int4
+                the ONNX path (CPU, fp32 only): the model exported by torch.onnx (input_ids -> logits, no
+                KV cache), graphopt.optimize_file for ort-cpu, with --weights int8|int4 for the last two
+                (MatMulNBits), run in onnxruntime's CPU provider; teacher forcing is one run over the
+                prompt and the reference's tokens, free-running one run per step over the growing sequence
 
 Each variant decodes twice from the same random prompt (--prompt tokens), through a StaticCache one
 token a step, greedily:
@@ -45,7 +50,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-VARIANTS = ("identity", "fp16", "bf16", "int8", "int4", "fp8")
+VARIANTS = ("identity", "fp16", "bf16", "int8", "int4", "fp8", "onnx", "onnx-int8", "onnx-int4")
 DEFAULT_MIN_GAP = 0.05
 
 
@@ -164,11 +169,81 @@ def weight_summary() -> dict[str, Any] | None:
             "forms": sorted({layer.layer_form for layer in summary.layers if layer.quantized})}
 
 
+def export_logits(model: Any, path: Path) -> None:
+    """The causal LM as ONNX: input_ids [1, seq] -> logits [1, seq, vocab] (no cache)."""
+    import torch
+
+    class Logits(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids: Any) -> Any:
+            return self.model(input_ids=input_ids, use_cache=False).logits
+
+    ids = torch.randint(0, model.config.vocab_size, (1, 5))
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(Logits().eval(), (ids,), str(path), dynamo=True, input_names=["input_ids"], output_names=["logits"],
+                          dynamic_shapes={"input_ids": {1: torch.export.Dim("seq", min=2, max=4096)}}, optimize=True)
+
+
+def onnx_decode(variant: str, args: argparse.Namespace, reference_logits: Any, prompt: Any, folder: Path) -> tuple[Any, Any, Any]:
+    """(teacher-forced logits, free-running tokens, graphopt's report) of an ONNX variant."""
+    import numpy as np
+    import onnxruntime as ort
+    import torch
+
+    import graphopt
+
+    source = folder / "export.onnx"
+    if not source.exists():
+        export_logits(build_model(args.tinyllama, "cpu", torch.float32), source)
+    weights = {"weights": variant.split("-")[1], "block_size": args.block_size} if "-" in variant else {}
+    target = folder / f"{variant}.onnx"
+    report = graphopt.optimize_file(source, target, target="ort-cpu", **weights)
+    session = ort.InferenceSession(str(target), providers=["CPUExecutionProvider"])
+    length = prompt.shape[1]
+    reference_tokens = reference_logits.argmax(-1)
+    ids = torch.cat([prompt[0].cpu(), reference_tokens[:-1]]).numpy()[None]
+    logits = session.run(["logits"], {"input_ids": ids.astype(np.int64)})[0][0]
+    forced = torch.from_numpy(np.ascontiguousarray(logits[length - 1:])).float()
+    sequence = prompt[0].cpu().tolist()
+    free = []
+    for _ in range(args.steps):
+        out = session.run(["logits"], {"input_ids": np.array([sequence], dtype=np.int64)})[0][0, -1]
+        free.append(int(out.argmax()))
+        sequence.append(free[-1])
+    return forced, torch.tensor(free), report
+
+
+def _onnx_weights(report: Any) -> dict[str, Any] | None:
+    summary = report.weight_quantization
+    if summary is None:
+        return None
+    snrs = [layer.snr_db for layer in summary.layers if layer.quantized and layer.snr_db is not None]
+    return {"quantized": summary.quantized, "kept": [f"{layer.node}: {layer.reason}" for layer in summary.layers if not layer.quantized],
+            "snr_db_min": min(snrs) if snrs else None, "snr_db_median": statistics.median(snrs) if snrs else None, "forms": [summary.form]}
+
+
 def run_variant(variant: str, args: argparse.Namespace, reference_logits: Any, prompt: Any) -> dict[str, Any]:
+    import tempfile
+
     import torch
 
     entry: dict[str, Any] = {"variant": variant}
     try:
+        if variant.startswith("onnx"):
+            if args.device != "cpu":
+                raise ValueError("the ONNX variants run on the CPU (--device cpu)")
+            args.onnx_folder = getattr(args, "onnx_folder", None) or tempfile.mkdtemp(prefix="quant_accuracy_")
+            forced_logits, free_tokens, report = onnx_decode(variant, args, reference_logits, prompt, Path(args.onnx_folder))
+            entry.update(compare(reference_logits, forced_logits, free_tokens, args.min_gap))
+            weights = _onnx_weights(report)
+            if weights is not None:
+                entry["weights"] = weights
+            entry["status"] = "ok"
+            return entry
         from llm_decode import _static_cache
 
         model = build_model(args.tinyllama, args.device, args.dtype)  # a fresh copy: casts and freezing change it
@@ -249,6 +324,10 @@ def main(argv: list[str] | None = None) -> int:
     header = (f"{env['model']}, random weights, {args.steps} greedy steps after a {args.prompt}-token prompt, against {env['reference']} "
               f"on {env['machine']} ({args.device}); decided: steps whose reference top-2 gap > {args.min_gap:g} "
               f"(median gap {statistics.median([e['reference_gap_median'] for e in results if 'reference_gap_median' in e] or [0]):.4f})")
+    if getattr(args, "onnx_folder", None):
+        import shutil
+
+        shutil.rmtree(args.onnx_folder, ignore_errors=True)
     print(table(results, header))
     out = Path(args.out)
     path = out / f"quant_accuracy{'-tinyllama' if args.tinyllama else ''}.json" if out.is_dir() or args.out.endswith(("/", os.sep)) else out

@@ -70,3 +70,16 @@ def test_short_run_identity_against_int4(tmp_path: Path, capsys: pytest.CaptureF
 def test_bad_variant_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert quant_accuracy.main(["--variants", "int3"]) == 2
     assert capsys.readouterr().err.startswith("error: ")
+
+
+def test_short_run_of_the_onnx_path(tmp_path: Path) -> None:
+    """The export run in onnxruntime agrees with torch's fp32 reference; its --weights int4 output
+    (MatMulNBits, the LM head kept) scores lower, with the layers' SNRs from graphopt's report."""
+    pytest.importorskip("onnxruntime")
+    out = tmp_path / "qa.json"
+    assert quant_accuracy.main(["--variants", "onnx,onnx-int4", "--steps", "4", "--prompt", "4", "--device", "cpu", "--out", str(out)]) == 0
+    results = {e["variant"]: e for e in json.loads(out.read_text())["results"]}
+    assert results["onnx"]["cosine_min"] > 0.99999 and results["onnx"]["free_first_divergence"] is None
+    int4 = results["onnx-int4"]
+    assert int4["cosine_min"] < 0.999 and int4["weights"]["forms"] == ["MatMulNBits"]
+    assert int4["weights"]["quantized"] == 14 and len(int4["weights"]["kept"]) == 1 and int4["weights"]["snr_db_min"] >= 20
