@@ -10,16 +10,19 @@ thing on the GPU.
 
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter
 
 import pytest
 import torch
 import transformers
+from test_report import validate
 
 from graphopt import torch_backend
 from graphopt.errors import GraphoptError
 from graphopt.passes import fx_fp8
+from graphopt.report.render import report_to_json
 from graphopt.torch_options import TorchOptions
 
 pytestmark = pytest.mark.usefixtures("graphopt_never_falls_back")  # tests/conftest.py
@@ -169,6 +172,7 @@ def test_a_layer_under_budget_stays_and_is_named(fp8_on_cpu: None, monkeypatch: 
     up = layers["up.weight"]
     assert "kept: down.weight (matmul 128x64): SNR -inf dB under the 25 dB budget" in str(report), str(report)
     assert f"fp8: up.weight ({up.op} 64x{up.n}): _scaled_mm, SNR {up.snr_db:.1f} dB" in str(report)
+    validate(json.loads(report_to_json(report)))  # tests/test_report.py: the schema (the -inf weight SNR written as valid JSON)
 
     # A stricter budget (40 dB, above E4M3's ~28.5 dB) keeps every layer.
     monkeypatch.setattr(fx_fp8, "FP8_BUDGET_DB", 40.0)

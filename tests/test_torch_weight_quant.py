@@ -8,6 +8,7 @@ after packing (q/k/v packed, o, gate/up packed, down) and the LM head, kept by d
 
 from __future__ import annotations
 
+import json
 import warnings
 from collections import Counter
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 import transformers
+from test_report import validate
 from test_torch_backend_cudagraphs_llm import _generate as _generate_to_full_cache
 from test_torch_backend_cudagraphs_llm import _static_cache, fake_cuda_graph_replays
 from test_torch_backend_llm import _cache_kwarg, _tiny_llama
@@ -24,6 +26,8 @@ import graphopt
 from graphopt import torch_backend
 from graphopt.errors import GraphoptError
 from graphopt.passes import fx_weight_quant, fx_weight_quant_forms
+from graphopt.report.html import render_html
+from graphopt.report.render import report_to_json
 
 pytestmark = pytest.mark.usefixtures("graphopt_never_falls_back")  # tests/conftest.py
 
@@ -144,9 +148,13 @@ def test_a_layer_with_outliers_misses_the_int4_budget_and_stays_unquantized() ->
     text = str(report)
     assert f"kept: model.layers.1.mlp.down_proj ({bad.op} {bad.k}x{bad.n}): SNR {bad.snr_db:.1f} dB < 20 dB" in text, text
     assert f"int4: model.layers.0.mlp.down_proj ({good.op} {good.k}x{good.n}): wq_linear, SNR {good.snr_db:.1f} dB" in text, text
-    doc = report.to_dict()
+    doc = json.loads(report_to_json(report))
+    validate(doc)  # tests/test_report.py: the schema
     row = next(r for r in doc["weight_quantization"]["layers"] if r["node"] == "model.layers.1.mlp.down_proj")
     assert row["reason"] == "budget" and row["snr_db"] == pytest.approx(bad.snr_db)
+    page = render_html(doc, drawings=False)
+    assert f"weights kept: model.layers.1.mlp.down_proj ({bad.op}): budget, SNR {bad.snr_db:.1f} dB" in page
+    assert f"weights int4: model.layers.0.mlp.down_proj ({good.op}): wq_linear, SNR {good.snr_db:.1f} dB" in page
 
 
 def test_the_budget_option_and_the_block_list_option() -> None:
