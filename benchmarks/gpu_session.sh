@@ -38,6 +38,9 @@
 #   bash benchmarks/gpu_session.sh wq cg       # the same without inductor (graphopt's graph replayed as one CUDA graph)
 #   bash benchmarks/gpu_session.sh fp8         # FP8 GEMMs (issue 18): TinyLlama-shaped bf16 vs precision="fp8", decode (batch 1) and a
 #                                              # 2048-token prefill, and _scaled_mm vs bf16 mm per GEMM shape at M=1,16,2048 (fp8_bench.py)
+#   bash benchmarks/gpu_session.sh accuracy    # issue 18 item 4: TinyLlama-shaped, random weights, fp16 reference: bf16 / int8 / int4 /
+#                                              # fp8 over 128 greedy steps, teacher-forced and free-running: logits cosine, top-1
+#                                              # agreement, first divergence, per-layer SNR (quant_accuracy.py; < 8 min)
 #   bash benchmarks/gpu_session.sh llm-family F torch|onnx  # issue 17, one decoder family F (llama3, qwen2, mistral, phi3, gemma;
 #                                              # tests/llm_families.py) at full size, fp16, batch 1: "torch" its static-cache decode,
 #                                              # inductor's CUDA graphs against graphopt's (llm_decode.py --family); "onnx" decode steps
@@ -241,6 +244,11 @@ llm-onnx-weights)
     --batch 1,8 --prompt 128 --steps 64 --block-size "${3:-32}" \
     --variants original,graphopt,graphopt-int4,graphopt-int8,original > "$OUT/llm_onnx_weights.log" 2>&1
   tail -20 "$OUT/llm_onnx_weights.log"
+  ;;
+accuracy)
+  timeout 560 python3 benchmarks/quant_accuracy.py --tinyllama --device cuda --variants "${2:-int8,int4,fp8,bf16}" \
+    --out "$OUT/quant_accuracy-tinyllama.json" > "$OUT/quant_accuracy.log" 2>&1
+  tail -12 "$OUT/quant_accuracy.log"
   ;;
 fp8)
   timeout 560 python3 benchmarks/fp8_bench.py --budget-s 420 --out "$OUT/fp8_bench.json" > "$OUT/fp8_bench.log" 2>&1

@@ -10,16 +10,19 @@ thing on the GPU.
 
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter
 
 import pytest
 import torch
 import transformers
+from test_report import validate
 
 from graphopt import torch_backend
 from graphopt.errors import GraphoptError
 from graphopt.passes import fx_fp8
+from graphopt.report.render import report_to_json
 from graphopt.torch_options import TorchOptions
 
 pytestmark = pytest.mark.usefixtures("graphopt_never_falls_back")  # tests/conftest.py
@@ -160,6 +163,16 @@ def test_a_layer_under_budget_stays_and_is_named(fp8_on_cpu: None, monkeypatch: 
     assert "under the 25 dB budget" in reasons["down.weight"] and "lm head" in reasons["out.weight"]
     assert any("down.weight" in w and "kept" in w for w in report.warnings)
     assert _scaled_mms(torch_backend.last_graph()) == 1
+    summary = report.weight_quantization  # the same per-layer rows as weights int4/int8
+    assert summary is not None and (summary.weights, summary.quantized, summary.kept, summary.min_snr_db) == ("fp8", 1, 2, 25.0)
+    layers = {layer.node: layer for layer in summary.layers}
+    assert layers["up.weight"].layer_form == "_scaled_mm" and layers["up.weight"].snr_db is not None and layers["up.weight"].snr_db > 25
+    assert (layers["down.weight"].reason, layers["out.weight"].reason) == ("budget", "lm_head")
+    assert (layers["up.weight"].k, layers["up.weight"].n) == (64, model.up.weight.shape[0])
+    up = layers["up.weight"]
+    assert "kept: down.weight (matmul 128x64): SNR -inf dB under the 25 dB budget" in str(report), str(report)
+    assert f"fp8: up.weight ({up.op} 64x{up.n}): _scaled_mm, SNR {up.snr_db:.1f} dB" in str(report)
+    validate(json.loads(report_to_json(report)))  # tests/test_report.py: the schema (the -inf weight SNR written as valid JSON)
 
     # A stricter budget (40 dB, above E4M3's ~28.5 dB) keeps every layer.
     monkeypatch.setattr(fx_fp8, "FP8_BUDGET_DB", 40.0)

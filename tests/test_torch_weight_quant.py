@@ -8,6 +8,7 @@ after packing (q/k/v packed, o, gate/up packed, down) and the LM head, kept by d
 
 from __future__ import annotations
 
+import json
 import warnings
 from collections import Counter
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 import transformers
+from test_report import validate
 from test_torch_backend_cudagraphs_llm import _generate as _generate_to_full_cache
 from test_torch_backend_cudagraphs_llm import _static_cache, fake_cuda_graph_replays
 from test_torch_backend_llm import _cache_kwarg, _tiny_llama
@@ -24,6 +26,8 @@ import graphopt
 from graphopt import torch_backend
 from graphopt.errors import GraphoptError
 from graphopt.passes import fx_weight_quant, fx_weight_quant_forms
+from graphopt.report.html import render_html
+from graphopt.report.render import report_to_json
 
 pytestmark = pytest.mark.usefixtures("graphopt_never_falls_back")  # tests/conftest.py
 
@@ -129,6 +133,29 @@ def test_a_layer_with_outliers_misses_the_int4_budget_and_stays_unquantized() ->
     assert any("model.layers.1.mlp.down_proj (int4: SNR" in w for w in report.warnings), report.warnings
     assert torch.nn.functional.cosine_similarity(logits.flatten(1), expected_logits.flatten(1)).min() > 0.99
 
+    # The report's weight_quantization: every layer with its SNR, form and reason, in the summary and the JSON.
+    summary = report.weight_quantization
+    assert summary is not None and summary.weights == "int4" and summary.form == "per layer" and summary.min_snr_db == 20
+    layers = {layer.node: layer for layer in summary.layers}
+    assert (summary.quantized, summary.kept, len(layers)) == (LAYERS * GEMMS_PER_LAYER - 1, 2, LAYERS * GEMMS_PER_LAYER + 1)
+    bad = layers["model.layers.1.mlp.down_proj"]
+    assert (bad.quantized, bad.reason, bad.layer_form) == (False, "budget", "") and bad.snr_db is not None and bad.snr_db < 20
+    good = layers["model.layers.0.mlp.down_proj"]
+    assert (good.quantized, good.reason, good.layer_form) == (True, "", "wq_linear") and good.snr_db is not None and good.snr_db >= 20
+    assert (good.k, good.n) == tuple(model.model.layers[0].mlp.down_proj.weight.shape[::-1]) and good.weight_snr_db is not None
+    assert (layers["lm_head"].reason, layers["lm_head"].snr_db) == ("lm_head", None)
+    assert 0 < summary.bytes_after < summary.bytes_before / 4  # int4 + fp32 scales per 32 against fp32
+    text = str(report)
+    assert f"kept: model.layers.1.mlp.down_proj ({bad.op} {bad.k}x{bad.n}): SNR {bad.snr_db:.1f} dB < 20 dB" in text, text
+    assert f"int4: model.layers.0.mlp.down_proj ({good.op} {good.k}x{good.n}): wq_linear, SNR {good.snr_db:.1f} dB" in text, text
+    doc = json.loads(report_to_json(report))
+    validate(doc)  # tests/test_report.py: the schema
+    row = next(r for r in doc["weight_quantization"]["layers"] if r["node"] == "model.layers.1.mlp.down_proj")
+    assert row["reason"] == "budget" and row["snr_db"] == pytest.approx(bad.snr_db)
+    page = render_html(doc, drawings=False)
+    assert f"weights kept: model.layers.1.mlp.down_proj ({bad.op}): budget, SNR {bad.snr_db:.1f} dB" in page
+    assert f"weights int4: model.layers.0.mlp.down_proj ({good.op}): wq_linear, SNR {good.snr_db:.1f} dB" in page
+
 
 def test_the_budget_option_and_the_block_list_option() -> None:
     model = _tiny_llama()
@@ -140,6 +167,9 @@ def test_the_budget_option_and_the_block_list_option() -> None:
     decisions = _weight_decisions(torch_backend.last_report())
     assert decisions["lm_head"].chosen == "wq_linear"
     assert decisions["model.layers.0.mlp.down_proj"].chosen == "unquantized"
+    layers = {layer.node: layer for layer in torch_backend.last_report().weight_quantization.layers}
+    assert layers["model.layers.0.mlp.down_proj"].reason == "keep_list" and "'*.mlp.*'" in layers["model.layers.0.mlp.down_proj"].detail
+    assert layers["lm_head"].quantized and layers["lm_head"].layer_form == "wq_linear"
     assert _calls(torch_backend.last_graph())[WQ] == LAYERS * 2 + 1  # qkv and o a layer, and the head
 
 
@@ -166,6 +196,9 @@ def test_the_fastest_measured_form_runs(monkeypatch: pytest.MonkeyPatch) -> None
     _greedy(_compile(model, weights="int8"), model, ids)
     assert _calls(torch_backend.last_graph())[WQ] == 0
     assert torch_backend.last_report().passes["weight_quant"].changes == 0
+    slower = [layer for layer in torch_backend.last_report().weight_quantization.layers if layer.reason == "speed_measured"]
+    assert len(slower) == LAYERS * GEMMS_PER_LAYER and all(layer.snr_db is not None and "unquantized 0.5000 ms" in layer.detail for layer in slower)
+    assert "measured slower quantized (SNR" in str(torch_backend.last_report())
 
 
 def test_inductor_is_handed_the_quantized_graph(monkeypatch: pytest.MonkeyPatch) -> None:

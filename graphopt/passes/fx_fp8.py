@@ -30,7 +30,7 @@ import torch.fx as fx
 
 from graphopt.passes.fx_passes import NewConstant, _constant_2d, _fake_call, _transposed_constant
 
-__all__ = ["FP8_BUDGET_DB", "Fp8Outcome", "device_refusal", "fp8_matmuls", "quantize_rows", "snr_db", "record"]
+__all__ = ["FP8_BUDGET_DB", "Fp8Outcome", "device_refusal", "fp8_matmuls", "quantize_rows", "snr_db", "record", "summary"]
 
 aten = torch.ops.aten
 
@@ -106,6 +106,9 @@ class Fp8Outcome:
     converted: list[tuple[str, float]] = field(default_factory=list)  # (name, SNR dB)
     kept: list[tuple[str, str]] = field(default_factory=list)  # (name, reason)
     refusal: str | None = None
+    shapes: dict[str, tuple[int, int, str, int]] = field(default_factory=dict)  # name -> (K, N, op, bytes per element) for the report
+    snrs: dict[str, float] = field(default_factory=dict)  # name -> SNR dB where measured (kept ones too)
+    budget_db: float = 0.0
 
 
 def _weight(gm: fx.GraphModule, operand: Any) -> tuple[fx.Node, torch.Tensor] | None:
@@ -169,7 +172,7 @@ def fp8_matmuls(gm: fx.GraphModule, new_constant: NewConstant, fake_mode: Any, k
     keep = [LM_HEAD] if keep is None else list(keep)
     budget_db = FP8_BUDGET_DB if budget_db is None else budget_db
     refusal = device_refusal if refusal is None else refusal
-    outcome = Fp8Outcome()
+    outcome = Fp8Outcome(budget_db=budget_db)
     sites = _sites(gm)
     if not sites:
         return outcome
@@ -181,8 +184,10 @@ def fp8_matmuls(gm: fx.GraphModule, new_constant: NewConstant, fake_mode: Any, k
     for site in sites:
         reason = _kept_by_name(site, sites, keep)
         snr = math.nan
+        outcome.shapes[site.name] = (int(site.weight_nk.shape[1]), int(site.weight_nk.shape[0]), str(getattr(site.node.target, "__name__", "")).split(".")[0],
+                                     site.node.meta["val"].element_size())
         if reason is None:
-            snr = snr_db(site.weight_nk)
+            snr = outcome.snrs[site.name] = snr_db(site.weight_nk)
             if not snr >= budget_db:
                 reason = f"SNR {snr:.1f} dB under the {budget_db:g} dB budget"
         if reason is None:
@@ -298,6 +303,41 @@ def record(outcome: Fp8Outcome, report: Any) -> None:
     for name, reason in outcome.kept:
         report.decisions.append(DecisionRecord(kind="precision_fp8", site=name, chosen="model type", baseline="model type",
                                                basis="measured" if reason.startswith("SNR") else "forced", reason=reason))
+    if outcome.shapes:
+        report.weight_quantization = summary(outcome)
     if outcome.kept:
         report.warnings.append(f"fp8: {len(outcome.kept)} GEMMs kept in the model's type: "
                                + "; ".join(f"{name} ({reason})" for name, reason in outcome.kept))
+
+
+def _reason_code(reason: str) -> str:
+    """The report's reason code for a kept GEMM's words (as the weight-only path's)."""
+    if reason.startswith("SNR"):
+        return "budget"
+    if reason.startswith("measured"):
+        return "speed_measured"
+    if reason.startswith("FP8 GEMM could not run"):
+        return "no_kernel"
+    return "lm_head" if "lm head" in reason else "keep_list"
+
+
+def summary(outcome: Fp8Outcome) -> Any:
+    """The outcome as the report's weight_quantization (weights "fp8", per-row scales: block 0)."""
+    from graphopt.report.model import WeightLayer, WeightQuantSummary
+
+    result = WeightQuantSummary(weights="fp8", block_size=0, symmetric=True, form="per layer", accuracy_level=None,
+                                min_snr_db=outcome.budget_db)
+    kept = dict(outcome.kept)
+    for name, (k, n, op, itemsize) in outcome.shapes.items():
+        reason = kept.get(name)
+        snr = outcome.snrs.get(name)
+        snr = snr if snr is not None and math.isfinite(snr) else None  # a non-finite FP8 form: the words say it
+        result.layers.append(WeightLayer(node=name, op=op, k=k, n=n, quantized=reason is None, reason="" if reason is None else _reason_code(reason),
+                                         snr_db=snr, layer_form="_scaled_mm" if reason is None else "", detail=reason or "E4M3 weights per row, activations per row"))
+        if reason is None:
+            result.quantized += 1
+            result.bytes_before += k * n * itemsize
+            result.bytes_after += k * n + n * 4  # E4M3 + an fp32 scale per row
+        else:
+            result.kept += 1
+    return result

@@ -42,7 +42,7 @@ from graphopt.passes.fx_weight_quant_forms import (
     release_timing_buffers,
     unquantized_linear,
 )
-from graphopt.report.model import Alternative, DecisionRecord, Report
+from graphopt.report.model import Alternative, DecisionRecord, Report, WeightLayer, WeightQuantSummary
 
 __all__ = ["quantize_weights", "DEFAULT_KEEP", "DEFAULT_MIN_SNR", "STATE_NAMES", "PARTS"]
 
@@ -141,15 +141,23 @@ def _rows(x_val: Any) -> int:
     return rows
 
 
-def _keep_reason(node: fx.Node, names: list[str], keep: list[str] | None) -> str | None:
+def _keep_reason(node: fx.Node, names: list[str], keep: list[str] | None) -> tuple[str, str] | None:
+    """(the report's reason code, the words) when the block list keeps the matmul: "keep_list" for
+    the user's `weights_keep`, "lm_head" for the default list (as on the ONNX path)."""
+    code = "lm_head" if keep is None else "keep_list"
     globs = list(DEFAULT_KEEP) if keep is None else keep
     for glob in globs:
         hits = [n for n in [*names, node.name] if fnmatch.fnmatchcase(n, glob)]
         if hits:
-            return f"in the block list ({hits[0]} matches {glob!r})"
+            return code, f"in the block list ({hits[0]} matches {glob!r})"
     if keep is None and _feeds_output(node):
-        return "the model's head (its product is a graph output): in the default block list"
+        return code, "the model's head (its product is a graph output): in the default block list"
     return None
+
+
+def _op_name(node: fx.Node) -> str:
+    """"mm", "addmm", "linear", ... (the aten op's short name)."""
+    return str(getattr(node.target, "__name__", node.target)).split(".")[0]
 
 
 class _Rewriter:
@@ -161,6 +169,24 @@ class _Rewriter:
         self.min_snr = float(opts.weights_min_snr) if opts.weights_min_snr is not None else DEFAULT_MIN_SNR[self.bits]
         self.use_kernel = opts.kernels != "none" and hasattr(torch.ops.graphopt, "wq_linear")
         self.kept: list[str] = []
+        self.summary = WeightQuantSummary(weights=opts.weights, block_size=self.block, symmetric=True, form="per layer",
+                                          accuracy_level=None, min_snr_db=self.min_snr)
+
+    def layer(self, node: fx.Node, site_name: str, weight: torch.Tensor, reason: str, detail: str,
+              q: Any = None, form: str = "") -> None:
+        """The layer's row in the report's weight_quantization (quantized when `form` is set)."""
+        k, n = (int(d) for d in weight.shape)
+        self.summary.layers.append(WeightLayer(
+            node=site_name, op=_op_name(node), k=k, n=n, quantized=bool(form), reason=reason,
+            snr_db=None if q is None else float(q.snr_db), weight_snr_db=None if q is None else float(q.weight_snr_db),
+            layer_form=form, detail=detail))
+        if form:
+            self.summary.quantized += 1
+            self.summary.symmetric = self.summary.symmetric and q.zeros is None
+            self.summary.bytes_before += weight.numel() * weight.element_size()
+            self.summary.bytes_after += sum(t.numel() * t.element_size() for t in (q.packed, q.scales, q.zeros) if t is not None)
+        else:
+            self.summary.kept += 1
 
     def decide(self, node: fx.Node, site_name: str, reason: str, chosen: str = "unquantized", basis: str = "forced",
                alternatives: list[Alternative] | None = None) -> None:
@@ -175,24 +201,29 @@ class _Rewriter:
         names = _module_names(self.gm, w_node, weight)
         site_name = "+".join(names) if names else node.name
         kind = f"int{self.bits}"
-        reason = _keep_reason(node, names, self.keep)
-        if reason is not None:
+        blocked = _keep_reason(node, names, self.keep)
+        if blocked is not None:
+            code, reason = blocked
             self.kept.append(f"{site_name} ({reason})")
             self.decide(node, site_name, reason)
+            self.layer(node, site_name, weight, code, reason)
             return False
         quantized = quantize_weight(weight, self.bits, self.block, self.min_snr)
         snr = f"SNR {quantized.snr_db:.1f} dB"
-        if quantized.snr_db < self.min_snr:
+        if not quantized.snr_db >= self.min_snr:
             reason = f"{kind}: {snr} < the {self.min_snr:g} dB budget"
             self.kept.append(f"{site_name} ({reason})")
             self.decide(node, site_name, reason)
+            self.layer(node, site_name, weight, "budget", reason, quantized)
             return False
         form, alternatives, basis, why = self.choose(node, x, bias, weight, quantized)
         self.decide(node, site_name, f"{kind} block {self.block}{'' if quantized.zeros is None else ' with zero points'}: "
                     f"{snr} >= {self.min_snr:g} dB; {why}", chosen=form, basis=basis, alternatives=alternatives)
         if form == "unquantized":
             self.kept.append(f"{site_name} (unquantized measured faster)")
+            self.layer(node, site_name, weight, "speed_measured", f"unquantized measured faster: {why}", quantized)
             return False
+        self.layer(node, site_name, weight, "", f"{'zero points; ' if quantized.zeros is not None else ''}{why}", quantized, form)
         self.emit(node, form, x, bias, weight, quantized, site_name)
         return True
 
@@ -256,7 +287,8 @@ class _Rewriter:
 def quantize_weights(gm: fx.GraphModule, new_constant: NewConstant, fake_mode: Any, opts: Any, report: Report) -> int:
     """Quantize every eligible matmul's weight (opts.weights "int8"/"int4"); returns how many
     matmuls were replaced. Each matmul with a constant weight leaves a "weights" decision in the
-    report (quantized with its SNR and form, or kept and why); a warning lists those kept."""
+    report (quantized with its SNR and form, or kept and why) and a row in its weight_quantization
+    (the same summary the ONNX path fills: SNR, form, reason code); a warning lists those kept."""
     if opts.weights is None:
         return 0
     from graphopt.ops.torch_custom_ops import ensure_kernels
@@ -265,6 +297,8 @@ def quantize_weights(gm: fx.GraphModule, new_constant: NewConstant, fake_mode: A
     rewriter = _Rewriter(gm, new_constant, fake_mode, opts, report)
     changed = sum(rewriter.rewrite(node) for node in list(gm.graph.nodes))
     release_timing_buffers()
+    if rewriter.summary.layers:
+        report.weight_quantization = rewriter.summary
     if rewriter.kept:
         report.warnings.append(f"weights {opts.weights}: {changed} matmuls quantized; kept in full precision: {'; '.join(rewriter.kept)}")
     return changed

@@ -50,6 +50,7 @@ class Quantized:
     zeros: torch.Tensor | None  # [N, k_blocks] uint8, None when symmetric
     blocks: blockwise.BlockQuantized
     snr_db: float
+    weight_snr_db: float  # the weight's own SNR (dequantized against original)
     int4pack: tuple[torch.Tensor, torch.Tensor] | None = None  # tinygemm's form, where it was a candidate
 
 
@@ -75,7 +76,8 @@ def quantize_weight(weight: torch.Tensor, bits: int, block_size: int, min_snr: f
     packed = torch.from_numpy(np.ascontiguousarray(blockwise.pack(best.q, bits))).to(device)
     scales = torch.from_numpy(best.scales.astype(np.float32)).to(device, weight.dtype).contiguous()
     zeros = None if best.symmetric else torch.from_numpy(best.zero_points).to(device).contiguous()
-    return Quantized(packed, scales, zeros, best, snr)
+    weight_snr = blockwise.snr_db(w, blockwise.dequantize(best).astype(np.float32))
+    return Quantized(packed, scales, zeros, best, snr, weight_snr)
 
 
 def dequant_linear(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,

@@ -311,10 +311,12 @@ class _Page:
                 f"{_int(weights, 'quantized')} of {len(layers)} layers quantized, {_int(weights, 'kept')} kept"
             )
             for layer in layers:
+                snr = layer.get("snr_db")
+                shown = f", SNR {snr:.1f} dB" if isinstance(snr, (int, float)) else ""
                 if not layer.get("quantized"):
-                    snr = layer.get("snr_db")
-                    shown = f", SNR {snr:.1f} dB" if isinstance(snr, (int, float)) else ""
                     lines.append(f"weights kept: {_str(layer, 'node')} ({_str(layer, 'op')}): {_str(layer, 'reason')}{shown}")
+                elif layer.get("layer_form"):  # the torch path: each layer's form
+                    lines.append(f"weights {_str(weights, 'weights')}: {_str(layer, 'node')} ({_str(layer, 'op')}): {_str(layer, 'layer_form')}{shown}")
         for decision in self.doc.get("decisions") or []:
             if isinstance(decision, dict):
                 times = ", ".join(

@@ -238,24 +238,31 @@ class WeightLayer:
     #: Why it was kept: "keep_list" (--weights-keep), "lm_head" (the default block list), "budget"
     #: (its SNR is under --weights-min-snr), "no_kernel" (the target has no MatMulNBits for its type),
     #: "speed_decision" (the cost table predicts the quantized form no faster: decisions[], kind weights);
-    #: "" when quantized.
+    #: on the torch path also "speed_measured" (on CUDA every quantized form was timed slower than the
+    #: unquantized matmul); "" when quantized.
     reason: str = ""
     #: Output SNR in dB of x @ W against x @ dequantize(quantize(W)), x standard normal [rows, K]
     #: (a proxy for calibration activations); None when not measured (kept before measuring).
     snr_db: float | None = None
     #: The weight's own SNR in dB (dequantized against original).
     weight_snr_db: float | None = None
+    #: How the quantized layer runs where it differs per layer (torch: "wq_linear", "dequant",
+    #: "int4pack", "_scaled_mm"); "" on the ONNX path (the summary's form) and for kept layers.
+    layer_form: str = ""
+    #: The reason in words (the block-list glob that matched, the timings), "" when none.
+    detail: str = ""
 
 
 @dataclass
 class WeightQuantSummary:
     """What `--weights int4|int8` did (graphopt.passes.weight_quant)."""
 
-    weights: str  # "int4" or "int8"
-    block_size: int
+    weights: str  # "int4", "int8", or "fp8" (torch precision="fp8")
+    block_size: int  # 0 for FP8's per-row scales
     symmetric: bool
     #: How quantized layers are run: "MatMulNBits" (com.microsoft), "DequantizeLinear" (opset 21
-    #: blocked), "Cast-Mul" (standard ops before opset 21, int8 only).
+    #: blocked), "Cast-Mul" (standard ops before opset 21, int8 only); "per layer" on the torch
+    #: path (each layer's `layer_form`, chosen by measurement on CUDA).
     form: str
     accuracy_level: int | None  # MatMulNBits' accuracy_level (None for the standard forms)
     min_snr_db: float

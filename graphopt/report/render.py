@@ -268,24 +268,37 @@ MAX_WEIGHT_KEEP_ROWS = 8
 
 
 def _print_weights(summary: Any, console: Console) -> None:
-    """`weights int4 (block 32): 41 of 44 MatMuls, 3 kept: ...`, then one row per kept layer."""
+    """`weights int4 (block 32): 41 of 44 MatMuls, 3 kept: ...`, then one row per kept layer and, where
+    the form is chosen per layer (torch), one per quantized layer with its form and SNR."""
     layers = summary.layers
-    what = "MatMuls" if all(layer.op == "MatMul" for layer in layers) else "MatMul/Gemm layers"
+    ops = {layer.op for layer in layers}
+    what = "MatMuls" if ops <= {"MatMul"} else "MatMul/Gemm layers" if ops <= {"MatMul", "Gemm"} else "matmuls"
     size = f" ({summary.bytes_before / 2**20:.1f} -> {summary.bytes_after / 2**20:.1f} MiB)" if summary.quantized else ""
+    block = "per-row scales" if summary.block_size == 0 else f"block {summary.block_size}"
     console.print(
-        f"weights {summary.weights} (block {summary.block_size}, {'symmetric' if summary.symmetric else 'zero points'}, {summary.form}): "
+        f"weights {summary.weights} ({block}, {'symmetric' if summary.symmetric else 'zero points'}, {summary.form}): "
         f"{summary.quantized} of {len(layers)} {what}{size}, {summary.kept} kept{':' if summary.kept else ''}",
         highlight=False,
     )
     kept = [layer for layer in layers if not layer.quantized]
     for layer in kept[:MAX_WEIGHT_KEEP_ROWS]:
         why = {"keep_list": "--weights-keep", "lm_head": "LM head (default block list)", "no_kernel": "no kernel on the target for its type",
-               "speed_decision": "predicted no faster quantized (decision weights)"}.get(layer.reason, layer.reason)
-        if layer.reason == "budget" and layer.snr_db is not None:
-            why = f"SNR {layer.snr_db:.1f} dB < {summary.min_snr_db:g} dB"
+               "speed_decision": "predicted no faster quantized (decision weights)",
+               "speed_measured": "measured slower quantized"}.get(layer.reason, layer.reason)
+        if layer.detail and (layer.reason in ("keep_list", "lm_head") or layer.snr_db is None):
+            why = layer.detail
+        if layer.snr_db is not None and layer.reason in ("budget", "speed_measured"):
+            why = f"SNR {layer.snr_db:.1f} dB < {summary.min_snr_db:g} dB" if layer.reason == "budget" else f"{why} (SNR {layer.snr_db:.1f} dB)"
         console.print(f"  kept: {escape(layer.node)} ({layer.op} {layer.k}x{layer.n}): {escape(why)}", highlight=False)
     if len(kept) > MAX_WEIGHT_KEEP_ROWS:
         console.print(f"  {len(kept) - MAX_WEIGHT_KEEP_ROWS} more kept: --report FILE.json lists them all", highlight=False)
+    per_layer = [layer for layer in layers if layer.quantized and layer.layer_form]
+    for layer in per_layer[:MAX_WEIGHT_KEEP_ROWS]:
+        snr = f", SNR {layer.snr_db:.1f} dB" if layer.snr_db is not None else ""
+        console.print(f"  {summary.weights}: {escape(layer.node)} ({layer.op} {layer.k}x{layer.n}): {layer.layer_form}{snr}", highlight=False)
+    if len(per_layer) > MAX_WEIGHT_KEEP_ROWS:
+        forms = ", ".join(f"{form} {count}" for form, count in sorted(Counter(layer.layer_form for layer in per_layer).items()))
+        console.print(f"  {len(per_layer) - MAX_WEIGHT_KEEP_ROWS} more quantized (forms: {forms}): the JSON report lists them all", highlight=False)
     measured = [layer.snr_db for layer in layers if layer.quantized and layer.snr_db is not None]
     if measured:
         console.print(f"  output SNR of the quantized layers (random inputs): min {min(measured):.1f} dB, median {sorted(measured)[len(measured) // 2]:.1f} dB",
