@@ -153,16 +153,22 @@ def _already_packed(node: ir.Node) -> ir.Value | None:
     return data if spans == [(0, q), (q, q + kv), (q + kv, q + 2 * kv)] and data.shape[2] == q + 2 * kv else None
 
 
-def _take_packed(model: ir.Model, node: ir.Node, packed: ir.Value) -> None:
-    """The op reads `packed` as its query, key and value left out; the Slices go (their Shape readers read `packed`)."""
-    slices = [node.inputs[i].producer() for i in range(3)]  # type: ignore[union-attr]
-    for s in slices:
-        for user, slot in list(s.outputs[0].uses()):  # type: ignore[union-attr]
+def _read_packed(node: ir.Node, separate: list[ir.Value], packed: ir.Value) -> None:
+    """The op reads `packed` as its query, key and value left out; other readers of the separate q/k/v
+    (the Shape reads of [batch, seq]) read `packed` too."""
+    for value in separate:
+        for user, slot in list(value.uses()):
             if user is not node:
                 user.replace_input_with(slot, packed)
     node.replace_input_with(0, packed)
     node.replace_input_with(1, None)
     node.replace_input_with(2, None)
+
+
+def _take_packed(model: ir.Model, node: ir.Node, packed: ir.Value) -> None:
+    """The op reads `packed` as its query, key and value left out; the Slices go (their Shape readers read `packed`)."""
+    slices = [node.inputs[i].producer() for i in range(3)]  # type: ignore[union-attr]
+    _read_packed(node, [s.outputs[0] for s in slices], packed)  # type: ignore[union-attr]
     for s in slices:
         detach_and_remove(model, s)  # type: ignore[arg-type]
 
@@ -199,13 +205,7 @@ def pack_qkv(model: ir.Model, *, stats: Any = None) -> int:
             value.type = q_value.type
             if q_value.shape is not None and len(q_value.shape) >= 1:  # [..., (heads + 2 kv_heads) * head]
                 value.shape = ir.Shape([*list(q_value.shape)[:-1], packed_array.shape[1]])
-        for p in parts:  # the Shape reads of [batch, seq]
-            for user, slot in list(p.output.uses()):
-                if user is not node:
-                    user.replace_input_with(slot, packed_value)
-        node.replace_input_with(0, packed_value)
-        node.replace_input_with(1, None)
-        node.replace_input_with(2, None)
+        _read_packed(node, [p.output for p in parts], packed_value)
         for p in parts:
             unused = [v for n in (p.add, p.matmul) if n is not None for v in n.inputs if v is not None and v.const_value is not None]
             for old in (p.add, p.matmul):
