@@ -212,18 +212,15 @@ def optimize(model: ModelLike | str | os.PathLike[str], options: OptimizeOptions
     report.times_s["load"] = time.perf_counter() - started
     report.before = _summary(graph_model)
 
-    from graphopt.ops.fused_ops import SHARED_KV_BUFFER
+    from graphopt.ops.fused_ops import shared_kv_buffer
 
     if options.kv_buffer != "growing":  # the default needs no check (nor the pass's import)
         from graphopt.passes.kv_buffer import KV_BUFFER_MODES
 
         if options.kv_buffer not in KV_BUFFER_MODES:
             raise ValueError(f"kv_buffer must be one of {', '.join(KV_BUFFER_MODES)}, not {options.kv_buffer!r}")
-    shared_token = SHARED_KV_BUFFER.set(options.kv_buffer == "shared")
-    try:
+    with shared_kv_buffer(options.kv_buffer == "shared"):
         _run_pipeline(graph_model, rules, target, report, options, plan, weight_plan)
-    finally:
-        SHARED_KV_BUFFER.reset(shared_token)
 
     report.after = _summary(graph_model)
     if report.total_rewrites and not target.confirmed:

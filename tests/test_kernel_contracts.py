@@ -6,8 +6,7 @@ rewrite just made, UNKNOWN_SHAPE where neither tells, None where omitted."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -17,7 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from graphopt.ir.onnx_view import OnnxView
 from graphopt.match.driver import _contract_shapes, _target_problem
-from graphopt.ops.fused_ops import SHARED_KV_BUFFER
+from graphopt.ops.fused_ops import shared_kv_buffer
 from graphopt.ops.opspec import GRAPHOPT_DOMAIN, UNKNOWN_SHAPE, is_given, known_shape
 from graphopt.ops.targets import TARGETS
 
@@ -26,15 +25,6 @@ U = UNKNOWN_SHAPE
 
 def _problem(target: str, op: str, attrs: dict[str, Any], shapes: Sequence[Any]) -> str:
     return TARGETS[target].contract_problem(GRAPHOPT_DOMAIN, op, attrs, shapes) or ""
-
-
-@contextmanager
-def _shared_kv_buffer() -> Iterator[None]:
-    token = SHARED_KV_BUFFER.set(True)
-    try:
-        yield
-    finally:
-        SHARED_KV_BUFFER.reset(token)
 
 
 def test_the_marker_is_not_an_omitted_input() -> None:
@@ -99,7 +89,7 @@ ROTARY = {"do_rotary": 1}
 
 @pytest.mark.parametrize("target", ["ort-cpu", "ort-cuda"])
 def test_gqa_rotary_known_good_shapes_and_omitted_caches_pass(target: str) -> None:
-    with _shared_kv_buffer():
+    with shared_kv_buffer():
         assert _problem(target, "GroupQueryAttention", ROTARY, _gqa(width=16)) == ""
         assert _problem(target, "GroupQueryAttention", ROTARY, _gqa(width=24)) == ""  # partial: 48 of 64 dims
         # no rotary: the caches are omitted optional inputs, and unknown ones are not read
@@ -110,7 +100,7 @@ def test_gqa_rotary_known_good_shapes_and_omitted_caches_pass(target: str) -> No
 @pytest.mark.parametrize("target", ["ort-cpu", "ort-cuda"])
 def test_negative_gqa_rotary_refuses_unknown_cache_or_head(target: str) -> None:
     """The caches' width must be a multiple of 8 and <= head / 2: unproven where either is unknown (passed before)."""
-    with _shared_kv_buffer():
+    with shared_kv_buffer():
         assert _problem(target, "GroupQueryAttention", ROTARY, _gqa(width=U)) == (
             "shape of input cos_cache unknown: cannot prove a rotary cache width <= head / 2 (32) and a multiple of 8 (do_rotary)")
         assert _problem(target, "GroupQueryAttention", ROTARY, _gqa(width="rot")).startswith("shape of input cos_cache unknown")
@@ -146,7 +136,7 @@ def test_negative_cpu_gqa_batch_rule_refuses_unknown_dims() -> None:
 
 def test_negative_cuda_gqa_refuses_an_attention_bias_of_unknown_shape() -> None:
     """Given is what the CUDA kernel refuses: an attention_bias of unknown shape passed before the marker."""
-    with _shared_kv_buffer():
+    with shared_kv_buffer():
         assert _problem("ort-cuda", "GroupQueryAttention", {}, _gqa(query_seqlens=False)) == ""  # omitted: passes
         assert "no attention_bias" in _problem("ort-cuda", "GroupQueryAttention", {}, _gqa(bias=U))
         assert "no attention_bias" in _problem("ort-cuda", "GroupQueryAttention", {}, _gqa(bias=(1, 1, 1, 6)))

@@ -16,7 +16,7 @@ import pytest
 from llm_decoders import decoder_block
 
 import graphopt
-from graphopt.ops.fused_ops import SHARED_KV_BUFFER
+from graphopt.ops.fused_ops import shared_kv_buffer
 from graphopt.ops.opspec import GRAPHOPT_DOMAIN
 from graphopt.ops.targets import TARGETS
 from graphopt.passes.kv_buffer import PRESENT_LENGTH, share_kv_buffer
@@ -199,14 +199,11 @@ def test_ort_cuda_contract_follows_the_shared_buffer_flag() -> None:
     cuda = TARGETS["ort-cuda"]
     shapes: list[Any] = [[1, 1, 64]] * 7
     assert (cuda.contract_problem(GRAPHOPT_DOMAIN, "GroupQueryAttention", {}, shapes) or "").startswith(GROWS)
-    token = SHARED_KV_BUFFER.set(True)
-    try:
+    with shared_kv_buffer():
         assert cuda.contract_problem(GRAPHOPT_DOMAIN, "GroupQueryAttention", {}, shapes) is None
         assert cuda.contract_problem(GRAPHOPT_DOMAIN, "MultiHeadAttention", {"num_heads": 4, "kv_cache": 1}, []) is None
         # what the kernel refuses stays refused
         assert "no attention_bias" in (cuda.contract_problem(GRAPHOPT_DOMAIN, "GroupQueryAttention", {}, [*shapes, None, None, None, [1, 1, 1, 5]]) or "")
-    finally:
-        SHARED_KV_BUFFER.reset(token)
     assert (cuda.contract_problem(GRAPHOPT_DOMAIN, "GroupQueryAttention", {}, shapes) or "").startswith(GROWS)
 
 

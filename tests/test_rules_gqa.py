@@ -6,8 +6,6 @@ KV cache; negative cases with the reasons the rule gives."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import numpy as np
 import onnx
@@ -16,7 +14,7 @@ from llm_decoders import decoder_block, feeds
 from rule_testing import run
 
 import graphopt
-from graphopt.ops.fused_ops import SHARED_KV_BUFFER
+from graphopt.ops.fused_ops import shared_kv_buffer
 from graphopt.ops.opspec import GRAPHOPT_DOMAIN, UNKNOWN_SHAPE
 from graphopt.ops.targets import TARGETS
 
@@ -44,16 +42,6 @@ def _assert_steps_equal(original: onnx.ModelProto, optimized: onnx.ModelProto, s
         for name, e, a in zip(["out", "present_key", "present_value"], expected, actual, strict=True):
             assert a.shape == e.shape, (batch, seq, past, name)
             np.testing.assert_allclose(a, e, rtol=1e-5, atol=atol, err_msg=f"{name} at batch {batch}, seq {seq}, past {past}, pad {pad}")
-
-
-@contextmanager
-def _shared_kv_buffer() -> Iterator[None]:
-    """--kv-buffer shared for a contract check (ort-cuda refuses GroupQueryAttention over a growing cache otherwise)."""
-    token = SHARED_KV_BUFFER.set(True)
-    try:
-        yield
-    finally:
-        SHARED_KV_BUFFER.reset(token)
 
 
 def _near_miss(report) -> str:
@@ -232,7 +220,7 @@ def test_contract_refuses_rotary_caches_onnxruntime_cannot_rotate_with(target: s
 
     def problem(head: int, width: int) -> str:
         shapes = [[1, 1, 4 * head], UNKNOWN_SHAPE, UNKNOWN_SHAPE, [1, 2, 5, head], [1, 2, 5, head], [1], [], [9, width], [9, width]]
-        with _shared_kv_buffer():
+        with shared_kv_buffer():
             return t.contract_problem(GRAPHOPT_DOMAIN, "GroupQueryAttention", rotary, shapes) or ""
 
     assert problem(64, 24) == "" and problem(64, 32) == ""

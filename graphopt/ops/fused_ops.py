@@ -14,7 +14,8 @@ emit it from a rule, and register its torch lowering if it has one; docs/design.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
@@ -180,6 +181,16 @@ GROWING_KV_CACHE_ON_CUDA = (
 # changes the buffers' shapes, which is what made the growing cache slow on CUDA (the builder's
 # GroupQueryAttention models run that way).
 SHARED_KV_BUFFER: ContextVar[bool] = ContextVar("graphopt_shared_kv_buffer", default=False)
+
+
+@contextmanager
+def shared_kv_buffer(shared: bool = True) -> Iterator[None]:
+    """SHARED_KV_BUFFER set to `shared` for the block (an optimize run, a contract check)."""
+    token = SHARED_KV_BUFFER.set(shared)
+    try:
+        yield
+    finally:
+        SHARED_KV_BUFFER.reset(token)
 
 
 def _cuda_mha(attrs: Mapping[str, Any], shapes: Sequence[Any]) -> str | None:
