@@ -28,10 +28,14 @@ In fp16 the anchors are converted with onnxruntime's ``float16.convert_float_to_
 Measurement: after a warm-up, ``--rounds`` rounds each run every variant ``--runs`` times
 (more for fast models: a block lasts at least 20 ms),
 the variants interleaved in a new order every round, so drift hits all of them alike; the figure is the median of
-all runs. Where graphopt is within the 3 % noise band of the original or of the best
+all runs. Variants that are the same graph (same nodes, attributes and weights under other value
+names: graphopt changed nothing an anchor did not, or kept a model in fp32 when asked for fp16) are timed once and
+share their figures; their ratio is marked ``=`` (1 by construction: a difference there is the machine's, not the
+optimizers'). Where graphopt is within the 3 % noise band of the original or of the best
 anchor, or slower than either, those variants are measured again (``--remeasure`` times at most) and the figure
 says whether it stayed within the band. Every output is compared with the fp32 original's
-(max error relative to the output's largest magnitude); a non-finite output where the
+(max error relative to the output's largest magnitude; on CUDA both come from sessions with TF32 off, whose
+rounding alone moves a float32 output by about the fp32 tolerance); a non-finite output where the
 original is finite is flagged.
 
 On the CPU provider every session of a model lives in one process with its own intra-op thread
@@ -90,8 +94,12 @@ def _ort():
     return ort
 
 
-def _providers(device: str) -> list[str]:
-    return ["CUDAExecutionProvider", "CPUExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
+def _providers(device: str, exact_fp32: bool = False) -> list[Any]:
+    """exact_fp32: CUDA's MatMul/Gemm/Conv in true float32 (the provider's default is TF32, whose rounding alone
+    moves a float32 output by ~1e-3, the check's tolerance): the output check's sessions, as graphopt --verify does."""
+    if device != "cuda":
+        return ["CPUExecutionProvider"]
+    return [("CUDAExecutionProvider", {"use_tf32": "0"}) if exact_fp32 else "CUDAExecutionProvider", "CPUExecutionProvider"]
 
 
 def _to_fp16(src: Path, dst: Path) -> None:
@@ -212,7 +220,8 @@ def make_variants(entry: ZooEntry, work: Path, device: str, precisions: list[str
 class Runner:
     """One session of one variant; io-binding on CUDA (inputs placed on the device once)."""
 
-    def __init__(self, path: str, feeds: dict[str, np.ndarray], device: str, threads: int, affinities: str | None = None) -> None:
+    def __init__(self, path: str, feeds: dict[str, np.ndarray], device: str, threads: int, affinities: str | None = None,
+                 exact_fp32: bool = False) -> None:
         ort = _ort()
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -220,7 +229,7 @@ class Runner:
             options.intra_op_num_threads = threads
         if affinities:
             options.add_session_config_entry("session.intra_op_thread_affinities", affinities)
-        self.session = ort.InferenceSession(path, options, providers=_providers(device))
+        self.session = ort.InferenceSession(path, options, providers=_providers(device, exact_fp32))
         self.device = device
         names = [i.name for i in self.session.get_inputs()]
         self.feeds = {n: feeds[n] for n in names}
@@ -303,7 +312,65 @@ def _ratios(result: dict[str, Any], precision: str) -> dict[str, Any]:
         out["best_anchor"], out["best_anchor_ms"] = best, anchors[best]
         if g:
             out["vs_best_anchor"] = g / anchors[best]
+    # a ratio between two variants that are one graph (timed once): 1 by construction, not a measurement
+    graph_of = {name: info.get("same_graph_as", name) for name, info in variants.items()}
+    mine = graph_of.get(f"graphopt{sfx}")
+    out["same_graph"] = [key for key, other in (("vs_original", "original"), ("vs_best_anchor", out.get("best_anchor")))
+                         if mine is not None and other is not None and graph_of.get(other) == mine]
     return out
+
+
+def graph_fingerprint(path: str) -> str:
+    """A hash of a model's graph with its value names numbered in order of appearance: two files with the same
+    nodes in the same order, attributes and initializer bytes get the same fingerprint whatever their names."""
+    import hashlib
+
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(path)
+    graph = model.graph
+    digest = hashlib.sha256()
+    numbered: dict[str, str] = {}
+    initializers = {t.name: t for t in graph.initializer}
+
+    def ref(name: str) -> str:
+        if not name:
+            return ""
+        if name in initializers:
+            array = numpy_helper.to_array(initializers.pop(name))
+            numbered[name] = f"c{array.dtype}{array.shape}:{hashlib.sha256(array.tobytes()).hexdigest()}"
+        return numbered.setdefault(name, f"v{len(numbered)}")
+
+    for opset in sorted((o.domain, o.version) for o in model.opset_import):
+        digest.update(repr(opset).encode())
+    for value in graph.input:
+        digest.update(f"in {ref(value.name)} {value.type.SerializeToString().hex()}".encode())
+    for node in graph.node:
+        attributes = sorted(a.SerializeToString().hex() for a in node.attribute)
+        digest.update(repr((node.domain, node.op_type, [ref(i) for i in node.input], [ref(o) for o in node.output],
+                            attributes)).encode())
+    for value in graph.output:
+        digest.update(f"out {ref(value.name)}".encode())
+    return digest.hexdigest()
+
+
+def _same_graphs(variants: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """{variant: the earlier variant whose graph it is} (the control is never merged: it times the original twice)."""
+    seen: dict[str, str] = {}
+    same_as: dict[str, str] = {}
+    for name, info in variants.items():
+        if info.get("role") == "control" or "path" not in info:
+            continue
+        try:
+            fingerprint = graph_fingerprint(info["path"])
+        except Exception:  # noqa: BLE001 - a model that cannot be read again is timed on its own
+            continue
+        if fingerprint in seen:
+            same_as[name] = seen[fingerprint]
+        else:
+            seen[fingerprint] = name
+    return same_as
 
 
 def prepare(entry: ZooEntry, work: Path, device: str, precisions: list[str]) -> dict[str, dict[str, Any]]:
@@ -352,15 +419,28 @@ def bench_one(entry: ZooEntry, device: str, precisions: list[str], runs: int, ro
             result["error"] = variants["original"].get("error", "the original model does not load")
             result["variants"] = variants
             return result
-        expected = runners["original"].run()
+        # Outputs are checked in sessions without TF32 (on CUDA), the timing sessions keep the provider's default.
+        def checked_outputs(name: str) -> list[np.ndarray]:
+            if device != "cuda":
+                return runners[name].run()
+            return Runner(variants[name]["path"], feeds, device, threads, affinities, exact_fp32=True).run()
+
+        expected = checked_outputs("original")
         for name, runner in list(runners.items()):
             try:
-                variants[name]["check"] = _check_outputs(expected, runner.run(), variants[name]["precision"])
+                variants[name]["check"] = _check_outputs(expected, checked_outputs(name), variants[name]["precision"])
                 for _ in range(warmup):
                     runner.run()
             except Exception as e:  # noqa: BLE001
                 variants[name]["error"] = f"run: {type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"
                 del runners[name]
+        # Variants that are the very same graph (graphopt changed nothing an anchor did not, or kept fp32 for fp16)
+        # are timed once: two sessions of one graph differ only by this machine's noise, not by anything
+        # either optimizer did; they share one runner's samples.
+        same_as = _same_graphs({name: variants[name] for name in runners})
+        for alias, canonical in same_as.items():
+            variants[alias]["same_graph_as"] = canonical
+            del runners[alias]
         samples: dict[str, list[float]] = {name: [] for name in runners}
         # A block of runs lasts at least MIN_BLOCK_S: 10 runs of a 0.3 ms model are 3 ms, too short
         # to average out the machine's drift (launch-bound models moved 10-25 % between runs).
@@ -376,6 +456,8 @@ def bench_one(entry: ZooEntry, device: str, precisions: list[str], runs: int, ro
             for name, times in samples.items():
                 variants[name].update(median_ms=float(np.median(times)), p10_ms=float(np.percentile(times, 10)),
                                       p90_ms=float(np.percentile(times, 90)), samples=len(times))
+            for alias, canonical in same_as.items():
+                variants[alias].update({k: variants[canonical][k] for k in ("median_ms", "p10_ms", "p90_ms", "samples")})
 
         summarize()
         result["variants"] = variants
@@ -386,11 +468,12 @@ def bench_one(entry: ZooEntry, device: str, precisions: list[str], runs: int, ro
             while attempts < remeasure:
                 r = _ratios(result, precision)
                 # a loss is never taken from one measurement either: re-measure it like a tie
-                close = [k for k in ("vs_original", "vs_best_anchor") if k in r and r[k] > 1.0 - NOISE_BAND]
+                close = [k for k in ("vs_original", "vs_best_anchor")
+                         if k in r and r[k] > 1.0 - NOISE_BAND and k not in r["same_graph"]]
                 if not close:
                     break
                 attempts += 1
-                names = {f"graphopt{sfx}", "original", r.get("best_anchor"), "original-again"} & set(runners)
+                names = {same_as.get(n, n) for n in (f"graphopt{sfx}", "original", r.get("best_anchor"), "original-again") if n} & set(runners)
                 for _ in range(rounds):
                     for name in order.permutation(sorted(names)):
                         samples[str(name)] += runners[str(name)].time_runs(runs)
@@ -413,7 +496,7 @@ def _geomean(values: list[float]) -> float | None:
 def print_table(results: list[dict[str, Any]], precisions: list[str]) -> None:
     for precision in precisions:
         print(f"\n{precision}: median ms; graphopt / original and graphopt / best anchor (~ within the 3 % noise band after re-measuring; "
-              "! output check failed; NaN: non-finite output)")
+              "= the same graph, timed once; ! output check failed; NaN: non-finite output)")
         print(f"{'model':32s} {'original':>9s} {'graphopt':>9s} {'g/orig':>7s} {'best anchor':>24s} {'g/best':>7s}")
         vs_orig, vs_best = [], []
         for r in results:
@@ -434,6 +517,8 @@ def print_table(results: list[dict[str, Any]], precisions: list[str]) -> None:
             def fmt(key: str, ratios: dict[str, Any] = ratios) -> str:
                 if key not in ratios:
                     return "-"
+                if key in ratios.get("same_graph", []):
+                    return f"{ratios[key]:.3f}="
                 return f"{ratios[key]:.3f}" + ("~" if key in ratios.get("within_noise", []) else "")
 
             if "vs_original" in ratios:

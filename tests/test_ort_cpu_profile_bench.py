@@ -115,3 +115,43 @@ def test_graphs_only_compares_without_timing(cache: Path, tmp_path: Path) -> Non
     assert "wall" not in result and all("profile" not in v for v in result["variants"].values())
     assert result["variants"]["original-again"]["same_graph_as_original"] is True
     assert f"{NAME}" in run.stdout and "runs the original's graph: original-again" in run.stdout
+
+
+def test_zoo_bench_times_one_graph_once(cache: Path, tmp_path: Path) -> None:
+    """Variants that are the same graph under other value names share one runner: their ratio is 1 by
+    construction and flagged '=', never a measured loss; another attribute or weight makes another graph."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import zoo_bench
+
+    original = onnx.load(str(cache / NAME / "model.onnx"))
+    renamed = onnx.load(str(cache / NAME / "model.onnx"))
+    mapping = {"c1": "conv_out", "b1": "bn_out", "r1": "relu_out", "w2": "weight_2"}
+    for node in renamed.graph.node:
+        node.input[:] = [mapping.get(i, i) for i in node.input]
+        node.output[:] = [mapping.get(o, o) for o in node.output]
+    for init in renamed.graph.initializer:
+        init.name = mapping.get(init.name, init.name)
+    other_attr = onnx.load(str(cache / NAME / "model.onnx"))
+    other_attr.graph.node[3].attribute.append(helper.make_attribute("dilations", [1, 1]))
+    other_weight = onnx.load(str(cache / NAME / "model.onnx"))
+    w2 = next(t for t in other_weight.graph.initializer if t.name == "w2")
+    w2.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(w2) * 2, "w2"))
+    paths = {}
+    for name, model in (("original", original), ("renamed", renamed), ("other_attr", other_attr), ("other_weight", other_weight)):
+        paths[name] = str(tmp_path / f"{name}.onnx")
+        onnx.save(model, paths[name])
+    fingerprint = zoo_bench.graph_fingerprint
+    assert fingerprint(paths["renamed"]) == fingerprint(paths["original"])
+    assert fingerprint(paths["other_attr"]) != fingerprint(paths["original"])
+    assert fingerprint(paths["other_weight"]) != fingerprint(paths["original"])
+    variants = {"original": {"path": paths["original"], "role": "original"},
+                "graphopt": {"path": paths["renamed"], "role": "graphopt"},
+                "original-again": {"path": paths["original"], "role": "control"},
+                "onnxscript": {"path": paths["other_weight"], "role": "anchor"},
+                "broken": {"role": "anchor", "precision": "fp32", "error": "no file"}}
+    assert zoo_bench._same_graphs(variants) == {"graphopt": "original"}
+    variants["graphopt"].update(precision="fp32", same_graph_as="original", median_ms=1.0)
+    variants["original"].update(precision="fp32", median_ms=1.0)
+    variants["onnxscript"].update(precision="fp32", median_ms=2.0, check={"ok": True})
+    ratios = zoo_bench._ratios({"variants": variants}, "fp32")
+    assert ratios["same_graph"] == ["vs_original"] and ratios["vs_best_anchor"] == 0.5
