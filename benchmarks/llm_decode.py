@@ -147,8 +147,11 @@ class Timer:
 
 
 def generate(forward: Callable[..., Any], model: Any, ids: Any, new_tokens: int, cache: Any, device: str,
-             mark_step: bool, gaps: bool = False) -> dict[str, Any]:
-    """One greedy generation: the tokens, the prefill's and each decode step's time, and (gaps) the top-2 logit gap per step."""
+             mark_step: bool, gaps: bool = False, decode_context: Any = None) -> dict[str, Any]:
+    """One greedy generation: the tokens, the prefill's and each decode step's time, and (gaps) the top-2 logit gap per step.
+    decode_context: a context manager around the decode steps only (a profiler)."""
+    import contextlib
+
     import torch
 
     key = _cache_kwarg(model)
@@ -168,15 +171,17 @@ def generate(forward: Callable[..., Any], model: Any, ids: Any, new_tokens: int,
             out = call(ids, 0, prompt)
             token = out.logits[:, -1].argmax(-1, keepdim=True)
         cache = _returned_cache(out) if cache is None else cache  # the dynamic cache comes back from the model
-        for step in range(new_tokens):
-            tokens.append(token)
-            if gaps:
-                top2.append(out.logits[:, -1].float().topk(2, dim=-1).values)
-            if step == new_tokens - 1:
-                break
-            with steps:
-                out = call(token, prompt + step, prompt + step + 1)
-                token = out.logits[:, -1].argmax(-1, keepdim=True)
+        with decode_context or contextlib.nullcontext():
+            for step in range(new_tokens):
+                tokens.append(token)
+                if gaps:
+                    top2.append(out.logits[:, -1].float().topk(2, dim=-1).values)
+                if step == new_tokens - 1:
+                    break
+                with steps:
+                    out = call(token, prompt + step, prompt + step + 1)
+                    token = out.logits[:, -1].argmax(-1, keepdim=True)
+            _sync(device)
     _sync(device)
     result: dict[str, Any] = {"tokens": torch.cat(tokens, 1).cpu(), "prefill_ms": prefill.times_ms()[0], "step_ms": steps.times_ms()}
     if gaps:
@@ -328,6 +333,10 @@ def run_variant(model: Any, variant: str, batch: int, args: argparse.Namespace, 
             entry["first_generation_s"] = time.perf_counter() - t0  # compiling included
         if i >= warmup:
             runs.append(result)
+    if args.profile and args.device == "cuda":
+        if cache is not None:
+            cache.reset()
+        entry["decode_profile"] = profile_decode(forward, model, ids, args.new_tokens, cache, args.device, mark_step, args.profile)
     steps = [t for r in runs for t in r["step_ms"]]
     decode_ms = statistics.median(steps)
     entry.update({
@@ -362,6 +371,34 @@ def run_variant(model: Any, variant: str, batch: int, args: argparse.Namespace, 
     return entry
 
 
+def profile_decode(forward: Callable[..., Any], model: Any, ids: Any, new_tokens: int, cache: Any, device: str,
+                   mark_step: bool, top: int) -> dict[str, Any]:
+    """One more generation with the decode steps under torch.profiler: the GPU kernels per decode step (microseconds and
+    launches per step, the `top` largest), their sum against the step's wall time (the rest: gaps between kernels)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+    result = generate(forward, model, ids, new_tokens, cache, device, mark_step, decode_context=prof)
+    steps = max(new_tokens - 1, 1)
+    kernels: dict[str, list[float]] = {}
+    for event in prof.events():
+        if getattr(event, "device_type", None) != torch.autograd.DeviceType.CUDA:
+            continue
+        us = float(getattr(event, "device_time", None) or getattr(event, "cuda_time", 0.0) or 0.0)
+        slot = kernels.setdefault(event.name, [0.0, 0])
+        slot[0] += us
+        slot[1] += 1
+    gpu_us = sum(v[0] for v in kernels.values()) / steps
+    wall_ms = statistics.median(result["step_ms"]) if result["step_ms"] else None
+    ranked = sorted(kernels.items(), key=lambda kv: -kv[1][0])
+    return {
+        "steps": steps, "gpu_us_per_step": gpu_us, "wall_ms_per_step": wall_ms,
+        "launches_per_step": sum(v[1] for v in kernels.values()) / steps,
+        "kernels": [{"name": name[:160], "us_per_step": v[0] / steps, "launches_per_step": v[1] / steps} for name, v in ranked[:top]],
+    }
+
+
 def compare_tokens(tokens: Any, reference: dict[str, Any]) -> dict[str, Any]:
     import torch
 
@@ -389,6 +426,14 @@ def table(results: list[dict[str, Any]], gpu: str) -> str:
         lines.append(f"{e['batch']:5d} {e['variant']:16s} {e['decode_ms']:10.3f} {e['tokens_per_s']:9.0f} {limit} {e['prefill_ms']:11.2f} "
                      f"{e['first_generation_s']:9.1f} {agree}  {tokens}")
     lines.append("decode ms: median over every timed step; of limit: (weights + KV bytes per step / bandwidth) / decode ms.")
+    for e in results:
+        prof = e.get("decode_profile")
+        if not prof:
+            continue
+        lines.append(f"\n{e['variant']} batch {e['batch']}: kernels per decode step {prof['gpu_us_per_step']:.0f} us "
+                     f"({prof['launches_per_step']:.0f} launches) of {1e3 * (prof['wall_ms_per_step'] or 0):.0f} us wall")
+        for k in prof["kernels"]:
+            lines.append(f"  {k['us_per_step']:8.1f} us  x{k['launches_per_step']:5.1f}  {k['name'][:110]}")
     return "\n".join(lines)
 
 
@@ -435,6 +480,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=2, help="untimed generations first (compiling, CUDA-graph recording)")
     parser.add_argument("--runs", type=int, default=3, help="timed generations")
     parser.add_argument("--budget-s", type=float, default=150.0, help="start no (batch, variant) after this many seconds")
+    parser.add_argument("--profile", type=int, default=0, metavar="TOP",
+                        help="CUDA: profile one more generation's decode steps, keep the TOP kernels by time per step")
     parser.add_argument("--out", default=None, help="JSON file, or a folder (default: $OUT when set)")
     args = parser.parse_args(argv)
 
