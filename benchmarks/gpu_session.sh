@@ -29,6 +29,7 @@
 #                                              # the anchors, the original again and graphopt without each RULE, threads pinned;
 #                                              # whether onnxruntime runs the original's graph (ort_cpu_profile.py)
 #   bash benchmarks/gpu_session.sh placement M,N # the nodes the CUDA provider hands to the CPU, original and graphopt fp32/fp16 (ort_placement.py)
+#   bash benchmarks/gpu_session.sh llm-profile [VARIANT]  # the GPU kernels of a decode step (graphopt-ro, and VARIANT), per step
 #   bash benchmarks/gpu_session.sh llm         # LLM prefill + greedy decode with a static KV cache (llm_decode.py), under 4 minutes
 #   bash benchmarks/gpu_session.sh norms cuda  # residual norms fused or not (ort_cpu_norms.py) on the CUDA provider; "norms cpu": 4 CPU threads
 #   bash benchmarks/gpu_session.sh wq kernels  # weight-only int8/int4 (issue 18): graphopt::wq_linear's Triton kernel compiled, against its reference
@@ -176,6 +177,13 @@ torch)
   timeout 300 python3 benchmarks/torch_compile.py --models "${2:-llama,convnext}" --variants inductor,graphopt+inductor \
     --out "$OUT/torch_compile.json" > "$OUT/torch.log" 2>&1
   tail -20 "$OUT/torch.log"
+  ;;
+llm-profile)
+  # where a decode step's time goes (issues 17/18): graphopt-ro (and ${2:-}, e.g. graphopt-int4-ro), batch 1, the GPU kernels
+  # of one profiled generation's decode steps per step, against the step's wall time (< 4 minutes)
+  timeout 230 python3 benchmarks/llm_decode.py --variants "graphopt-ro${2:+,$2}" --batches 1 --new-tokens 32 --runs 2 --profile 30 \
+    --budget-s 180 --out "$OUT/llm_decode-profile.json" > "$OUT/llm_decode-profile.log" 2>&1
+  tail -80 "$OUT/llm_decode-profile.log"
   ;;
 llm)
   # LLM decode (issue 17): TinyLlama-shaped, fp16, batches 1 and 8; no (batch, variant) starts after 150 s.
