@@ -50,13 +50,13 @@ def _crop(view: Any, node: ir.Node, graph_inputs: set[int]) -> int | None:
     ins = view.inputs(node)
     if len(ins) < 4 or ins[0] is None or id(ins[0]) not in graph_inputs or view.shape(ins[0]) is None or len(view.shape(ins[0])) != 4:
         return None
-    starts, ends, axes = (view.const_array(x) if x is not None else None for x in ins[1:4])
-    steps = view.const_array(ins[4]) if len(ins) > 4 and ins[4] is not None else np.array([1])
-    if any(a is None or a.size != 1 for a in (starts, ends, axes, steps)):
+    arrays = [view.const_array(x) if x is not None else None for x in ins[1:4]]
+    arrays.append(view.const_array(ins[4]) if len(ins) > 4 and ins[4] is not None else np.array([1]))
+    if any(a is None or a.size != 1 for a in arrays):
         return None
-    if int(axes.reshape(-1)[0]) not in (2, -2) or int(steps.reshape(-1)[0]) != 1 or int(ends.reshape(-1)[0]) < _BIG:
+    start, end, axis, step = (int(a.reshape(-1)[0]) for a in arrays if a is not None)
+    if axis not in (2, -2) or step != 1 or end < _BIG:
         return None
-    start = int(starts.reshape(-1)[0])
     users = view.users(view.outputs(node)[0])
     if start >= 0 or len(users) != 1 or view.op_key(users[0]) != ("", "Concat") or view.attr(users[0], "axis") not in (2, -2):
         return None
@@ -79,9 +79,9 @@ def _crop_width(view: Any, node: ir.Node) -> int:
 
 
 def _refusing_node(view: Any, sym: SymbolicShapes, past: Any, width: int) -> ir.Node | None:
-    """A broadcasting node whose inputs' dims differ on one axis by exactly Max(0, past - width): the cropped
-    length min(past, width) + seq against the full past + seq. Both are >= 1 and 1 only together, so the node
-    runs only where past <= width."""
+    """A broadcasting node whose inputs' dims differ on one axis by exactly Max(0, past - width), the larger one
+    past + r with r a positive expression (seq): the cropped length min(past, width) + r against the full past + r.
+    Either is 1 only where past = 0 (then they are equal), so the node runs only where past <= width."""
     excess = sympy.Max(0, past - width)
     for node in view.iter_all_nodes():
         if node.domain not in ("", "ai.onnx") or node.op_type not in _BROADCASTING:
@@ -95,7 +95,8 @@ def _refusing_node(view: Any, sym: SymbolicShapes, past: Any, width: int) -> ir.
                     if x == y or static_int(x) is not None or static_int(y) is not None:
                         continue
                     diff = sympy.simplify(x - y)
-                    if sympy.simplify(diff - excess) == 0 or sympy.simplify(diff + excess) == 0:
+                    larger = x if sympy.simplify(diff - excess) == 0 else y if sympy.simplify(diff + excess) == 0 else None
+                    if larger is not None and sympy.simplify(larger - past).is_positive:
                         return node
     return None
 
