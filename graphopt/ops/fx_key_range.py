@@ -121,6 +121,8 @@ def _bound(b: Any, term: Any, length: int) -> tuple[str, fx.Node, fx.Node, int] 
 
 def key_range(b: Any, mask: Any, length: int) -> tuple[KeyRange | None, str]:
     """The key range a boolean decode mask over `length` cache rows proves, or (None, why not)."""
+    if type(length) is not int:  # a cache that grows (symbolic length): no guard is added on it here
+        return None, f"the cache length {length} is not static"
     if not isinstance(mask, fx.Node) or not isinstance(_val(mask), torch.Tensor) or _val(mask).dtype != torch.bool:
         return None, "the mask is not a boolean tensor computed in the graph"
     found = [bound for term in _and_terms(mask) if (bound := _bound(b, term, length)) is not None]

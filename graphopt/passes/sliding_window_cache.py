@@ -154,15 +154,20 @@ def uncrop_sliding_window_cache(view: Any, notes: list[str] | None = None, stats
         record(stats, 0, started)
         return 0
     zero = {}
-    for value in offsets:  # the kv_offset is 0 wherever the export runs
+    replaced = 0
+    for value in offsets:  # the kv_offset is 0 wherever the export runs (left where its shape is not known: still 0 then)
+        dims = sym.dims(value)
+        if dims is None or any(static_int(d) is None for d in dims):
+            continue
         dtype = value.dtype.numpy() if value.dtype is not None else np.int64
-        shape = tuple(view.shape(value) or ())
+        shape = tuple(int(d) for d in dims)
         key = (np.dtype(dtype).str, shape)
         if key not in zero:
             zero[key] = ir.Value(name=view.fresh_name("sliding_window_offset_zero"), const_value=ir.tensor(np.zeros(shape, dtype)),
                                  shape=ir.Shape(shape), type=ir.TensorType(ir.DataType.from_numpy(np.dtype(dtype))))
             model.graph.register_initializer(zero[key])
         value.replace_all_uses_with(zero[key])
+        replaced += 1
     for node in crops:  # the crop of the past keeps every token wherever the export runs
         view.outputs(node)[0].replace_all_uses_with(view.inputs(node)[0])
     outputs = set(map(id, model.graph.outputs))
@@ -171,6 +176,6 @@ def uncrop_sliding_window_cache(view: Any, notes: list[str] | None = None, stats
             if id(out) not in outputs and out.shape is not None and any(not isinstance(d, int) and d.value is not None and ("Max" in d.value or "Min" in d.value)
                                              for d in out.shape):
                 out.shape = None
-    changes = len(crops) + len(offsets)
+    changes = len(crops) + replaced
     record(stats, changes, started)
     return changes
