@@ -46,6 +46,11 @@
 #                                              # tests/llm_families.py) at full size, fp16, batch 1: "torch" its static-cache decode,
 #                                              # inductor's CUDA graphs against graphopt's (llm_decode.py --family); "onnx" decode steps
 #                                              # of a 4-layer export, the export against graphopt's (llm_onnx_decode.py --family)
+#   bash benchmarks/gpu_session.sh decode-window  # issue 17, sliding window on the torch path (< 5 min): graphopt::decode_attention
+#                                              # over a static cache with and without its key range (decode_window_bench.py: a 4096
+#                                              # window over 32k rows, 256 over 4k, the causal bound alone; Mistral-7B's heads, fp16,
+#                                              # batch 1 and 8), then the full-size Mistral with a window of 64 over a cache of every
+#                                              # position, eager / inductor-ro / graphopt-cg (llm_decode.py --family mistral --window 64)
 #   bash benchmarks/gpu_session.sh llm-onnx    # decode steps of a 4-layer TinyLlama-shaped export with a KV cache, fp16, CUDA, io-binding:
 #                                              # the export against graphopt's GroupQueryAttention (llm_onnx_decode.py)
 #   bash benchmarks/gpu_session.sh genai-build # issue 17: the 1.1B-shaped LlamaConfig's folder, the onnxruntime-genai builder's fp16 CUDA
@@ -211,6 +216,13 @@ wq)
     ;;
   *) echo "wq takes kernels, bench, ro or cg" >&2; exit 2 ;;
   esac
+  ;;
+decode-window)
+  timeout 120 python3 benchmarks/decode_window_bench.py --out "$OUT/decode_window_bench.json" > "$OUT/decode_window_bench.log" 2>&1
+  tail -9 "$OUT/decode_window_bench.log"
+  timeout 420 python3 benchmarks/llm_decode.py --family mistral --window 64 --variants eager,inductor-ro,graphopt-cg \
+    --batches 1 --new-tokens 128 --budget-s 300 --out "$OUT/llm_decode-mistral-window64.json" > "$OUT/llm_decode-mistral-window64.log" 2>&1
+  tail -8 "$OUT/llm_decode-mistral-window64.log"
   ;;
 llm-family)
   family="${2:?llm-family takes a family: llama3, qwen2, mistral, phi3 or gemma}"

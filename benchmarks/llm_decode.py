@@ -42,6 +42,18 @@ few hundredths), and the agreement: the fraction of (sequence, step) tokens equa
     python benchmarks/llm_decode.py --tiny --device cpu   # a smoke test of the same code on a tiny config (seconds)
     python benchmarks/llm_decode.py --family qwen2        # another decoder family's traits at the same size
                                                           # (llama3, qwen2, mistral, phi3, gemma: tests/llm_families.py)
+    python benchmarks/llm_decode.py --family mistral --window 64   # a sliding window shorter than prompt + new tokens
+
+
+--window sets a sliding-window family's window (Mistral's is 4096, longer than any run here: it never hides a key).
+transformers 5.2x's StaticCache keeps a sliding layer's last min(window, cache) rows, rolled left each step once
+full, and hands the layer's length to the model as a Python int (the positions, the mask's offset): with
+dynamic=False every decode step recompiles and dynamo's recompile limit (8) ends the run, window crossed or not.
+So a sliding-window family's static cache here gives every layer a row per position (as transformers 4.x's
+StaticCache did; the window stays a mask over it, the tokens are the same), unless --sliding-layers. graphopt's decode kernel reads the rows the
+mask proves visible (up to the query, within the window: graphopt/ops/fx_key_range.py). The graphopt variants
+record, per decode_attention call of the last graph, the window it got ("decode_attention_windows": None where no
+key range was proven, -1 for the causal bound alone); the KV bytes of the limit count min(window, position) rows.
 
 Output: a table printed last; JSON at --out (a file, or a folder) or under $OUT when set.
 --budget-s bounds the whole run: a (batch, variant) not started by then is recorded as skipped.
@@ -73,16 +85,19 @@ WQ_VARIANTS = ("graphopt-int8-ro", "graphopt-int4-ro", "graphopt-int8-cg", "grap
 SPEC_BANDWIDTH = (("H200", 4.8e12), ("H100 PCIe", 2.0e12), ("H100", 3.35e12), ("A100-SXM4-80GB", 2.039e12), ("A100", 1.555e12))
 
 
-def llama_config(tiny: bool, family: str = "llama") -> Any:
+def llama_config(tiny: bool, family: str = "llama", window: int | None = None) -> Any:
     """The TinyLlama-shaped LlamaConfig (or the tiny one); another `family` (tests/llm_families.py: llama3, qwen2,
-    mistral, phi3, gemma) is that family's config at the same size, with its traits."""
+    mistral, phi3, gemma) is that family's config at the same size, with its traits; `window`: its sliding window."""
     import transformers
 
     if family != "llama":
         sys.path.insert(0, str(REPO / "tests"))
         from llm_families import config
 
-        return config(family, tiny=tiny)
+        cfg = config(family, tiny=tiny)
+        if window is not None:
+            cfg.sliding_window = window
+        return cfg
     if tiny:
         return transformers.LlamaConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
                                         intermediate_size=128, vocab_size=100, max_position_embeddings=512)
@@ -90,12 +105,12 @@ def llama_config(tiny: bool, family: str = "llama") -> Any:
                                     intermediate_size=5632, vocab_size=32000, max_position_embeddings=2048, rms_norm_eps=1e-5)
 
 
-def build_model(tiny: bool, device: str, dtype: Any, family: str = "llama") -> Any:
+def build_model(tiny: bool, device: str, dtype: Any, family: str = "llama", window: int | None = None) -> Any:
     import torch
     import transformers
 
     torch.manual_seed(0)
-    cfg = llama_config(tiny, family)
+    cfg = llama_config(tiny, family, window)
     with torch.device(device):  # random weights made on the device (a 1.1B model's init on the CPU takes long)
         model = getattr(transformers, type(cfg).__name__.replace("Config", "ForCausalLM"))(cfg)
     return model.to(dtype).eval()
@@ -196,18 +211,31 @@ def _returned_cache(out: Any) -> Any:
     return cache if cache is not None else getattr(out, "past_key_values", None)
 
 
-def _static_cache(model: Any, batch: int, max_len: int, device: str) -> Any:
-    """A StaticCache made and filled once eagerly (so its tensors exist, at fixed addresses, before any compile), then reset."""
+def _static_cache(model: Any, batch: int, max_len: int, device: str, full: bool = False) -> Any:
+    """A StaticCache made and filled once eagerly (so its tensors exist, at fixed addresses, before any compile), then reset.
+    `full`: every layer keeps every position (a sliding window stays a mask over the whole cache, as transformers 4.x's
+    StaticCache had it), not a sliding layer's last min(window, max_len) rows."""
+    import copy
+
     import torch
     import transformers
 
-    cache = transformers.StaticCache(config=model.config, max_cache_len=max_len)
+    config = model.config
+    if full:
+        config = copy.deepcopy(config)
+        config.layer_types = ["full_attention"] * config.num_hidden_layers
+    cache = transformers.StaticCache(config=config, max_cache_len=max_len)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         ids = torch.zeros(batch, 1, dtype=torch.long, device=device)
         model(input_ids=ids, cache_position=torch.arange(1, device=device), use_cache=True, **{_cache_kwarg(model): cache})
     cache.reset()
     return cache
+
+
+def _full_cache(model: Any, args: argparse.Namespace) -> bool:
+    """A cache of every position for a sliding-window family unless --sliding-layers (see the module docstring)."""
+    return getattr(model.config, "sliding_window", None) is not None and not getattr(args, "sliding_layers", False)
 
 
 def _torchao_int4(model: Any, group: int) -> Any:
@@ -280,8 +308,9 @@ def step_bytes(model: Any, batch: int, prompt: int, new_tokens: int, dtype_bytes
     cfg = model.config
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    mean_position = prompt + (new_tokens - 1) / 2
-    kv = 2 * cfg.num_hidden_layers * batch * cfg.num_key_value_heads * head_dim * mean_position * dtype_bytes
+    window = getattr(cfg, "sliding_window", None) or prompt + new_tokens  # the rows a step reads: up to min(window, position)
+    mean_rows = statistics.mean(min(window, prompt + step) for step in range(new_tokens))  # the mean position, as without one
+    kv = 2 * cfg.num_hidden_layers * batch * cfg.num_key_value_heads * head_dim * mean_rows * dtype_bytes
     return {"weights": float(weights), "kv_cache": float(kv), "total": float(weights + kv)}
 
 
@@ -318,7 +347,7 @@ def run_variant(model: Any, variant: str, batch: int, args: argparse.Namespace, 
     torch.manual_seed(batch)
     ids = torch.randint(0, model.config.vocab_size, (batch, args.prompt), device=args.device)
     max_len = args.prompt + args.new_tokens
-    cache = None if variant == "eager" else _static_cache(model, batch, max_len, args.device)
+    cache = None if variant == "eager" else _static_cache(model, batch, max_len, args.device, _full_cache(model, args))
     forward, mark_step = compiled_forward(model, variant, args.block_size)
     entry: dict[str, Any] = {"variant": variant, "batch": batch}
     t0 = time.perf_counter()
@@ -357,6 +386,12 @@ def run_variant(model: Any, variant: str, batch: int, args: argparse.Namespace, 
         entry["gaps"] = runs[0]["gaps"]  # for compare_tokens; written out as its minimum only
     elif reference is not None:
         entry.update(compare_tokens(tokens, reference))
+    if variant.startswith("graphopt"):  # the key range each split-K attention of the last graph got (graphopt.ops.fx_key_range)
+        from graphopt.torch_backend import last_graph
+
+        graph = last_graph()
+        calls = [n for n in graph.graph.nodes if str(n.target) == "graphopt.decode_attention.default"] if graph is not None else []
+        entry["decode_attention_windows"] = [n.args[7] if len(n.args) > 7 else None for n in calls]
     reports = torch_reports()
     if reports:
         entry["graphs"] = [{name: s.applications for name, s in r.rules.items() if s.applications} for r in reports]
@@ -477,6 +512,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tiny", action="store_true", help="a tiny LlamaConfig (a smoke test, fp32 on the CPU)")
     parser.add_argument("--family", default="llama", choices=FAMILIES,
                         help="the decoder family (tests/llm_families.py): its traits at the TinyLlama size (or tiny)")
+    parser.add_argument("--window", type=int, default=None, help="the sliding window of a family that has one (mistral)")
+    parser.add_argument("--sliding-layers", action="store_true",
+                        help="a sliding-window family's static cache as transformers makes it (rolled window-sized layers; "
+                             "recompiles every step: see above), not a row per position with the window a mask over it")
     parser.add_argument("--warmup", type=int, default=2, help="untimed generations first (compiling, CUDA-graph recording)")
     parser.add_argument("--runs", type=int, default=3, help="timed generations")
     parser.add_argument("--budget-s", type=float, default=150.0, help="start no (batch, variant) after this many seconds")
@@ -504,13 +543,15 @@ def main(argv: list[str] | None = None) -> int:
     args.new_tokens = args.new_tokens if args.new_tokens is not None else (8 if args.tiny else 128)
     if min(batches, default=0) < 1 or args.prompt < 1 or args.new_tokens < 2 or args.runs < 1 or args.warmup < 0:
         parser.error("batches and --prompt must be >= 1, --new-tokens >= 2, --runs >= 1, --warmup >= 0")
+    if args.window is not None and (args.window < 1 or getattr(llama_config(True, args.family), "sliding_window", None) is None):
+        parser.error(f"--window takes a window >= 1 for a family with a sliding window (mistral), not {args.window} for {args.family}")
     if "eager" in variants:  # the reference first
         variants = ["eager"] + [v for v in variants if v != "eager"]
     out = args.out or os.environ.get("OUT")
 
     started = time.perf_counter()
     dtype = torch.float16 if args.device.startswith("cuda") and not args.tiny else torch.float32
-    model = build_model(args.tiny, args.device, dtype, args.family)
+    model = build_model(args.tiny, args.device, dtype, args.family, args.window)
     bw = bandwidth(args.device)
     env = environment(args.device)
     print(f"GPU: {env['gpu']}; bandwidth spec {bw['spec']}, measured copy {bw['measured']}", flush=True)
@@ -518,7 +559,9 @@ def main(argv: list[str] | None = None) -> int:
     data = {"benchmark": "llm_decode", "environment": env, "bandwidth": bw, "settings": {
         "tiny": args.tiny, "dtype": str(dtype), "batches": batches, "prompt": args.prompt, "new_tokens": args.new_tokens,
         "warmup": args.warmup, "runs": args.runs, "variants": variants, "budget_s": args.budget_s,
-        "family": args.family, "config": llama_config(args.tiny, args.family).to_dict()}, "results": results}
+        "family": args.family, "window": args.window,
+        "cache": "sliding layers" if args.sliding_layers else "a row per position", "config": llama_config(args.tiny, args.family, args.window).to_dict()},
+        "results": results}
     for batch in batches:
         reference = None
         for variant in variants:
@@ -539,7 +582,7 @@ def main(argv: list[str] | None = None) -> int:
                 entry["min_top2_gap"] = float(entry["gaps"].min())
             results.append(entry)
             short = {k: entry[k] for k in ("decode_ms", "tokens_per_s", "prefill_ms", "tokens_equal", "token_agreement", "weight_forms",
-                                           "status") if k in entry}
+                                           "decode_attention_windows", "status") if k in entry}
             print(f"batch {batch} {variant}: {short}", flush=True)
             if out:  # after every variant: a run stopped by a time limit keeps what it measured
                 data["total_s"] = time.perf_counter() - started

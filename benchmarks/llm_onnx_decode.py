@@ -85,7 +85,8 @@ def export_llama(path: Path, args: argparse.Namespace) -> None:
     layers, head, kv_heads = args.layers, head_dim(cfg), cfg.num_key_value_heads
 
     def forward(m: Any, input_ids: Any, attention_mask: Any, *past: Any) -> Any:
-        # a cache of every token: a sliding-window family's own crops it to the window inside the graph
+        # a cache of every token: a sliding-window family's own crops it to the window inside the graph, which graphopt
+        # lowers only for a growing cache (graphopt/passes/sliding_window_cache.py), not the shared buffer timed here
         out = m(input_ids=input_ids, attention_mask=attention_mask, past_key_values=_cache_from(layers, list(past), cfg, full=True),
                 use_cache=True, return_dict=True)
         return (out.last_hidden_state, *_cache_tensors(out.past_key_values))

@@ -286,10 +286,23 @@ def _run_pipeline(model: ir.Model, rules: RuleSet, target: Any, report: Report, 
         forget_derived_shapes(view)  # the symbolic dims cached from the old shapes
         return refined
 
+    def uncrop_sliding_window_cache() -> int:
+        from graphopt.ir.symbolic import forget_derived_shapes
+        from graphopt.passes.sliding_window_cache import uncrop_sliding_window_cache as uncrop
+
+        notes: list[str] = []
+        changed = uncrop(view, notes, shared=options.kv_buffer == "shared")
+        report.warnings.extend(note for note in notes if note not in report.warnings)
+        if changed:
+            stale[0] = True
+            forget_derived_shapes(view)
+        return changed
+
     view = OnnxView(model)
     kind = GraphKind(
         view=view,
         fold=[
+            ("sliding_window_cache", uncrop_sliding_window_cache),
             ("inline_constant_ifs", lambda: passes.inline_constant_ifs(view)),
             ("cse", lambda: passes.eliminate_common_subexpressions(view)),
             ("constant_folding", fold_constants),

@@ -293,7 +293,7 @@ def test_decode_attention(name: str) -> None:
         mask = (torch.arange(t, device=DEVICE)[None, :] < filled[:, None]).view(b, 1, 1, t)
     elif mask_kind == "additive":
         mask = rand(b, hq, 1, t, seed=5)
-    got = decode_attention_triton(q, k, v, mask, None, splits)
+    got = decode_attention_triton(q, k, v, mask, None, splits=splits)
     close(got, naive_attention(q, k, v, mask), dtype)
     close(got, decode_attention_reference(q, k, v, mask), dtype)
     cpu = [x.cpu() if x is not None else None for x in (q.float(), k.float(), v.float(), mask)]
@@ -302,19 +302,53 @@ def test_decode_attention(name: str) -> None:
     if mask_kind == "cache":  # positions past the filled ones are never read into the result
         v_poisoned = v.clone()
         v_poisoned[:, :, t - 6 :] = 1e4
-        close(decode_attention_triton(q, k, v_poisoned, mask, None, splits), got, dtype)
+        close(decode_attention_triton(q, k, v_poisoned, mask, None, splits=splits), got, dtype)
+
+
+#: name: cache rows, position of row 0, query position, window (-1: the causal bound alone), splits, mask
+DECODE_RANGE_CASES = {
+    "window_inside_a_long_cache": (64, 0, 40, 8, None, "window"),
+    "window_at_the_start": (64, 0, 3, 8, 2, "window"),  # fewer rows than the window so far
+    "window_cache_rolled": (8, 13, 20, 8, None, "window"),  # a StaticSlidingWindowLayer: row 0 at position 13
+    "causal_bound_only": (48, 0, 17, -1, 3, "causal"),
+    "window_wider_than_the_cache": (24, 0, 23, 4096, 2, "window"),
+}
+
+
+@pytest.mark.parametrize("name", list(DECODE_RANGE_CASES))
+def test_decode_attention_reads_only_the_key_range(name: str) -> None:
+    """key_positions / query_position / window: equal to the mask that says the same; the rows outside the range
+    (poisoned with NaN) are never read."""
+    t, first, query, window, splits, kind = DECODE_RANGE_CASES[name]
+    q, k, v = rand(2, 4, 1, 16, seed=21), rand(2, 2, t, 16, seed=22), rand(2, 2, t, 16, seed=23)
+    pos = first + torch.arange(t, device=DEVICE)
+    keep = pos <= query
+    if kind == "window":
+        keep &= pos > query - window
+    mask = keep.view(1, 1, 1, t).expand(2, 1, 1, t)
+    key_positions, query_position = pos, torch.tensor([query], device=DEVICE)
+    got = decode_attention_triton(q, k, v, mask, None, key_positions, query_position, window, splits=splits)
+    close(got, naive_attention(q, k, v, mask), F32)
+    close(decode_attention_reference(q, k, v, None, None, key_positions, query_position, window), got, F32)
+    poisoned_k, poisoned_v = k.clone(), v.clone()
+    poisoned_k[:, :, ~keep], poisoned_v[:, :, ~keep] = float("nan"), float("nan")
+    got_poisoned = decode_attention_triton(q, poisoned_k, poisoned_v, mask, None, key_positions, query_position, window, splits=splits)
+    assert not torch.isnan(got_poisoned).any()
+    close(got_poisoned, got, F32)
+    if kind == "window" and int(keep.sum()) < t:  # without the range the kernel reads the poisoned rows
+        assert torch.isnan(decode_attention_triton(q, poisoned_k, poisoned_v, mask, None, splits=splits)).any()
 
 
 def test_decode_attention_rows_with_nothing_to_attend_and_finfo_min() -> None:
     q, k, v = rand(3, 4, 1, 16, seed=9), rand(3, 2, 40, 16, seed=10), rand(3, 2, 40, 16, seed=11)
     bool_mask = torch.ones(3, 1, 1, 40, dtype=torch.bool, device=DEVICE)
     bool_mask[1] = False  # batch 1 may attend to nothing: zeros
-    got = decode_attention_triton(q, k, v, bool_mask, None, 4)
+    got = decode_attention_triton(q, k, v, bool_mask, None, splits=4)
     assert got[1].abs().max() == 0
     close(got[0], naive_attention(q[:1], k[:1], v[:1])[0], F32)
     additive = torch.zeros(3, 1, 1, 40, device=DEVICE)
     additive[2] = torch.finfo(torch.float32).min  # HF's "masked" everywhere: v averaged, as SDPA does
-    got = decode_attention_triton(q, k, v, additive, 0.3, 3)
+    got = decode_attention_triton(q, k, v, additive, 0.3, splits=3)
     close(got[2], v[2].mean(1, keepdim=True).repeat_interleave(2, 0), F32)
     close(got[:2], naive_attention(q[:2], k[:2], v[:2], None, False, 0.3), F32)
 
@@ -324,4 +358,4 @@ def test_decode_attention_strided_cache() -> None:
     q = rand(2, 1, 8, 16, seed=12).transpose(1, 2)
     k = rand(2, 29, 2, 16, seed=13).transpose(1, 2)
     v = rand(2, 29, 2, 16, seed=14).transpose(1, 2)
-    close(decode_attention_triton(q, k, v, None, None, 2), naive_attention(q, k, v), F32)
+    close(decode_attention_triton(q, k, v, None, None, splits=2), naive_attention(q, k, v), F32)

@@ -26,13 +26,16 @@ ATTENTION = {
     "llama": (2, 2, 2, 0),
     "llama3": (2, 2, 2, 0),
     "qwen2": (2, 2, 2, 0),  # packed with its biases: MatMul + Add (pack_qkv)
-    "mistral": (0, 0, 0, 4),  # not with the cache cropped to window - 1 tokens (see MISSES); with a full one below
+    "mistral": (2, 2, 2, 0),  # its cache cropped to window - 1 in the graph, proven idle (test_mistral_default_export_*)
     "phi3": (2, 2, 2, 0),  # the partial rotary inside, q / k / v the Slices of the checkpoint's qkv_proj: the product itself
     "gemma": (2, 2, 2, 0),  # head_dim 32 != hidden / heads, one kv head
 }
 #: the first near-miss of a rule a family still misses
-MISSES = {
-    "mistral": ("FuseAttention", "the mask has dims [batch, 1, seq, past + seq]"),
+MISSES: dict[str, tuple[str, str]] = {}
+#: per family, where a shared KV buffer is refused: (its attention counts as in ATTENTION, the report's warning)
+SHARED_MISSES = {
+    # the export rotates at the cropped past's length: a buffer of every token would not (sliding_window_cache.py)
+    "mistral": ((0, 0, 0, 4), "not uncropped for a shared KV buffer: the export rotates the new tokens at the past input's length"),
 }
 
 
@@ -61,7 +64,7 @@ def test_family_on_ort_cpu(family: str) -> None:
     assert _attention_counts(optimized) == ATTENTION[family]
     ops = _ops(optimized)
     # 2 norms a layer and the final one; the residual ones stay unfused on ort-cpu (the skip_norm decision)
-    assert ops["SimplifiedLayerNormalization"] == 5 and ops["Softmax"] == (2 if family == "mistral" else 0)
+    assert ops["SimplifiedLayerNormalization"] == 5 and ops["Softmax"] == 0
     if family in MISSES:
         rule, reason = MISSES[family]
         assert reason in _miss(report, rule)
@@ -96,12 +99,14 @@ def test_family_on_ort_cuda_in_float16_with_a_shared_buffer(family: str) -> None
     path, _ = build(f"{family}-kv-causal-fp16", "dynamo")
     model = onnx.load(str(path))
     optimized, report = graphopt.optimize(model, target="ort-cuda", kv_buffer="shared")
-    assert _attention_counts(optimized) == ATTENTION[family]
+    expected, warning = SHARED_MISSES.get(family, (ATTENTION[family], ""))
+    assert _attention_counts(optimized) == expected
+    assert not warning or any(warning in w for w in report.warnings)
     ops = _ops(optimized)
     assert ops["com.microsoft.SkipSimplifiedLayerNormalization"] == 4 and ops["SimplifiedLayerNormalization"] == 1
     if family == "gemma":
         assert report.rules["FuseRMSNormDowncast"].applications == 5
-    diff = max_step_difference(model, optimized, config(family).vocab_size, shared=ATTENTION[family][0] > 0)
+    diff = max_step_difference(model, optimized, config(family).vocab_size, shared=expected[0] > 0)
     assert diff < 1e-2, diff  # float16: a few units in the last place of the hidden states
 
 

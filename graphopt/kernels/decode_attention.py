@@ -14,6 +14,15 @@ reads each key/value head once per query head of its group. Here one program tak
 read of each key/value row), and the cache is cut into splits so that the whole GPU streams
 it (stage 1: per split the running max, sum and unnormalised output; stage 2: their
 log-sum-exp merge per query head).
+
+The key range (``key_positions``, ``query_position``, ``window``): where the caller has proven
+from the mask that it hides every cache row whose position is after the query's (causal) and,
+with ``window`` > 0, every row at or before query - window (a sliding window), it hands over the
+positions (``key_positions``, T of them in any shape: row r holds position key_positions' first + r; ``query_position``:
+one element) and the kernel reads only the rows in between: window rows instead of the cache's
+capacity, and up to the query's position instead of past it. Both are read on the device (no
+host sync; a CUDA graph replays with the next step's positions). The splits then cover
+min(T, window) rows from the first visible one. The reference applies the same range as a mask.
 """
 
 import math
@@ -24,24 +33,52 @@ from torch import Tensor
 from graphopt.kernels._triton import INTERPRET, next_power_of_2, tl, triton
 from graphopt.kernels.attention import _new_output, attention_reference, check_attention
 
-__all__ = ["decode_attention_reference", "decode_attention_triton", "decode_attention_fake", "check_decode_attention", "num_splits"]
+__all__ = ["decode_attention_reference", "decode_attention_triton", "decode_attention_fake", "check_decode_attention", "key_range_mask",
+           "num_splits"]
 
 _LOG2E = math.log2(math.e)
 _NO_MASK, _BOOL_MASK, _ADDITIVE_MASK = 0, 1, 2
 
 
-def check_decode_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None) -> None:
+def check_decode_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None,
+                           key_positions: Tensor | None = None, query_position: Tensor | None = None) -> None:
     check_attention(q, k, v, attn_mask)
     torch._check(q.shape[2] == 1, lambda: f"graphopt::decode_attention: one query position, got q {tuple(q.shape)}")
+    torch._check((key_positions is None) == (query_position is None),
+                 lambda: "graphopt::decode_attention: key_positions and query_position come together")
+    if key_positions is not None and query_position is not None:
+        torch._check(key_positions.numel() == k.shape[2] and not key_positions.dtype.is_floating_point,
+                     lambda: f"graphopt::decode_attention: key_positions must be {k.shape[2]} integers, got {tuple(key_positions.shape)}")
+        torch._check(query_position.numel() == 1 and not query_position.dtype.is_floating_point,
+                     lambda: f"graphopt::decode_attention: query_position must be one integer, got {tuple(query_position.shape)}")
 
 
-def decode_attention_fake(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None, scale: float | None = None) -> Tensor:
-    check_decode_attention(q, k, v, attn_mask)
+def decode_attention_fake(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None, scale: float | None = None,
+                          key_positions: Tensor | None = None, query_position: Tensor | None = None, window: int = -1) -> Tensor:
+    check_decode_attention(q, k, v, attn_mask, key_positions, query_position)
     return _new_output(q, v)
 
 
-def decode_attention_reference(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None, scale: float | None = None) -> Tensor:
-    check_decode_attention(q, k, v, attn_mask)
+def key_range_mask(key_positions: Tensor, query_position: Tensor, window: int, seq_k: int) -> Tensor:
+    """[T] bool: the rows the kernel reads (row r at key_positions[0] + r, up to the query's position, after
+    query - window where window > 0)."""
+    pos = key_positions.reshape(-1)[:1] + torch.arange(seq_k, device=key_positions.device)
+    query = query_position.reshape(-1)[:1]
+    keep = pos <= query
+    return keep & (pos > query - window) if window > 0 else keep
+
+
+def decode_attention_reference(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None, scale: float | None = None,
+                               key_positions: Tensor | None = None, query_position: Tensor | None = None, window: int = -1) -> Tensor:
+    check_decode_attention(q, k, v, attn_mask, key_positions, query_position)
+    if key_positions is not None and query_position is not None:
+        keep = key_range_mask(key_positions, query_position, window, k.shape[2]).view(1, 1, 1, -1)
+        if attn_mask is None:
+            attn_mask = keep
+        elif attn_mask.dtype == torch.bool:
+            attn_mask = attn_mask & keep
+        else:
+            attn_mask = attn_mask.masked_fill(~keep, float("-inf"))
     return attention_reference(q, k, v, attn_mask, False, scale)
 
 
@@ -53,10 +90,10 @@ def num_splits(batch: int, heads_kv: int, seq_k: int, block_n: int, programs: in
 
 @triton.jit
 def _decode_split(
-    Q, K, V, Mask, Part, PartM, PartL,
+    Q, K, V, Mask, KPos, QPos, Part, PartM, PartL,
     sqb, sqh, sqd, skb, skh, skt, skd, svb, svh, svt, svd, smb, smh, smt,
-    heads_kv, seq_k, split_len, n_splits, scale_log2,
-    GROUP: tl.constexpr, MASK_KIND: tl.constexpr,
+    heads_kv, seq_k, split_len, n_splits, scale_log2, window,
+    GROUP: tl.constexpr, MASK_KIND: tl.constexpr, HAS_RANGE: tl.constexpr,
     HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
@@ -73,8 +110,14 @@ def _decode_split(
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_DV], tl.float32)
-    start = split * split_len
-    end = tl.minimum(start + split_len, seq_k)
+    lo = 0
+    hi = seq_k
+    if HAS_RANGE:  # only the rows the mask can show: up to the query's position, after query - window
+        query = (tl.load(QPos) - tl.load(KPos)).to(tl.int32)  # the query's position as a row index
+        hi = tl.maximum(tl.minimum(seq_k, query + 1), 0)
+        lo = tl.where(window > 0, tl.maximum(query - window + 1, 0), 0)
+    start = lo + split * split_len
+    end = tl.minimum(start + split_len, hi)
     k_base = K + b * skb + hk * skh
     v_base = V + b * svb + hk * svh
     for n0 in range(start, end, BLOCK_N):
@@ -127,11 +170,12 @@ def _decode_merge(
 
 
 def decode_attention_triton(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None, scale: float | None = None,
+                            key_positions: Tensor | None = None, query_position: Tensor | None = None, window: int = -1,
                             splits: int | None = None) -> Tensor:
     """Launch the two stages (CUDA tensors, or CPU tensors under TRITON_INTERPRET=1); `splits` overrides the split count."""
     from torch.library import wrap_triton
 
-    check_decode_attention(q, k, v, attn_mask)
+    check_decode_attention(q, k, v, attn_mask, key_positions, query_position)
     batch, heads, _, head_d = q.shape
     heads_kv, seq_k, head_dv = k.shape[1], k.shape[2], v.shape[3]
     out = _new_output(q, v)
@@ -141,10 +185,12 @@ def decode_attention_triton(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor |
         scale = 1.0 / math.sqrt(head_d)
     group = heads // heads_kv
     block_n = 16 if INTERPRET else 64
-    n_splits = splits if splits is not None else num_splits(batch, heads_kv, seq_k, block_n)
-    n_splits = max(1, min(n_splits, triton.cdiv(seq_k, block_n)))
-    split_len = triton.cdiv(triton.cdiv(seq_k, n_splits), block_n) * block_n
-    n_splits = triton.cdiv(seq_k, split_len)
+    has_range = key_positions is not None and query_position is not None
+    span = min(seq_k, window) if has_range and window > 0 else seq_k  # the rows a query can see
+    n_splits = splits if splits is not None else num_splits(batch, heads_kv, span, block_n)
+    n_splits = max(1, min(n_splits, triton.cdiv(span, block_n)))
+    split_len = triton.cdiv(triton.cdiv(span, n_splits), block_n) * block_n
+    n_splits = triton.cdiv(span, split_len)
     block_dv = max(16, next_power_of_2(head_dv))
     part = torch.empty(batch * heads * n_splits, block_dv, device=q.device, dtype=torch.float32)
     part_m = torch.empty(batch * heads * n_splits, device=q.device, dtype=torch.float32)
@@ -155,12 +201,13 @@ def decode_attention_triton(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor |
         mask_kind = _BOOL_MASK if attn_mask.dtype == torch.bool else _ADDITIVE_MASK
         mask = attn_mask.expand(batch, heads, 1, seq_k)  # a view: broadcast dims get stride 0
         mask_strides = (mask.stride(0), mask.stride(1), mask.stride(3))
+    positions = (key_positions, query_position) if has_range else (q, q)
     wrap_triton(_decode_split)[(batch * heads_kv, n_splits)](
-        q, k, v, mask, part, part_m, part_l,
+        q, k, v, mask, *positions, part, part_m, part_l,
         q.stride(0), q.stride(1), q.stride(3), k.stride(0), k.stride(1), k.stride(2), k.stride(3),
         v.stride(0), v.stride(1), v.stride(2), v.stride(3), *mask_strides,
-        heads_kv, seq_k, split_len, n_splits, scale * _LOG2E,
-        GROUP=group, MASK_KIND=mask_kind, HEAD_D=head_d, HEAD_DV=head_dv, BLOCK_G=max(16, next_power_of_2(group)),
+        heads_kv, seq_k, split_len, n_splits, scale * _LOG2E, window if has_range else -1,
+        GROUP=group, MASK_KIND=mask_kind, HAS_RANGE=has_range, HEAD_D=head_d, HEAD_DV=head_dv, BLOCK_G=max(16, next_power_of_2(group)),
         BLOCK_D=max(16, next_power_of_2(head_d)), BLOCK_DV=block_dv, BLOCK_N=block_n,
     )
     wrap_triton(_decode_merge)[(batch * heads,)](

@@ -35,11 +35,13 @@ def attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None, 
 
 
 @triton_op("graphopt::decode_attention", mutates_args=())
-def decode_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None, scale: float | None = None) -> Tensor:
-    """graphopt::attention for one query position over a KV cache, split-K (see graphopt.kernels.decode_attention)."""
+def decode_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None, scale: float | None = None,
+                     key_positions: Tensor | None = None, query_position: Tensor | None = None, window: int = -1) -> Tensor:
+    """graphopt::attention for one query position over a KV cache, split-K, reading only the rows between
+    key_positions / query_position / window where given (see graphopt.kernels.decode_attention)."""
     if use_triton(q, attn_mask):
-        return decode_attention_triton(q, k, v, attn_mask, scale)
-    return decode_attention_reference(q, k, v, attn_mask, scale)
+        return decode_attention_triton(q, k, v, attn_mask, scale, key_positions, query_position, window)
+    return decode_attention_reference(q, k, v, attn_mask, scale, key_positions, query_position, window)
 
 
 @triton_op("graphopt::linear_act", mutates_args=())

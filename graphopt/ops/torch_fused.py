@@ -82,7 +82,13 @@ def _sdpa(b: FxBuilder, args: list[Any], attrs: dict[str, Any], wanted: set[int]
     # One query position over a KV cache (a decode step) replayed as a CUDA graph: the split-K
     # kernel, whose second launch and partial buffers cost nothing there.
     if b.cuda_graphs and not causal and isinstance(q_val, torch.Tensor) and q_val.dim() == 4 and type(q_val.shape[2]) is int and q_val.shape[2] == 1:
-        return [b.call(graphopt_op("decode_attention"), q, k, v, mask, _scale(attrs))]
+        # the rows the mask can show (up to the query, within a sliding window), proven from the graph: read only those
+        from graphopt.ops.fx_key_range import key_range
+
+        rows, _ = key_range(b, mask, b.meta(k).shape[2]) if mask is not None else (None, "")
+        if rows is None:
+            return [b.call(graphopt_op("decode_attention"), q, k, v, mask, _scale(attrs))]
+        return [b.call(graphopt_op("decode_attention"), q, k, v, mask, _scale(attrs), rows.key_positions, rows.query_position, rows.window)]
     return [b.call(graphopt_op("attention"), q, k, v, mask, causal, _scale(attrs))]
 
 
