@@ -115,7 +115,15 @@ def test_bad_values_still_get_typers_messages(tmp_path: Path) -> None:
 NOT_FOR_OPTIMIZE = (
     "pydantic", "torch", "sympy", "rich", "scipy", "statistics", "graphopt.report.html", "graphopt.verify",
     "graphopt.passes.precision_plan", "graphopt.passes.weight_quant", "graphopt.passes.kv_buffer", "graphopt.quant.fp8_onnx",
+    "graphopt.decisions", "onnx_ir.passes.common",
 )
+
+
+def test_the_onnx_target_has_no_decisions_to_make() -> None:
+    # graphopt.api skips graphopt.decisions for the onnx target without precision or weights on this ground
+    from graphopt.decisions import EP_OF_TARGET
+
+    assert "onnx" not in EP_OF_TARGET and {"ort-cpu", "ort-cuda"} <= set(EP_OF_TARGET)
 
 
 def test_optimize_imports_only_what_it_needs(tmp_path: Path) -> None:
