@@ -115,7 +115,7 @@ def test_bad_values_still_get_typers_messages(tmp_path: Path) -> None:
 NOT_FOR_OPTIMIZE = (
     "pydantic", "torch", "sympy", "rich", "scipy", "statistics", "graphopt.report.html", "graphopt.verify",
     "graphopt.passes.precision_plan", "graphopt.passes.weight_quant", "graphopt.passes.kv_buffer", "graphopt.quant.fp8_onnx",
-    "graphopt.decisions", "onnx_ir.passes.common",
+    "graphopt.decisions", "onnx_ir.passes.common", "graphopt.report.sections",
 )
 
 
