@@ -58,6 +58,9 @@ class OptimizeOptions:
     max_rewrites: int | None = None
     #: Keep every failed attempt (rule, node, failing check) in report.trace.
     trace: bool = False
+    #: Keep each rewrite's subgraph before and after in the report (the HTML report's drawings; the
+    #: command line turns it off when it writes no report).
+    snapshots: bool = True
     progress: Callable[[str], None] | None = None
     #: "fp16" or "bf16": convert the model after the rules ran (inputs and outputs keep
     #: their types); "fp32" or None: leave its precision alone. See docs/precision.md.
@@ -299,7 +302,7 @@ def _run_pipeline(model: ir.Model, rules: RuleSet, target: Any, report: Report, 
     )
     driver_options = DriverOptions(
         max_rewrites=options.max_rewrites, allow=options.allow, blocked=set(options.blocked), trace_all=options.trace, precision=plan,
-        observe=options.observe, strict=options.strict,
+        observe=options.observe, strict=options.strict, snapshots=options.snapshots,
     )
     pipeline = Pipeline(kind, rules, target, report, driver_options, max_sweeps=options.max_sweeps, say=say)
     pipeline.sweep()

@@ -245,8 +245,7 @@ def optimize(
     from graphopt.ir.runtime_check_worker import started_in_background
 
     import_numpy_single_threaded()  # before onnx and onnx-ir import it (graphopt.cli_blas)
-    # The save's onnxruntime check in a helper process (graphopt.ir.runtime_check_worker), unless this
-    # run imports onnxruntime itself anyway (--verify, --tune, the precision and weight passes' checks).
+    # The save's onnxruntime check in a helper process, unless this run imports onnxruntime itself anyway.
     background_check = not (verify or tune or weights is not None or precision != "fp32")
     with started_in_background(background_check), _user_errors():
         from graphopt.api import OptimizeOptions
@@ -276,6 +275,7 @@ def optimize(
                 enable=list(enable) if enable else None,
                 disable=list(disable or []),
                 trace=trace,
+                snapshots=report is not None,  # only a written report shows them
                 progress=say,
                 precision=precision_name,
                 keep_fp32=list(keep_fp32 or []),
