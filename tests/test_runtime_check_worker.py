@@ -124,6 +124,11 @@ def test_not_started_where_it_does_not_pay(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.delenv("GRAPHOPT_BACKGROUND_CHECK")
     monkeypatch.setattr(os, "getloadavg", lambda: (64.0, 64.0, 64.0))  # a busy machine: no core to spare
     assert not worker_module.worth_starting()
+    if len(os.sched_getaffinity(0)) >= 2:
+        monkeypatch.setenv("GRAPHOPT_BACKGROUND_CHECK", "1")  # the load not looked at
+        assert not worker_module.worth_starting()  # onnxruntime is imported here already: a session costs little
+        monkeypatch.delitem(sys.modules, "onnxruntime")  # as in a fresh command line
+        assert worker_module.worth_starting()
 
 
 def _example(tmp_path: Path) -> Path:
