@@ -51,7 +51,8 @@ class RuntimeCheckWorker:
         if getattr(sys, "frozen", False) or not sys.executable:
             return None  # no Python interpreter to run the script with
         # -I -S: no site, no user site, no PYTHON* variables; the helper takes this process's sys.path.
-        command = [sys.executable, "-I", "-S", str(_SCRIPT), json.dumps(sys.path)]
+        # (Only str entries: the import system skips the others too.)
+        command = [sys.executable, "-I", "-S", str(_SCRIPT), json.dumps([entry for entry in sys.path if isinstance(entry, str)])]
         # Its numpy (imported by onnxruntime) does no linear algebra: no BLAS threads to start.
         env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
         try:
