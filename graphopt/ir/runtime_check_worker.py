@@ -133,10 +133,11 @@ def _own_onnxruntime_file() -> str | None:
 
 def worth_starting() -> bool:
     """Unless GRAPHOPT_BACKGROUND_CHECK=0: onnxruntime installed but not imported yet (else the
-    check here costs a session only), and a core to spare: at least two CPUs for this process,
-    the load average of the last minute half a core below them (on a busy machine the helper
-    would take turns with this process: measured slower at load 3-4 on 2 cores; with
-    GRAPHOPT_BACKGROUND_CHECK=1 the load is not looked at)."""
+    check here costs a session only), and a core to spare: at least two CPUs for this process
+    and the load average of the last minute a whole core below them (on a busy machine the
+    helper, ~0.1 s of CPU, takes turns with this process: 0.15-0.18 s slower at load 2.5-4 on
+    2 cores, benchmarks/RESULTS.md 2026-11-28; with GRAPHOPT_BACKGROUND_CHECK=1 the load is
+    not looked at)."""
     setting = os.environ.get("GRAPHOPT_BACKGROUND_CHECK")
     if setting == "0":  # the check in this process (benchmarks compare both)
         return False
@@ -148,7 +149,7 @@ def worth_starting() -> bool:
         load = os.getloadavg()[0] if setting != "1" else 0.0
     except (AttributeError, OSError):
         load = 0.0
-    return cpus >= 2 and load <= cpus - 0.5 and "onnxruntime" not in sys.modules and _own_onnxruntime_file() is not None
+    return cpus >= 2 and load < cpus - 1 and "onnxruntime" not in sys.modules and _own_onnxruntime_file() is not None
 
 
 _active: RuntimeCheckWorker | None = None
