@@ -245,7 +245,7 @@ def optimize(
     from graphopt.ir.runtime_check_worker import started_in_background
 
     import_numpy_single_threaded()  # before onnx and onnx-ir import it (graphopt.cli_blas)
-    # The save's onnxruntime check in a helper process, unless this run imports onnxruntime itself anyway.
+    # The save's onnxruntime check in a helper process if asked for, unless this run imports onnxruntime anyway.
     background_check = not (verify or tune or weights is not None or precision != "fp32")
     with started_in_background(background_check), _user_errors():
         from graphopt.api import OptimizeOptions

@@ -5,9 +5,9 @@ before writing: importing onnxruntime (~25 ms, most of it loading its library) a
 session (~5 ms). Neither can overlap graphopt's work inside one process (the import
 holds the interpreter's lock), but a helper process can import onnxruntime on another
 core while graphopt loads and optimizes the model; at the save, the check is one
-request to it. The command line starts the helper (`started_in_background`) where that
-pays: a run that would not import onnxruntime itself anyway, on a machine with a core to
-spare (`worth_starting`).
+request to it. The command line starts the helper (`started_in_background`) when asked
+to (GRAPHOPT_BACKGROUND_CHECK=1; `worth_starting` says why not by default) for a run that
+would not import onnxruntime itself anyway.
 
 The check is the same one: the same skeleton bytes (built in this process), the same
 session options, made by the same function (graphopt.ir.ort_graph_load) in an
@@ -132,24 +132,22 @@ def _own_onnxruntime_file() -> str | None:
 
 
 def worth_starting() -> bool:
-    """Unless GRAPHOPT_BACKGROUND_CHECK=0: onnxruntime installed but not imported yet (else the
-    check here costs a session only), and a core to spare: at least two CPUs for this process
-    and the load average of the last minute a whole core below them (on a busy machine the
-    helper, ~0.1 s of CPU, takes turns with this process: 0.15-0.18 s slower at load 2.5-4 on
-    2 cores, benchmarks/RESULTS.md 2026-11-28; with GRAPHOPT_BACKGROUND_CHECK=1 the load is
-    not looked at)."""
-    setting = os.environ.get("GRAPHOPT_BACKGROUND_CHECK")
-    if setting == "0":  # the check in this process (benchmarks compare both)
+    """Only when asked for (GRAPHOPT_BACKGROUND_CHECK=1), with at least two CPUs for this
+    process, and onnxruntime installed but not imported yet (else the check here costs a
+    session only).
+
+    Off by default: on the project's 2-core machine the helper (~0.1 s of CPU: an interpreter,
+    numpy, onnxruntime) made the run slower in median at every load measured, 0.39 against
+    0.35 s at load ~1 and 0.65 against 0.50 s at load 2.5 (benchmarks/RESULTS.md, 2026-11-28),
+    although it takes ~0.03 s off this process's own CPU time and its best runs were the
+    fastest: it pays only where a core is really free."""
+    if os.environ.get("GRAPHOPT_BACKGROUND_CHECK") != "1":
         return False
     try:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cpus = os.cpu_count() or 1
-    try:
-        load = os.getloadavg()[0] if setting != "1" else 0.0
-    except (AttributeError, OSError):
-        load = 0.0
-    return cpus >= 2 and load < cpus - 1 and "onnxruntime" not in sys.modules and _own_onnxruntime_file() is not None
+    return cpus >= 2 and "onnxruntime" not in sys.modules and _own_onnxruntime_file() is not None
 
 
 _active: RuntimeCheckWorker | None = None
