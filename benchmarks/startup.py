@@ -1,6 +1,7 @@
 """Start-up and small-job times, whole process, against onnxruntime's offline optimizer and onnxsim.
 
     python benchmarks/startup.py [--runs 5] [--out results/startup.json] [--checkout PATH] [--baseline PATH]... [--only TEXT]
+                                 [--checkout-env NAME=VALUE]... [--alternate-ort]
 
 Builds the README's example model (examples/make_example.py: a 47-node ResNet-style CNN,
 245 KB) and times, as separate processes from start to exit, median of `--runs` after
@@ -25,7 +26,10 @@ With `--baseline PATH` (another checkout, e.g. main before a change; repeatable,
 `git archive` tree per commit of a series) each graphopt command also runs from that
 checkout, the checkouts' runs alternating, so that all see the same load: on a shared
 machine, runs minutes apart are not comparable. `--only optimize` times only the
-commands whose name contains that text.
+commands whose name contains that text. `--checkout-env NAME=VALUE` adds a variant of
+`--checkout` with that variable set (e.g. GRAPHOPT_BACKGROUND_CHECK=0: the load check in
+the process), `--alternate-ort` runs onnxruntime's offline optimizer in the same turns as the
+optimize command.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,19 +63,22 @@ ORT_OFFLINE = (
 )
 
 
-def _time(command: list[str], runs: int, envs: list[dict[str, str]], cwd: Path) -> list[dict[str, Any]]:
+def _time(command: list[str], runs: int, envs: list[dict[str, str]], cwd: Path,
+          others: Sequence[list[str]] = ()) -> list[dict[str, Any]]:
     """Wall time and CPU time (user + system of the child) per run, for each environment
-    (checkout), the environments taking turns run by run. On a machine shared with other
+    (checkout), the environments taking turns run by run, then each of `others` (other
+    commands, in the first environment) in the same turn. On a machine shared with other
     work the wall time grows with the load; the CPU time much less."""
+    variants = [(command, env) for env in envs] + [(other, envs[0]) for other in others]
     results: list[dict[str, Any]] = []
-    for env in envs:
+    for command, env in variants:
         warm = subprocess.run(command, capture_output=True, env=env, text=True, cwd=cwd)  # warm-up: file caches
         if warm.returncode != 0:  # e.g. an older checkout without --version
             results.append({"error": (warm.stderr.strip().splitlines() or [f"exit {warm.returncode}"])[-1]})
         else:
             results.append({"runs_s": [], "cpu_runs_s": []})
     for _ in range(runs):
-        for env, result in zip(envs, results):
+        for (command, env), result in zip(variants, results):
             if "error" in result:
                 continue
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -117,9 +125,18 @@ def main() -> None:
     parser.add_argument(
         "--only", default=None, help="time only the commands whose name contains this text (e.g. 'optimize')"
     )
+    parser.add_argument(
+        "--checkout-env", action="append", default=[], metavar="NAME=VALUE",
+        help="also run --checkout's graphopt commands with this variable set, in turn with the others (repeatable: one variant each)",
+    )
+    parser.add_argument(
+        "--alternate-ort", action="store_true",
+        help="run onnxruntime's offline optimizer in turn with the optimize command (same minutes, same load)",
+    )
     args = parser.parse_args()
     env = _env(args.checkout)
     baseline_envs = [_env(path) for path in args.baseline]
+    variant_envs = [dict(env, **dict([setting.split("=", 1)])) for setting in args.checkout_env]
     py = sys.executable
     graphopt = [py, "-m", "graphopt"]
     script = shutil.which("graphopt")  # the console script; with PYTHONPATH it runs the checkout's code
@@ -147,15 +164,23 @@ def main() -> None:
     for name, command in commands.items():
         if args.only and args.only not in name:
             continue
-        compared = bool(baseline_envs) and "graphopt" in name
-        envs = [env, *baseline_envs] if compared else [env]
-        timed = _time(command, args.runs, envs, cwd=folder)  # not the checkout: `python -m` would import from it
+        compared = "graphopt" in name
+        envs = [env, *variant_envs, *baseline_envs] if compared else [env]
+        with_ort = args.alternate_ort and "graphopt optimize" in name
+        others = [commands["onnxruntime offline optimizer (ORT_ENABLE_ALL, CPU)"]] if with_ort else []
+        timed = _time(command, args.runs, envs, cwd=folder, others=others)  # not the checkout: `python -m` would import from it
         results[name] = timed[0]
         print(_line(name, timed[0]), flush=True)
         if compared:
-            for path, result in zip(args.baseline, timed[1:]):
+            for setting, result in zip(args.checkout_env, timed[1:]):
+                results[f"{name} [{setting}]"] = result
+                print(_line(f"  in turn, with {setting}: " + name, result), flush=True)
+            for path, result in zip(args.baseline, timed[1 + len(variant_envs):]):
                 baseline_results[str(path)][name] = result
                 print(_line(f"  in turn, {path}: " + name, result), flush=True)
+        if with_ort:
+            results[f"{name} [in turn: onnxruntime offline optimizer]"] = timed[-1]
+            print(_line("  in turn, onnxruntime offline optimizer", timed[-1]), flush=True)
     goals = {}
     for name, goal in GOALS_S.items():
         result = results.get(name, {})

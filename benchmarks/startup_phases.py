@@ -8,7 +8,11 @@ collection paused for the imports, as the command line does): the imports
 (numpy, onnx, onnx-ir, typer, graphopt's modules, onnxruntime), loading the model,
 loading the rule library, optimizing, saving with onnxruntime's load check, and the
 interpreter's start and exit (the whole process's CPU time less the phases; the exit as
-the graphopt program ends, graphopt.cli_exit). It does not run typer's parsing. Prints
+the graphopt program ends, graphopt.cli_exit). It does not run typer's parsing. As the
+command line does, numpy comes with one BLAS thread (graphopt.cli_blas) and the rewrites
+without snapshots (no --report); unlike it, onnxruntime is imported and the load check made
+in this process (the command line leaves both to a helper process where a core is free,
+graphopt.ir.runtime_check_worker): their cost shows here either way. Prints
 the median CPU time (user + system) of each phase; CPU time rather than wall time because the machine this
 runs on is shared (see benchmarks/startup.py for whole-process wall times).
 """
@@ -37,7 +41,13 @@ gc.disable()  # as graphopt/__main__.py and graphopt.cli.main do for the start-u
 marks = [("start", time.process_time())]
 def mark(name):
     marks.append((name, time.process_time()))
-import numpy
+try:  # as the command line imports numpy (one BLAS thread unless the user set a count)
+    from graphopt.cli_blas import import_numpy_single_threaded
+except ImportError:  # an older checkout
+    import numpy
+else:
+    import_numpy_single_threaded()
+    import numpy
 mark("import numpy")
 import onnx
 mark("import onnx (numpy done)")
@@ -54,9 +64,13 @@ model = load_model(sys.argv[1])
 mark("load the model (checks, strict shape inference)")
 builtin_rules()
 mark("load the rule library (cached .pdll, rules/*.py)")
-optimized, report = optimize(model, OptimizeOptions())
+try:  # as the command line without --report: no snapshots of the rewrites
+    options = OptimizeOptions(snapshots=False)
+except TypeError:  # an older checkout
+    options = OptimizeOptions()
+optimized, report = optimize(model, options)
 mark("optimize (shape inference, sweeps, cleanup)")
-import onnxruntime
+import onnxruntime  # the command line may leave this and the check to a helper process
 mark("import onnxruntime (for the save's load check)")
 save_model(optimized, sys.argv[2], reference=sys.argv[1])
 mark("save (with onnxruntime's load check)")

@@ -58,6 +58,9 @@ class OptimizeOptions:
     max_rewrites: int | None = None
     #: Keep every failed attempt (rule, node, failing check) in report.trace.
     trace: bool = False
+    #: Keep each rewrite's subgraph before and after in the report (the HTML report's drawings; the
+    #: command line turns it off when it writes no report).
+    snapshots: bool = True
     progress: Callable[[str], None] | None = None
     #: "fp16" or "bf16": convert the model after the rules ran (inputs and outputs keep
     #: their types); "fp32" or None: leave its precision alone. See docs/precision.md.
@@ -312,12 +315,14 @@ def _run_pipeline(model: ir.Model, rules: RuleSet, target: Any, report: Report, 
     )
     driver_options = DriverOptions(
         max_rewrites=options.max_rewrites, allow=options.allow, blocked=set(options.blocked), trace_all=options.trace, precision=plan,
-        observe=options.observe, strict=options.strict,
+        observe=options.observe, strict=options.strict, snapshots=options.snapshots,
     )
     pipeline = Pipeline(kind, rules, target, report, driver_options, max_sweeps=options.max_sweeps, say=say)
     pipeline.sweep()
     view.restore_node_names()  # a node a rewrite stood in for leaves its name to its replacement
-    decider = _decision_point(target.name, options)
+    # The onnx target names no execution provider (graphopt.decisions.EP_OF_TARGET): with neither
+    # precision nor weights nothing asks it a decision, and graphopt.decisions (~3 ms) stays unimported.
+    decider = _decision_point(target.name, options) if plan is not None or weight_plan is not None or target.name != "onnx" else None
     if plan is not None:
         say(f"precision: {plan.precision}")
         with tag_new_nodes(model, "precision"):
@@ -328,7 +333,7 @@ def _run_pipeline(model: ir.Model, rules: RuleSet, target: Any, report: Report, 
             _quantize_weights(model, target, report, weight_plan, decider)
     say("cleanup")
     _lower_and_decide(model, target, report, options, decider, pipeline.run_passes, say)
-    report.decisions = decider.records
+    report.decisions = decider.records if decider is not None else []
 
 
 def _lower_and_decide(model: ir.Model, target: Any, report: Report, options: OptimizeOptions, decider: Any, run_passes: Any, say: Any) -> None:
@@ -340,7 +345,7 @@ def _lower_and_decide(model: ir.Model, target: Any, report: Report, options: Opt
         ("dce", lambda: passes.eliminate_dead_code(model)),
         ("lowering", lambda: lower_fused_ops(model, target)),
     ])
-    if decider.ep is not None:
+    if decider is not None and decider.ep is not None:
         from graphopt.passes.fused_conv import decide_fused_convs
 
         say("decisions: FusedConv")

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
+from graphopt.cli_blas import import_numpy_single_threaded
 from graphopt.cli_checks import check_precision_options, is_html, output_path, parse_shapes
 from graphopt.cli_command import GraphoptCommand as _Command
 from graphopt.cli_command import GraphoptGroup
@@ -241,12 +242,17 @@ def optimize(
     max_repairs: Annotated[int, typer.Option(metavar="N", help="Rewrites --verify may leave out before giving up.", min=0)] = 5,
 ) -> None:
     """Optimize an ONNX model and write the result."""
-    from graphopt.api import OptimizeOptions
-    from graphopt.api import optimize as run_optimize
-    from graphopt.ir.onnx_io import load_model, save_model
-    from graphopt.ops.targets import get_target
+    from graphopt.ir.runtime_check_worker import started_in_background
 
-    with _user_errors():
+    import_numpy_single_threaded()  # before onnx and onnx-ir import it (graphopt.cli_blas)
+    # The save's onnxruntime check in a helper process if asked for, unless this run imports onnxruntime anyway.
+    background_check = not (verify or tune or weights is not None or precision != "fp32")
+    with started_in_background(background_check), _user_errors():
+        from graphopt.api import OptimizeOptions
+        from graphopt.api import optimize as run_optimize
+        from graphopt.ir.onnx_io import load_model, save_model
+        from graphopt.ops.targets import get_target
+
         get_target(target)  # an unknown target is an error before any work
         precision_name = check_precision_options(precision, target, keep_fp32, precision_convs, precision_recurrent, layout, kv_buffer,
                                                  calibration_data)
@@ -269,6 +275,7 @@ def optimize(
                 enable=list(enable) if enable else None,
                 disable=list(disable or []),
                 trace=trace,
+                snapshots=report is not None,  # only a written report shows them
                 progress=say,
                 precision=precision_name,
                 keep_fp32=list(keep_fp32 or []),
@@ -474,6 +481,7 @@ def explain_rules(
     ] = False,
 ) -> None:
     """Say, for each rule and each node it could start at, why it applied or which check failed. Writes nothing."""
+    import_numpy_single_threaded()
     from rich.console import Console
 
     from graphopt.api import OptimizeOptions
@@ -496,6 +504,7 @@ def diff_models(
     as_json: Annotated[bool, typer.Option("--json", help="Print the difference as JSON.")] = False,
 ) -> None:
     """Nodes removed, added and changed from A to B, grouped by the rewrite that made them where B says so."""
+    import_numpy_single_threaded()
     import json
 
     from rich.console import Console
@@ -572,7 +581,6 @@ def main(argv: list[str] | None = None) -> None:
         gc.freeze()
         if collecting:
             gc.enable()
-
 
 
 def run() -> NoReturn:

@@ -50,7 +50,8 @@ from graphopt.ops import torch_lowering
 from graphopt.passes import fx_gqa, fx_pack, fx_passes, fx_sdpa
 from graphopt.passes.fx_reinplace import reinplace_input_writes, written_inputs
 from graphopt.pipeline import GraphKind, Pipeline
-from graphopt.report.model import Alternative, DecisionRecord, GraphSummary, Report
+from graphopt.report.model import GraphSummary, Report
+from graphopt.report.sections import Alternative, DecisionRecord
 from graphopt.torch_cudagraphs import CudaGraphReplay, cuda_graphs_refusal
 from graphopt.torch_options import TorchOptions
 from graphopt.torch_trace import PRESERVED_OPS, _fake_inputs, _freeze_module_state, trace_to_aten

@@ -34,7 +34,8 @@ import onnx_ir as ir
 
 from graphopt.errors import GraphoptError, VerificationError
 from graphopt.inputs import BATCH_DIM, DEFAULT_DIM, MAX_INPUT_BYTES, MAX_INT_VALUE, _inputs, _np_dtype, _resolve_shapes, make_inputs  # noqa: F401  (re-exported)
-from graphopt.report.model import Report, RewriteRecord, Verification
+from graphopt.report.model import Report, RewriteRecord
+from graphopt.report.sections import Verification
 from graphopt.verify_compare import (
     _EXACT,
     PRECISION_TOLERANCES,

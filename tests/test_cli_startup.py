@@ -115,7 +115,15 @@ def test_bad_values_still_get_typers_messages(tmp_path: Path) -> None:
 NOT_FOR_OPTIMIZE = (
     "pydantic", "torch", "sympy", "rich", "scipy", "statistics", "graphopt.report.html", "graphopt.verify",
     "graphopt.passes.precision_plan", "graphopt.passes.weight_quant", "graphopt.passes.kv_buffer", "graphopt.quant.fp8_onnx",
+    "graphopt.decisions", "onnx_ir.passes.common", "graphopt.report.sections",
 )
+
+
+def test_the_onnx_target_has_no_decisions_to_make() -> None:
+    # graphopt.api skips graphopt.decisions for the onnx target without precision or weights on this ground
+    from graphopt.decisions import EP_OF_TARGET
+
+    assert "onnx" not in EP_OF_TARGET and {"ort-cpu", "ort-cuda"} <= set(EP_OF_TARGET)
 
 
 def test_optimize_imports_only_what_it_needs(tmp_path: Path) -> None:
@@ -182,3 +190,24 @@ def test_quick_exit_waits_for_other_threads(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("graphopt ") and done.stdout.rstrip().endswith("thread done"), done.stdout
+
+
+def test_without_snapshots_the_same_model_and_report_but_the_drawings() -> None:
+    # The command line records no snapshots when it writes no report (they are the HTML report's drawings).
+    import onnx_ir as ir
+    from conftest import conv_bn_model
+
+    import graphopt
+
+    model = conv_bn_model()  # random weights: one model for both runs (optimize leaves a ModelProto as it was)
+    drawn, drawn_report = graphopt.optimize(model)
+    plain, plain_report = graphopt.optimize(model, snapshots=False)
+    assert drawn.SerializeToString() == plain.SerializeToString()
+    rewrites = [r for stats in plain_report.rules.values() for r in stats.rewrites]
+    assert rewrites and all(r.before is None and r.after is None for r in rewrites)
+    assert all(r.before is not None for stats in drawn_report.rules.values() for r in stats.rewrites)
+    assert drawn_report.total_rewrites == plain_report.total_rewrites
+    assert [(r.rule, r.node, r.matched) for r in rewrites] == [
+        (r.rule, r.node, r.matched) for stats in drawn_report.rules.values() for r in stats.rewrites
+    ]
+    assert isinstance(ir.serde.deserialize_model(plain), ir.Model)

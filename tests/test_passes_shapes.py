@@ -96,11 +96,45 @@ def test_failure_leaves_the_model_as_it_was(monkeypatch, caplog) -> None:
     def boom(*args, **kwargs):
         raise RuntimeError("inference exploded")
 
-    monkeypatch.setattr(shapes._c_api_utils, "call_onnx_api", boom)
+    monkeypatch.setattr(shapes, "_call_onnx_api", boom)
     with caplog.at_level(logging.WARNING, logger=shapes.__name__):
         assert infer_shapes(model) == 0
     assert "inference exploded" in caplog.text
     assert value(model, "h").shape is None and content(model) == before
+
+
+def test_initializers_hidden_from_onnx_as_onnx_ir_hides_them() -> None:
+    # shapes._call_onnx_api is onnx-ir's private helper written out (importing it imports all
+    # of onnx-ir's passes): onnx sees the same proto, and the model is left as it was.
+    from onnx_ir.passes.common import _c_api_utils
+
+    seen: dict[str, onnx.ModelProto] = {}
+
+    def keep(name: str):
+        def run(proto: onnx.ModelProto) -> onnx.ModelProto:
+            seen[name] = proto
+            return proto
+
+        return run
+
+    model = to_ir(matmul_model())
+    graph = model.graph
+    before = content(model), [v.name for v in graph.inputs], list(graph.initializers)
+    _c_api_utils.call_onnx_api(keep("onnx-ir"), model)
+    shapes._call_onnx_api(keep("graphopt"), model)
+    assert seen["graphopt"].SerializeToString() == seen["onnx-ir"].SerializeToString()
+    assert [t.name for t in seen["graphopt"].graph.initializer] == ["w"]  # the 12 KB one became an input
+    assert "big" in [i.name for i in seen["graphopt"].graph.input]
+    assert (content(model), [v.name for v in graph.inputs], list(graph.initializers)) == before
+
+    def boom(proto: onnx.ModelProto) -> onnx.ModelProto:
+        raise RuntimeError("inference exploded")
+
+    try:
+        shapes._call_onnx_api(boom, model)
+    except RuntimeError:
+        pass
+    assert (content(model), [v.name for v in graph.inputs], list(graph.initializers)) == before
 
 
 def test_existing_annotations_are_not_downgraded() -> None:

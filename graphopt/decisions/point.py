@@ -33,7 +33,7 @@ import numpy as np
 from graphopt.decisions.shapes import OpClass
 from graphopt.decisions.table import CostTable, Entry, default_table
 from graphopt.decisions.tune import EP_OF_TARGET, OrtTimer, Timer, TuneCache, device_name, provider_present
-from graphopt.report.model import Alternative, DecisionRecord
+from graphopt.report.sections import Alternative, DecisionRecord
 
 __all__ = ["DecisionPoint", "Build", "NOISE_MARGIN", "signature_of"]
 

@@ -11,7 +11,8 @@ small constants such as Reshape targets, never those of weights). The one error
 tolerated is a missing kernel (NOT_IMPLEMENTED): that comes after graph resolution, and
 is expected for CUDA-only ops on a CPU-only build. Where the model graphopt was given
 fails in the same way (a custom-domain op onnxruntime does not know, say), the output is
-not held to more than its input.
+not held to more than its input. The session itself is made by
+graphopt.ir.ort_graph_load, in a helper process where the command line started one.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from pathlib import Path
 import onnx
 
 from graphopt.errors import ModelError
+from graphopt.ir.ort_graph_load import error_text, load_error
 from graphopt.ir.proto_checks import tensor_protos
+from graphopt.ir.runtime_check_worker import NOT_ANSWERED, background_load_error, background_ready
 
 __all__ = ["check_loads_in_onnxruntime", "runtime_load_error"]
 
@@ -65,23 +68,20 @@ def runtime_load_error(path: str | os.PathLike[str], *, may_write_beside: bool =
     Tensors stored outside that stay in the skeleton (in subgraphs, Constant nodes) are
     found relative to the model's folder, so the skeleton is then written beside it
     (`may_write_beside`: graphopt's own staging folder); where it may not be, the check
-    cannot be made and says so ("cannot check ...")."""
-    try:
-        import onnxruntime as ort
-    except ImportError:
-        return None
+    cannot be made and says so ("cannot check ...").
+
+    The session is made by the helper process the command line started
+    (graphopt.ir.runtime_check_worker) where one runs, else here."""
+    if not background_ready():
+        try:
+            import onnxruntime  # noqa: F401
+        except ImportError:
+            return None
     path = Path(path)
     try:
         skeleton = _skeleton(path)
     except Exception as error:  # noqa: BLE001 - a model we cannot even read back
         return f"{type(error).__name__}: {error}"
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.log_severity_level = 4
-    # The session only resolves the graph, it never runs: no thread pools (their start
-    # was most of the check's time on a small model, ~3 ms of ~4).
-    options.intra_op_num_threads = 1
-    options.inter_op_num_threads = 1
     beside: Path | None = None
     try:
         if _has_external(skeleton):
@@ -89,18 +89,24 @@ def runtime_load_error(path: str | os.PathLike[str], *, may_write_beside: bool =
                 return "cannot check: tensors outside the main graph are stored externally"
             beside = path.with_name(f".{path.name}.graph-check.onnx")
             onnx.save(skeleton, str(beside))
-            ort.InferenceSession(str(beside), options, providers=["CPUExecutionProvider"])
-        else:
-            ort.InferenceSession(skeleton.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    except Exception as error:  # noqa: BLE001 - onnxruntime's errors have no useful classes
-        text = " ".join(str(error).split())
-        if "NOT_IMPLEMENTED" in text:  # graph resolution passed; a kernel is missing (CUDA-only ops)
-            return None
-        return text.replace("[ONNXRuntimeError] : ", "")
+            return _load_error(str(beside))
+        return _load_error(skeleton.SerializeToString())
+    except Exception as error:  # noqa: BLE001 - writing the skeleton beside failed: as onnxruntime's own words
+        text = error_text(error)
+        return None if "NOT_IMPLEMENTED" in text else text
     finally:
         if beside is not None:
             beside.unlink(missing_ok=True)
-    return None
+
+
+def _load_error(model: bytes | str) -> str | None:
+    """onnxruntime's refusal of the graph: from the helper process where it answers, else made here."""
+    answer = background_load_error(model)
+    if answer != NOT_ANSWERED:
+        return answer
+    import onnxruntime as ort
+
+    return load_error(ort, model)
 
 
 def check_loads_in_onnxruntime(path: str | os.PathLike[str], reference: str | os.PathLike[str] | None, what: str) -> None:

@@ -54,12 +54,14 @@ class RuleSet:
     def __init__(self, rules: Iterable[Rule]) -> None:
         self.rules = list(rules)
         self.by_op: dict[tuple[str, str], list[Rule]] = {}
+        benefit: dict[int, int] = {}  # a variant's is its rule's (the same root and benefit)
         for rule in self.rules:
             for variant in target_variants(rule):  # `first { a, b }`: a, then b if the target refused a
+                benefit[id(variant)] = rule.effective_benefit
                 for key in rule.root_keys:
                     self.by_op.setdefault(key, []).append(variant)
         for bucket in self.by_op.values():
-            bucket.sort(key=lambda r: (-r.effective_benefit, r.name))
+            bucket.sort(key=lambda r: (-benefit[id(r)], r.name))
         #: Per rule: the op positions every match goes through, each a set of types that can fill it.
         self.needs: dict[str, tuple[frozenset[tuple[str, str]], ...]] = {r.name: required_ops(r.root) for r in self.rules}
 

@@ -162,9 +162,9 @@ def target_variants(rule: Rule) -> list[Rule]:
             return
         if isinstance(e, FirstOf):
             found.append(e)
-        elif dataclasses.is_dataclass(e):
-            for f in dataclasses.fields(e):
-                value = getattr(e, f.name)
+        elif isinstance(e, _EXPRESSION_HOLDERS):  # where an expression, so a `first`, can be
+            for name in _field_names(type(e)):
+                value = getattr(e, name)
                 for item in value if isinstance(value, tuple) else (value,):
                     for part in item if isinstance(item, tuple) else (item,):
                         find(part)
@@ -181,12 +181,26 @@ def target_variants(rule: Rule) -> list[Rule]:
     return variants
 
 
+#: The IR's classes whose fields can hold an expression (`_substitute` rebuilds the same ones).
+_EXPRESSION_HOLDERS = (Build, Call, Choose, OpsetChoose, FirstOf, Let, Replace)
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _field_names(kind: type) -> tuple[str, ...]:
+    """A dataclass's field names, looked up once per class (`dataclasses.fields` on every
+    node of every rule was most of the rule set's set-up)."""
+    names = _FIELD_NAMES.get(kind)
+    if names is None:
+        names = _FIELD_NAMES[kind] = tuple(f.name for f in dataclasses.fields(kind))
+    return names
+
+
 def _substitute(e: object, old: FirstOf, new: Expr) -> object:
     if e is old:
         return new
     if isinstance(e, tuple):
         return tuple(_substitute(x, old, new) for x in e)
-    if isinstance(e, (Build, Call, Choose, OpsetChoose, FirstOf, Let, Replace)):
-        return dataclasses.replace(e, **{f.name: _substitute(getattr(e, f.name), old, new) for f in dataclasses.fields(e)})  # type: ignore[arg-type]
+    if isinstance(e, _EXPRESSION_HOLDERS):
+        return dataclasses.replace(e, **{name: _substitute(getattr(e, name), old, new) for name in _field_names(type(e))})  # type: ignore[arg-type]
     return e
 

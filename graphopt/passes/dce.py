@@ -16,7 +16,6 @@ import time
 from typing import Any
 
 import onnx_ir as ir
-from onnx_ir.passes.common import RemoveUnusedFunctionsPass
 
 from graphopt.ir.onnx_view import OnnxView
 from graphopt.passes._common import as_model, record, subgraphs
@@ -33,7 +32,9 @@ def eliminate_dead_code(model: ir.Model | OnnxView, *, remove_functions: bool = 
     removed = _sweep(model.graph, legacy_weight_inputs=(model.ir_version or 0) < 4)
     for function in model.functions.values():
         removed += _sweep(function)
-    if remove_functions:
+    if remove_functions and model.functions:  # none: nothing to remove, and onnx-ir's passes (~6 ms) stay unimported
+        from onnx_ir.passes.common import RemoveUnusedFunctionsPass
+
         before = len(model.functions)
         RemoveUnusedFunctionsPass()(model)
         removed += before - len(model.functions)

@@ -292,7 +292,7 @@ def _rewrite(graph: fx.Graph, site: _Site, w_fp8: fx.Node, w_scale: fx.Node, fak
 
 def record(outcome: Fp8Outcome, report: Any) -> None:
     """The outcome in the report: one decision per GEMM (fp8, or kept and why), or the refusal."""
-    from graphopt.report.model import DecisionRecord
+    from graphopt.report.sections import DecisionRecord
 
     if outcome.refusal is not None:
         report.warnings.append(outcome.refusal)
@@ -323,7 +323,7 @@ def _reason_code(reason: str) -> str:
 
 def summary(outcome: Fp8Outcome) -> Any:
     """The outcome as the report's weight_quantization (weights "fp8", per-row scales: block 0)."""
-    from graphopt.report.model import WeightLayer, WeightQuantSummary
+    from graphopt.report.sections import WeightLayer, WeightQuantSummary
 
     result = WeightQuantSummary(weights="fp8", block_size=0, symmetric=True, form="per layer", accuracy_level=None,
                                 min_snr_db=outcome.budget_db)

@@ -42,7 +42,8 @@ from graphopt.passes.fx_weight_quant_forms import (
     release_timing_buffers,
     unquantized_linear,
 )
-from graphopt.report.model import Alternative, DecisionRecord, Report, WeightLayer, WeightQuantSummary
+from graphopt.report.model import Report
+from graphopt.report.sections import Alternative, DecisionRecord, WeightLayer, WeightQuantSummary
 
 __all__ = ["quantize_weights", "DEFAULT_KEEP", "DEFAULT_MIN_SNR", "STATE_NAMES", "PARTS"]
 

@@ -74,7 +74,7 @@ from graphopt.passes._common import in_qdq_unit
 from graphopt.passes.nhwc_graph import _ONNX, _attr, _dtype, _rank, _x
 from graphopt.passes.nhwc_rewrite import _Layout
 from graphopt.passes.transpose_cleanup import _cancel_transposes, _remove_dead, _transposes_to_reshapes
-from graphopt.report.model import LayoutSummary
+from graphopt.report.sections import LayoutSummary
 
 __all__ = ["LayoutOptions", "convert_layout"]
 

@@ -37,7 +37,7 @@ from graphopt.passes.nhwc_graph import (
     _uses,
     _x,
 )
-from graphopt.report.model import LayoutSummary
+from graphopt.report.sections import LayoutSummary
 
 if TYPE_CHECKING:
     from graphopt.passes.layout import LayoutOptions

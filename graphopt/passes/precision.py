@@ -69,7 +69,7 @@ from graphopt.passes.precision_plan import (
     default_blocked,
 )
 from graphopt.passes.precision_region import joins_region, recurrent_seed, region_seed, tail_heads
-from graphopt.report.model import PrecisionSummary, RangeKeep
+from graphopt.report.sections import PrecisionSummary, RangeKeep
 
 __all__ = ["convert_precision", "remove_cast_pairs"]
 

@@ -54,7 +54,7 @@ from graphopt.decisions import DecisionPoint, conv_worlds, signature_of
 from graphopt.ops.targets import Target
 from graphopt.passes.precision_plan import PrecisionPlan
 from graphopt.passes.precision_region import joins_region, region_seed
-from graphopt.report.model import DecisionRecord
+from graphopt.report.sections import DecisionRecord
 
 __all__ = ["KIND", "FP32", "PRECISION_CONVS", "decide_conv_precision", "whole_model_builder", "region_seed", "joins_region"]
 

@@ -108,7 +108,7 @@ def range_checked_plan(
     float32 model's are. Returns (plan, the kept nodes as RangeKeep records, a note on the
     inputs used, or why the check could not run)."""
     from graphopt.ops.lowering import lower_fused_ops
-    from graphopt.report.model import RangeKeep
+    from graphopt.report.sections import RangeKeep
 
     say = say or (lambda message: None)
     weights = sum(v.const_value.nbytes for v in model.graph.initializers.values() if v.const_value is not None)

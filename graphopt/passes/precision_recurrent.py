@@ -41,7 +41,7 @@ from graphopt.ops.targets import Target
 from graphopt.passes.precision_decision import FP32, PRECISION_CONVS, Finish, settle, whole_model_builder
 from graphopt.passes.precision_plan import PrecisionPlan
 from graphopt.passes.precision_region import recurrent_seed
-from graphopt.report.model import DecisionRecord
+from graphopt.report.sections import DecisionRecord
 
 __all__ = ["KIND", "PRECISION_RECURRENT", "decide_recurrent_precision"]
 

@@ -25,12 +25,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import onnx
 import onnx_ir as ir
-from onnx_ir.passes.common import _c_api_utils  # onnx-ir's helper for calling onnx's C API on big models
 
 from graphopt.ir.onnx_view import OnnxView
 from graphopt.passes._common import as_model, record, subgraphs
@@ -105,15 +104,15 @@ def _infer_into(model: ir.Model, data_prop: bool) -> None:
 
     Not onnx-ir's ShapeInferencePass: its merge copies only the element type, so a
     sequence value comes back as a tensor (onnx-ir 1.1), which onnxruntime then
-    refuses. We reuse its helper that hides large initializers from onnx's C API
-    (so models above 2 GB work) and merge whole types ourselves.
+    refuses. Large initializers are hidden from onnx's C API as onnx-ir's pass hides
+    them (so models above 2 GB work; `_call_onnx_api`) and whole types are merged here.
     """
 
     def run(proto: onnx.ModelProto) -> onnx.ModelProto:
         _import_every_domain(proto)
         return onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=data_prop)
 
-    inferred = ir.serde.deserialize_model(_c_api_utils.call_onnx_api(run, model))
+    inferred = ir.serde.deserialize_model(_call_onnx_api(run, model))
     for original_graph, inferred_graph in zip(model.graphs(), inferred.graphs(), strict=False):
         inferred_values = ir.convenience.create_value_mapping(inferred_graph)
         for name, value in ir.convenience.create_value_mapping(original_graph).items():
@@ -124,6 +123,49 @@ def _infer_into(model: ir.Model, data_prop: bool) -> None:
                 value.type = new.type
             if new.shape is not None:
                 value.shape = new.shape
+
+
+#: Initializers above this many bytes are hidden from onnx's C API (as onnx-ir's _c_api_utils).
+_BIG_TENSOR_BYTES = 1000
+
+
+def _call_onnx_api(func: Callable[[onnx.ModelProto], onnx.ModelProto], model: ir.Model) -> onnx.ModelProto:
+    """`func` on the model serialized with its large initializers turned into graph inputs; the
+    model is left as it was, whatever `func` does.
+
+    onnx-ir 1.1's `onnx_ir.passes.common._c_api_utils.call_onnx_api`, step for step: a private
+    helper, and importing it imports all of onnx-ir's passes (~6 ms of a small model's start)."""
+    initializer_values = tuple(model.graph.initializers.values())
+    tensors = {v.name: v.const_value for v in initializer_values}
+    original_inputs_len = len(model.graph.inputs)
+    for initializer in initializer_values:
+        if initializer.const_value is not None:  # shape inference reads the input's type and shape
+            if initializer.shape is None:
+                initializer.shape = initializer.const_value.shape  # type: ignore[assignment]
+            if initializer.dtype is None:
+                initializer.dtype = initializer.const_value.dtype
+        if initializer not in model.graph.inputs:
+            model.graph.inputs.append(initializer)
+        if initializer.const_value is None:  # no data (weights not loaded): an input only
+            assert initializer.name is not None
+            model.graph.initializers.pop(initializer.name)
+        elif initializer.const_value.nbytes > _BIG_TENSOR_BYTES:
+            initializer.const_value = None
+            assert initializer.name is not None
+            model.graph.initializers.pop(initializer.name)
+    proto = ir.serde.serialize_model(model)
+    try:
+        return func(proto)
+    finally:
+        for initializer in initializer_values:
+            initializer.const_value = tensors[initializer.name]
+            if initializer.const_value is not None:
+                model.graph.register_initializer(initializer)
+            else:
+                model.graph.initializers.add(initializer)  # register_initializer wants a value
+        inputs = model.graph.inputs[:original_inputs_len]
+        model.graph.inputs.clear()
+        model.graph.inputs.extend(inputs)
 
 
 def _import_every_domain(proto: onnx.ModelProto) -> None:

@@ -13,7 +13,7 @@ import numpy as np
 import onnx_ir as ir
 
 from graphopt.passes.nhwc_graph import _ONNX, _attr, _Builder, _detach_and_remove, _uses, _x
-from graphopt.report.model import LayoutSummary
+from graphopt.report.sections import LayoutSummary
 
 
 def _compose(inner: Sequence[int], outer: Sequence[int]) -> list[int]:

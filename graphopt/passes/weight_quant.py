@@ -39,7 +39,7 @@ from graphopt.errors import GraphoptError
 from graphopt.passes._common import detach_and_remove, record
 from graphopt.passes.weight_quant_forms import MS_DOMAIN, emit, emit_again, stored_bytes
 from graphopt.quant.blockwise import BlockQuantized, dequantize, quantize, snr_db
-from graphopt.report.model import WeightLayer, WeightQuantSummary
+from graphopt.report.sections import WeightLayer, WeightQuantSummary
 
 __all__ = ["WeightQuantPlan", "quantize_weights", "DEFAULT_MIN_SNR_DB", "BLOCK_SIZES", "NO_DEFAULT_KEEP"]
 

@@ -28,7 +28,7 @@ from typing import Any
 import onnx_ir as ir
 
 from graphopt.decisions.shapes import OpClass
-from graphopt.report.model import DecisionRecord
+from graphopt.report.sections import DecisionRecord
 
 __all__ = ["KIND", "BASELINE", "decide_weight_quantization"]
 

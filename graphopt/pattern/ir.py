@@ -15,6 +15,7 @@ A rule has two halves:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 __all__ = [
     "MISSING",
@@ -344,7 +345,7 @@ class Rule:
     # Not part of the rule's meaning; excluded from equality so round trips compare rules.
     natives: tuple[NativeDecl, ...] = field(default=(), compare=False)
 
-    @property
+    @cached_property  # the driver asks for every rule and variant, each sweep (the rule is frozen)
     def effective_benefit(self) -> int:
         return self.benefit if self.benefit is not None else default_benefit(self.root)
 
