@@ -27,8 +27,7 @@ With `--baseline PATH` (another checkout, e.g. main before a change; repeatable,
 checkout, the checkouts' runs alternating, so that all see the same load: on a shared
 machine, runs minutes apart are not comparable. `--only optimize` times only the
 commands whose name contains that text. `--checkout-env NAME=VALUE` adds a variant of
-`--checkout` with that variable set (e.g. GRAPHOPT_BACKGROUND_CHECK=0: the load check in
-the process), `--alternate-ort` runs onnxruntime's offline optimizer in the same turns as the
+`--checkout` with that variable set (e.g. OPENBLAS_NUM_THREADS=4), `--alternate-ort` runs onnxruntime's offline optimizer in the same turns as the
 optimize command.
 """
 

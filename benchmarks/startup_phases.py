@@ -10,9 +10,7 @@ loading the rule library, optimizing, saving with onnxruntime's load check, and 
 interpreter's start and exit (the whole process's CPU time less the phases; the exit as
 the graphopt program ends, graphopt.cli_exit). It does not run typer's parsing. As the
 command line does, numpy comes with one BLAS thread (graphopt.cli_blas) and the rewrites
-without snapshots (no --report); unlike it, onnxruntime is imported and the load check made
-in this process (the command line leaves both to a helper process where a core is free,
-graphopt.ir.runtime_check_worker): their cost shows here either way. Prints
+without snapshots (no --report), and onnxruntime is imported for the save's load check. Prints
 the median CPU time (user + system) of each phase; CPU time rather than wall time because the machine this
 runs on is shared (see benchmarks/startup.py for whole-process wall times).
 """

@@ -242,12 +242,8 @@ def optimize(
     max_repairs: Annotated[int, typer.Option(metavar="N", help="Rewrites --verify may leave out before giving up.", min=0)] = 5,
 ) -> None:
     """Optimize an ONNX model and write the result."""
-    from graphopt.ir.runtime_check_worker import started_in_background
-
     import_numpy_single_threaded()  # before onnx and onnx-ir import it (graphopt.cli_blas)
-    # The save's onnxruntime check in a helper process if asked for, unless this run imports onnxruntime anyway.
-    background_check = not (verify or tune or weights is not None or precision != "fp32")
-    with started_in_background(background_check), _user_errors():
+    with _user_errors():
         from graphopt.api import OptimizeOptions
         from graphopt.api import optimize as run_optimize
         from graphopt.ir.onnx_io import load_model, save_model

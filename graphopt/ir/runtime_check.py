@@ -25,7 +25,6 @@ import onnx
 from graphopt.errors import ModelError
 from graphopt.ir.ort_graph_load import error_text, load_error
 from graphopt.ir.proto_checks import tensor_protos
-from graphopt.ir.runtime_check_worker import NOT_ANSWERED, background_load_error, background_ready
 
 __all__ = ["check_loads_in_onnxruntime", "runtime_load_error"]
 
@@ -68,15 +67,11 @@ def runtime_load_error(path: str | os.PathLike[str], *, may_write_beside: bool =
     Tensors stored outside that stay in the skeleton (in subgraphs, Constant nodes) are
     found relative to the model's folder, so the skeleton is then written beside it
     (`may_write_beside`: graphopt's own staging folder); where it may not be, the check
-    cannot be made and says so ("cannot check ...").
-
-    The session is made by the helper process the command line started
-    (graphopt.ir.runtime_check_worker) where one runs, else here."""
-    if not background_ready():
-        try:
-            import onnxruntime  # noqa: F401
-        except ImportError:
-            return None
+    cannot be made and says so ("cannot check ...")."""
+    try:
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        return None
     path = Path(path)
     try:
         skeleton = _skeleton(path)
@@ -100,10 +95,7 @@ def runtime_load_error(path: str | os.PathLike[str], *, may_write_beside: bool =
 
 
 def _load_error(model: bytes | str) -> str | None:
-    """onnxruntime's refusal of the graph: from the helper process where it answers, else made here."""
-    answer = background_load_error(model)
-    if answer != NOT_ANSWERED:
-        return answer
+    """onnxruntime's refusal of the graph (None: it loads)."""
     import onnxruntime as ort
 
     return load_error(ort, model)
