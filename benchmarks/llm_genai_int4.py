@@ -95,6 +95,8 @@ def optimize(source: Path, path: Path, spec: dict[str, Any], args: argparse.Name
     if spec["kind"] == "graphopt-int4":
         options |= {"weights": "int4", "block_size": spec["block"], "weights_keep": ["none"] if spec["head"] else [],
                     "weights_symmetric": spec["symmetric"], "weights_accuracy_level": spec["level"]}
+    if args.reuse and path.exists() and path.stat().st_mtime > source.stat().st_mtime:
+        return {"options": options, "reused": str(path)}
     started = time.perf_counter()
     report = graphopt.optimize_file(source, path, **options)
     summary = report.weight_quantization
@@ -151,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--variants", default=DEFAULT_VARIANTS)
     parser.add_argument("--build-only", action="store_true", help="build the folder and the models (into --work) and stop")
+    parser.add_argument("--reuse", action="store_true", help="keep graphopt's outputs from an earlier run in --work (default: optimize again)")
     parser.add_argument("--genai-python", default=sys.executable, help="a python that has onnxruntime_genai (its builder)")
     args = parser.parse_args(argv)
     args.dtype = "fp16" if args.device == "cuda" else "fp32"  # what export() reads
