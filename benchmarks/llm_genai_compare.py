@@ -172,13 +172,16 @@ class Decoder:
     one [batch, kv_heads, max_length, head] buffer bound as both (GroupQueryAttention writes in place);
     else the presents of a step are the next step's past."""
 
-    def __init__(self, path: Path, device: str, threads: int, shared: bool, max_length: int, kv_heads: int, head: int) -> None:
+    def __init__(self, path: Path, device: str, threads: int, shared: bool, max_length: int, kv_heads: int, head: int,
+                 spinning: bool = True) -> None:
         import onnxruntime as ort
 
         options = ort.SessionOptions()
         options.log_severity_level = 3
         if threads:
             options.intra_op_num_threads = threads
+        if not spinning:  # idle pool threads sleep at once instead of spinning (several sessions share the cores)
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
         self.session = ort.InferenceSession(str(path), options, providers=providers)
         self.ort, self.device, self.shared, self.max_length = ort, device, shared, max_length

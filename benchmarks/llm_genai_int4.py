@@ -151,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="generations per variant, all variants in lockstep")
     parser.add_argument("--max-length", type=int, default=512)
     parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--no-spinning", action="store_true",
+                        help="intra-op threads sleep when idle (session.intra_op.allow_spinning=0): with several threads on a few "
+                        "cores, one session's spinning pool otherwise slows the next session's step in the lockstep")
     parser.add_argument("--variants", default=DEFAULT_VARIANTS)
     parser.add_argument("--build-only", action="store_true", help="build the folder and the models (into --work) and stop")
     parser.add_argument("--reuse", action="store_true", help="keep graphopt's outputs from an earlier run in --work (default: optimize again)")
@@ -197,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     prompt = rng.integers(3, config.vocab_size, (args.batch, args.prompt))
     head = config.hidden_size // config.num_attention_heads
     decoders = {name: Decoder(path, args.device, args.threads, variants[name]["kind"] != "export", args.max_length,
-                              config.num_key_value_heads, head) for name, path in files.items()}
+                              config.num_key_value_heads, head, spinning=not args.no_spinning) for name, path in files.items()}
     # accuracy first (untimed): the export's greedy run, then every variant fed its tokens
     reference = decoders["export"]
     for _ in reference.run(prompt, args.steps, keep_logits=True):
