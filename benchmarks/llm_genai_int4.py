@@ -25,6 +25,8 @@ greedy tokens equal to its own from the first (free-running), and, feeding every
 (teacher forcing), the cosine of each step's logits with the export's (min, median over prompt + steps) and
 the share of steps whose argmax equals the export's. Op counts and each model's MatMulNBits attributes
 (count, block_size, accuracy_level, zero points, the LM head's form) are printed and kept.
+With --threads > 1 on a machine with few cores, add --no-spinning: the sessions' idle pool threads otherwise spin
+while the next variant runs (10-40x slower steps measured on 2 cores, RESULTS.md 2026-11-28).
 Output: a table and DIR/llm_genai_int4-<shape>-<device>.json (device, versions, command).
 """
 
