@@ -58,6 +58,11 @@
 #                                              # --kv-buffer shared output, into /tmp/genai (kept on the warm machine)
 #   bash benchmarks/gpu_session.sh genai       # then (same warm machine): both decoded in onnxruntime-gpu with io-binding and shared
 #                                              # KV buffers, the export and the builder's growing cache too (llm_genai_compare.py)
+#   bash benchmarks/gpu_session.sh genai-build int4  # issue 18's ORT anchor: the same folder's builder int4 CUDA model (-p int4 -e cuda),
+#                                              # the fp16 export (reused from genai-build) and graphopt's --weights int4 outputs
+#                                              # (llm_genai_int4.py --build-only; resumes where a timed-out run stopped: run it again)
+#   bash benchmarks/gpu_session.sh genai int4  # then: the export, graphopt fp16, the builder's int4 and graphopt's int4 variants
+#                                              # decoded with io-binding, shared KV buffers; accuracy against the fp16 export
 #   bash benchmarks/gpu_session.sh llm-onnx-weights [LAYERS] [BLOCK]  # the same export, fp16: graphopt against graphopt
 #                                              # --weights int4 / int8 (com.microsoft.MatMulNBits, block 32 by default)
 #   bash benchmarks/gpu_session.sh qdq cuda    # quantized models (qdq_zoo.py, built there with torch and transformers, or carried:
@@ -68,6 +73,8 @@
 set -uo pipefail
 step=${1:?step}
 export PYTHONUNBUFFERED=1
+# genai-build int4 / genai int4: the builder's int4 model and graphopt's, LM head kept (default) and quantized, zero points or not
+GENAI_INT4=export,graphopt,builder-int4,graphopt-int4,graphopt-int4-head,graphopt-int4-head-sym
 export PYTHONPATH=$PWD:/tmp/ort:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 # The cost table measured by the decisions step (kept on the machine: each run gets a fresh checkout).
@@ -248,11 +255,24 @@ llm-onnx)
   tail -20 "$OUT/llm_onnx_decode.log"
   ;;
 genai-build)
+  if [ "${2:-}" = int4 ]; then
+    timeout 580 python3 benchmarks/llm_genai_int4.py --out "$OUT" --work /tmp/genai --device cuda --shape tinyllama \
+      --genai-python python3 --variants "$GENAI_INT4" --build-only --reuse > "$OUT/genai-build-int4.log" 2>&1
+    grep -v -i warn "$OUT/genai-build-int4.log" | grep -v "^Saving\|^Writing\|^Loading" | tail -16
+    exit 0
+  fi
   timeout 580 python3 benchmarks/llm_genai_compare.py --out "$OUT" --work /tmp/genai --device cuda --dtype fp16 --shape tinyllama \
     --genai-python python3 --build-only > "$OUT/genai-build.log" 2>&1
   grep -v -i warn "$OUT/genai-build.log" | tail -12
   ;;
 genai)
+  if [ "${2:-}" = int4 ]; then
+    timeout 560 python3 benchmarks/llm_genai_int4.py --out "$OUT" --work /tmp/genai --device cuda --shape tinyllama \
+      --genai-python python3 --variants "${3:-$GENAI_INT4}" --prompt 128 --steps 128 --rounds 3 --warmup 8 --reuse \
+      > "$OUT/genai-int4.log" 2>&1
+    tail -10 "$OUT/genai-int4.log"
+    exit 0
+  fi
   timeout 560 python3 benchmarks/llm_genai_compare.py --out "$OUT" --work /tmp/genai --device cuda --dtype fp16 --shape tinyllama \
     --genai-python python3 --prompt 128 --steps 128 --rounds 3 --warmup 8 --reuse \
     --variants "${2:-builder-shared,graphopt-shared,original,builder-growing}" > "$OUT/genai.log" 2>&1

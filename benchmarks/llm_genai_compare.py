@@ -172,13 +172,16 @@ class Decoder:
     one [batch, kv_heads, max_length, head] buffer bound as both (GroupQueryAttention writes in place);
     else the presents of a step are the next step's past."""
 
-    def __init__(self, path: Path, device: str, threads: int, shared: bool, max_length: int, kv_heads: int, head: int) -> None:
+    def __init__(self, path: Path, device: str, threads: int, shared: bool, max_length: int, kv_heads: int, head: int,
+                 spinning: bool = True) -> None:
         import onnxruntime as ort
 
         options = ort.SessionOptions()
         options.log_severity_level = 3
         if threads:
             options.intra_op_num_threads = threads
+        if not spinning:  # idle pool threads sleep at once instead of spinning (several sessions share the cores)
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
         self.session = ort.InferenceSession(str(path), options, providers=providers)
         self.ort, self.device, self.shared, self.max_length = ort, device, shared, max_length
@@ -197,13 +200,16 @@ class Decoder:
     def value(self, array: np.ndarray) -> Any:
         return self.ort.OrtValue.ortvalue_from_numpy(array, self.device, 0)
 
-    def run(self, prompt: np.ndarray, steps: int) -> Iterator[float]:
+    def run(self, prompt: np.ndarray, steps: int, forced: np.ndarray | None = None, keep_logits: bool = False) -> Iterator[float]:
         """Prefill, then `steps` greedy steps: yields each session run's seconds (the prefill's first);
-        the tokens [batch, steps] are in self.tokens afterwards."""
+        the tokens [batch, steps] are in self.tokens afterwards (each step's argmax). forced [batch,
+        steps]: the tokens fed instead of the argmax (teacher forcing, for comparing logits);
+        keep_logits: each run's last-position logits in self.logits [batch, steps + 1, vocab]."""
         batch, length = prompt.shape
         rows = self.max_length if self.shared else 0
         cache = {p: self.value(np.zeros((batch, self.kv_heads, rows, self.head), self.float_type)) for p, _ in self.pairs}
         tokens, ids, total = [], prompt, length
+        kept: list[np.ndarray] = []
         for step in range(steps + 1):
             binding = self.session.io_binding()
             binding.bind_ortvalue_input("input_ids", self.value(ids.astype(np.int64)))
@@ -223,13 +229,17 @@ class Decoder:
             outputs = dict(zip(self.outputs, binding.get_outputs(), strict=True))
             logits = outputs["logits"].numpy()[:, -1, :].astype(np.float32)
             yield time.perf_counter() - start
+            if keep_logits:
+                kept.append(logits)
             if not self.shared:
                 cache = {past: outputs[present] for past, present in self.pairs}
             if step < steps:
                 tokens.append(logits.argmax(-1))
-                ids = tokens[-1][:, None]
+                ids = (tokens[-1] if forced is None else forced[:, step])[:, None]
                 total += 1
         self.tokens = np.stack(tokens, 1)
+        if keep_logits:
+            self.logits = np.stack(kept, 1)
 
 
 def lockstep(decoders: dict[str, Decoder], prompt: np.ndarray, steps: int, rounds: int) -> dict[str, dict[str, Any]]:

@@ -216,6 +216,9 @@ def optimize(
     weights_keep: Annotated[list[str] | None, typer.Option("--weights-keep", metavar="NAME_OR_GLOB", help=WEIGHTS_HELP["keep"])] = None,
     weights_min_snr: Annotated[str | None, typer.Option("--weights-min-snr", metavar="DB", help=WEIGHTS_HELP["min_snr"])] = None,
     weights_symmetric: Annotated[bool | None, typer.Option("--weights-symmetric/--weights-asymmetric", help=WEIGHTS_HELP["symmetric"])] = None,
+    weights_accuracy_level: Annotated[
+        str | None, typer.Option("--weights-accuracy-level", metavar="0-4", help=WEIGHTS_HELP["accuracy_level"])
+    ] = None,
     verify: Annotated[
         bool, typer.Option("--verify", help="Compare original and optimized outputs in onnxruntime; leave out rewrites that change them.")
     ] = False,
@@ -252,7 +255,8 @@ def optimize(
         get_target(target)  # an unknown target is an error before any work
         precision_name = check_precision_options(precision, target, keep_fp32, precision_convs, precision_recurrent, layout, kv_buffer,
                                                  calibration_data)
-        weight_options = check_weight_options(weights, block_size, weights_keep or [], weights_min_snr, weights_symmetric)
+        weight_options = check_weight_options(weights, block_size, weights_keep or [], weights_min_snr, weights_symmetric,
+                                              weights_accuracy_level)
         output = output_path(output_argument, output_option)
         shapes = parse_shapes(input_shape or [])
         clash = sorted(set(enable or []) & set(disable or []))

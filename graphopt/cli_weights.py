@@ -17,14 +17,18 @@ WEIGHTS_HELP = {
     "'none' clears the default block list (the LM head).",
     "min_snr": "With --weights: the least output SNR (dB) a layer keeps to be quantized (default int8 35, int4 20).",
     "symmetric": "With --weights: without zero points, or with (default: with for int4, without for int8).",
+    "accuracy_level": "With --weights: MatMulNBits' accuracy_level, the lowest type its kernel may compute in (0 unset, 1 fp32, "
+    "2 fp16, 3 bf16, 4 int8 activations); default 4 on ort-cpu, 0 on ort-cuda.",
 }
 
 
-def check_weight_options(weights: str | None, block_size: str, keep: list[str], min_snr: str | None, symmetric: bool | None) -> dict[str, Any]:
+def check_weight_options(weights: str | None, block_size: str, keep: list[str], min_snr: str | None, symmetric: bool | None,
+                         accuracy_level: str | None = None) -> dict[str, Any]:
     """OptimizeOptions' weight fields from --weights and its companions; a GraphoptError for a bad value."""
     if weights is None:
-        if keep or min_snr is not None or symmetric is not None or block_size != "32":
-            raise GraphoptError("--block-size, --weights-keep, --weights-min-snr and --weights-(a)symmetric only apply with --weights int4 or int8")
+        if keep or min_snr is not None or symmetric is not None or block_size != "32" or accuracy_level is not None:
+            raise GraphoptError("--block-size, --weights-keep, --weights-min-snr, --weights-(a)symmetric and --weights-accuracy-level "
+                                "only apply with --weights int4 or int8")
         return {}
     from graphopt.passes.weight_quant import WeightQuantPlan
 
@@ -36,5 +40,14 @@ def check_weight_options(weights: str | None, block_size: str, keep: list[str], 
         snr = float(min_snr) if min_snr is not None else None
     except ValueError:
         raise GraphoptError(f"--weights-min-snr {min_snr}: expected a number of dB such as 20") from None
-    WeightQuantPlan.make(weights, size, keep, symmetric, snr)  # a bad value fails before any work
-    return {"weights": weights.lower(), "block_size": size, "weights_keep": keep, "weights_min_snr": snr, "weights_symmetric": symmetric}
+    level = None
+    if accuracy_level is not None:
+        if not accuracy_level.isdigit():
+            raise GraphoptError(f"--weights-accuracy-level {accuracy_level}: expected 0 to 4")
+        level = int(accuracy_level)
+    try:
+        WeightQuantPlan.make(weights, size, keep, symmetric, snr, level)  # a bad value fails before any work
+    except GraphoptError as error:
+        raise GraphoptError(str(error).replace("weights accuracy_level", "--weights-accuracy-level")) from None
+    return {"weights": weights.lower(), "block_size": size, "weights_keep": keep, "weights_min_snr": snr, "weights_symmetric": symmetric,
+            "weights_accuracy_level": level}

@@ -179,3 +179,59 @@ def test_negative_slices_in_another_order_or_leaving_columns_out() -> None:
         assert report.pass_stats("pack_qkv").changes == 0, spans
         assert _slices_of_the_product(optimized) == 3, spans
         _assert_same(model, optimized)
+
+
+# --weights int4 runs before pack_qkv: the three projections are MatMulNBits by then (issue 18's builder comparison:
+# the builder's int4 models quantize one packed qkv_proj; graphopt's had q, k and v as three MatMulNBits).
+
+def _nbits(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    return [n for n in model.graph.node if n.op_type == "MatMulNBits"]
+
+
+def _attrs(node: onnx.NodeProto) -> dict[str, int]:
+    return {a.name: a.i for a in node.attribute}
+
+
+def _unpacked(model: onnx.ModelProto, monkeypatch: pytest.MonkeyPatch, **options: object) -> onnx.ModelProto:
+    """The same optimization with pack_qkv left out (the q, k, v MatMulNBits as --weights wrote them)."""
+    with monkeypatch.context() as patch:
+        patch.setattr("graphopt.passes.pack_qkv.pack_qkv", lambda model, **_: 0)
+        optimized, report = graphopt.optimize(model, **options)
+    assert report.pass_stats("pack_qkv").changes == 0
+    return optimized
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_golden_int4_q_k_v_become_one_matmulnbits(symmetric: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = decoder_block(mask="causal", hidden=64)
+    options = {"target": "ort-cpu", "weights": "int4", "block_size": 32, "weights_symmetric": symmetric}
+    optimized, report = graphopt.optimize(model, **options)
+    separate = _unpacked(model, monkeypatch, **options)
+    assert report.weight_quantization is not None and report.weight_quantization.quantized == 4  # q, k, v, o
+    assert report.pass_stats("pack_qkv").changes == 1
+    assert len(_nbits(separate)) == 4 and len(_nbits(optimized)) == 2 and _ops(optimized)["MatMul"] == 0
+    [gqa] = [n for n in optimized.graph.node if n.op_type == "GroupQueryAttention"]
+    assert gqa.input[1] == "" and gqa.input[2] == ""
+    packed = next(n for n in optimized.graph.node if n.output[0] == gqa.input[0])
+    assert packed.op_type == "MatMulNBits" and packed.domain == "com.microsoft"
+    assert _attrs(packed) == {"K": 64, "N": 64 + 2 * 2 * 16, "bits": 4, "block_size": 32, "accuracy_level": 4}
+    assert len(packed.input) == (3 if symmetric else 4)
+    # the packed arrays are the separate ones stacked along N (q, then k, then v)
+    inits = {i.name: onnx.numpy_helper.to_array(i) for g in (optimized, separate) for i in g.graph.initializer}
+    by_output = {n.output[0]: n for n in _nbits(separate)}
+    parts = [by_output[n.input[i]] for i in range(3) for n in separate.graph.node if n.op_type == "GroupQueryAttention"]
+    for slot in range(1, len(packed.input)):
+        stacked = np.concatenate([inits[p.input[slot]].reshape(_attrs(p)["N"], -1) for p in parts])
+        np.testing.assert_array_equal(inits[packed.input[slot]].reshape(128, -1), stacked)
+    assert {i.name for i in optimized.graph.initializer}.isdisjoint({i for p in parts for i in p.input[1:]})
+    _assert_same(separate, optimized)  # the same operator: equal outputs over prefill and decode steps
+
+
+def test_negative_int4_with_k_kept_in_float_is_not_packed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """k kept by --weights-keep: a float MatMul and two MatMulNBits are not one operator."""
+    model = decoder_block(mask="causal", hidden=64)
+    options = {"target": "ort-cpu", "weights": "int4", "weights_keep": ["wk"]}
+    optimized, report = graphopt.optimize(model, **options)
+    assert report.pass_stats("pack_qkv").changes == 0
+    assert len(_nbits(optimized)) == 3 and _ops(optimized)["MatMul"] == 1
+    _assert_same(_unpacked(model, monkeypatch, **options), optimized)

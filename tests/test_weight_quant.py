@@ -294,6 +294,15 @@ def test_cli_weights_int4_with_verify_and_report(tmp_path: Path, model_path: Pat
     assert _ops(onnx.load(tmp_path / "out.onnx"))["MatMulNBits"] == 1
 
 
+@pytest.mark.parametrize("args,level", [([], 4), (["--weights-accuracy-level", "1"], 1), (["--weights-accuracy-level", "0"], 0)])
+def test_cli_weights_accuracy_level(tmp_path: Path, model_path: Path, args: list[str], level: int) -> None:
+    """--weights-accuracy-level sets MatMulNBits' accuracy_level (ort-cpu's default 4 without it)."""
+    result = run_cli("optimize", model_path, tmp_path / "out.onnx", "--target", "ort-cpu", "--weights", "int4", *args, "--quiet", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    [node] = [n for n in onnx.load(tmp_path / "out.onnx").graph.node if n.op_type == "MatMulNBits"]
+    assert {a.name: a.i for a in node.attribute}["accuracy_level"] == level
+
+
 @pytest.mark.parametrize(
     "args,words",
     [
@@ -302,6 +311,9 @@ def test_cli_weights_int4_with_verify_and_report(tmp_path: Path, model_path: Pat
         (["--weights", "int4", "--block-size", "big"], "--block-size big"),
         (["--weights", "int4", "--weights-min-snr", "lots"], "--weights-min-snr lots"),
         (["--weights-keep", "lm_head"], "only apply with --weights"),
+        (["--weights-accuracy-level", "1"], "only apply with --weights"),
+        (["--weights", "int4", "--weights-accuracy-level", "5"], "--weights-accuracy-level 5"),
+        (["--weights", "int4", "--weights-accuracy-level", "high"], "--weights-accuracy-level high"),
         (["--weights", "int4", "--target", "onnx"], "opset 21"),
     ],
 )

@@ -10,6 +10,11 @@ the packed form is then MatMul(x, [Wq | Wk | Wv]) + [bq | bk | bv] (zeros for a 
 A checkpoint that is packed already (Phi-3's qkv_proj) exports q, k, v as Slices of one product on the
 last axis: where they cut it into [0, q), [q, q + kv), [q + kv, q + 2 kv) in order and nothing else reads
 them, the op takes the product itself.
+The projections may also be com.microsoft.MatMulNBits (after `--weights`, which runs before this pass):
+with equal K, bits, block_size and accuracy_level, scales of one type and zero points on all three or none,
+and no g_idx or bias input, they become one MatMulNBits whose packed weights, scales and zero points are
+the three's stacked along N. Each output column is quantized on its own, so this is the same operator as
+quantizing the packed weight (the builder's int4 models quantize their packed qkv_proj).
 Only where the three projections are read by the attention alone (and by Shape nodes of their
 batch and seq axes, which then read the packed output), the weights are 2-D
 initializers of one dtype with as many rows, and their widths are heads * head, kv * head, kv * head
@@ -45,12 +50,57 @@ class _Projection:
     matmul: ir.Node
     add: ir.Node | None  # the bias Add after it, if any
     x: ir.Value
-    weight: np.ndarray  # [K, N]
+    weight: np.ndarray | None  # [K, N]; None for a MatMulNBits (its arrays in `nbits`)
     bias: np.ndarray | None  # [N]
+    #: A MatMulNBits' per-column arrays, each [N, ...]: qweight, scales and (if any) zero points.
+    nbits: dict[str, np.ndarray] | None = None
 
     @property
     def output(self) -> ir.Value:
         return (self.add or self.matmul).outputs[0]
+
+    @property
+    def width(self) -> int:
+        return int(self.weight.shape[1]) if self.weight is not None else _attr(self.matmul, "N")
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.weight.dtype if self.weight is not None else self.nbits["scales"].dtype  # type: ignore[index]
+
+    @property
+    def form(self) -> tuple[Any, ...]:
+        """What must be equal for the three to be packed: the float weight's type and rows, or the
+        MatMulNBits attributes, scale type and whether it has zero points."""
+        if self.weight is not None:
+            return ("MatMul", self.weight.dtype, self.weight.shape[0])
+        assert self.nbits is not None
+        attrs = tuple(_attr(self.matmul, a) for a in ("K", "bits", "block_size", "accuracy_level"))
+        return ("MatMulNBits", *attrs, self.dtype, "zero_points" in self.nbits)
+
+
+def _attr(node: ir.Node, name: str) -> int:
+    return node.attributes[name].as_int() if name in node.attributes else 0
+
+
+def _nbits_arrays(node: ir.Node) -> dict[str, np.ndarray] | None:
+    """A MatMulNBits' constant qweight, scales and zero points, each as [N, ...]; None when one is not
+    constant, or it has a g_idx or bias input (not packed here)."""
+    n = _attr(node, "N")
+    names = ("qweight", "scales", "zero_points")
+    arrays = {}
+    for slot, name in enumerate(names, start=1):
+        value = node.inputs[slot] if len(node.inputs) > slot else None
+        if value is None:
+            continue
+        array = _const(value)
+        if array is None or array.size % n:
+            return None
+        arrays[name] = array.reshape(n, -1) if name != "qweight" else array
+    if "qweight" not in arrays or "scales" not in arrays or arrays["qweight"].shape[0] != n:
+        return None
+    if any(v is not None for v in node.inputs[4:]):
+        return None
+    return arrays
 
 
 def _const(value: ir.Value | None) -> np.ndarray | None:
@@ -72,24 +122,34 @@ def _projection(value: ir.Value | None) -> _Projection | None:
         add = node
         for product, addend in ((node.inputs[0], node.inputs[1]), (node.inputs[1], node.inputs[0])):
             producer = None if product is None else product.producer()
-            if _const(addend) is not None and product is not None and producer is not None and producer.op_type == "MatMul" \
+            if _const(addend) is not None and product is not None and producer is not None and producer.op_type in ("MatMul", "MatMulNBits") \
                     and len(product.uses()) == 1:
                 node = producer
                 break
         else:
             return None
-    if node is None or node.op_type != "MatMul" or node.domain not in ("", "ai.onnx"):
+    if node is None:
         return None
-    x, w = node.inputs
-    array = _const(w)
-    if array is None or x is None or array.ndim != 2:
+    nbits = None
+    if node.op_type == "MatMulNBits" and node.domain == MS_DOMAIN:
+        nbits = _nbits_arrays(node)
+        x, array = node.inputs[0], None
+        if nbits is None or x is None:
+            return None
+    elif node.op_type == "MatMul" and node.domain in ("", "ai.onnx"):
+        x, w = node.inputs
+        array = _const(w)
+        if array is None or x is None or array.ndim != 2:
+            return None
+    else:
         return None
-    bias: np.ndarray | None = None
+    projection = _Projection(node, add, x, array, None, nbits)
     if add is not None:
         bias = next(b for b in (_const(add.inputs[0]), _const(add.inputs[1])) if b is not None)
-        if bias.shape != (array.shape[1],) or bias.dtype != array.dtype:
+        if bias.shape != (projection.width,) or bias.dtype != projection.dtype:
             return None  # not a per-column bias of this projection
-    return _Projection(node, add, x, array, bias)
+        projection = _Projection(node, add, x, array, bias, nbits)
+    return projection
 
 
 def _packable(node: ir.Node) -> tuple[list[_Projection], str | None]:
@@ -99,12 +159,12 @@ def _packable(node: ir.Node) -> tuple[list[_Projection], str | None]:
     found = [p for p in parts if p is not None]
     if len({id(p.x) for p in found}) != 1:
         return [], "q, k and v are projected from different inputs"
-    if len({p.weight.dtype for p in found}) != 1 or len({p.weight.shape[0] for p in found}) != 1:
-        return [], "the weights differ in dtype or rows"
+    if len({p.form for p in found}) != 1:
+        return [], "the weights differ in dtype or rows (or MatMulNBits attributes, scale type, zero points)"
     heads, kv_heads = node.attributes["num_heads"].as_int(), node.attributes["kv_num_heads"].as_int()
     past = node.inputs[3].shape if len(node.inputs) > 3 and node.inputs[3] is not None else None
     head = past[3] if past is not None and len(past) == 4 else None
-    if not isinstance(head, int) or [p.weight.shape[1] for p in found] != [heads * head, kv_heads * head, kv_heads * head]:
+    if not isinstance(head, int) or [p.width for p in found] != [heads * head, kv_heads * head, kv_heads * head]:
         return [], "the weights' widths are not heads, kv_heads, kv_heads times the head size"
     return found, None
 
@@ -173,6 +233,25 @@ def _take_packed(model: ir.Model, node: ir.Node, packed: ir.Value) -> None:
         detach_and_remove(model, s)  # type: ignore[arg-type]
 
 
+def _packed_matmul(graph: ir.Graph, name: str, parts: list[_Projection], width: int) -> ir.Node:
+    """One MatMul (or MatMulNBits) computing the three projections side by side."""
+    q = parts[0]
+    if q.weight is not None:
+        packed = np.concatenate([p.weight for p in parts], axis=1)  # type: ignore[misc]
+        return ir.Node("", "MatMul", [q.x, _initializer(graph, f"{name}_weight", packed)], name=name)
+    inputs: list[ir.Value | None] = [q.x]
+    for slot, key in enumerate(("qweight", "scales", "zero_points"), start=1):
+        if key not in q.nbits:  # type: ignore[operator]
+            break
+        stacked = np.concatenate([p.nbits[key] for p in parts], axis=0)  # type: ignore[index]
+        original = q.matmul.inputs[slot].const_value.shape  # type: ignore[union-attr]
+        if key != "qweight" and len(original) == 1:  # the flat [N * blocks] form stays flat
+            stacked = stacked.reshape(-1)
+        inputs.append(_initializer(graph, f"{name}_{key}", stacked))
+    attrs = [ir.AttrInt64("N", width) if a.name == "N" else a for a in q.matmul.attributes.values()]
+    return ir.Node(MS_DOMAIN, "MatMulNBits", inputs, attrs, name=name)
+
+
 def pack_qkv(model: ir.Model, *, stats: Any = None) -> int:
     """Packs every GroupQueryAttention it can; returns how many."""
     started = time.perf_counter()
@@ -189,13 +268,13 @@ def pack_qkv(model: ir.Model, *, stats: Any = None) -> int:
             continue
         q = parts[0]
         name = f"{q.matmul.name}_qkv"
-        packed_array = np.concatenate([p.weight for p in parts], axis=1)
-        matmul = ir.Node("", "MatMul", [q.x, _initializer(graph, f"{name}_weight", packed_array)], name=name)
+        width = sum(p.width for p in parts)
+        matmul = _packed_matmul(graph, name, parts, width)
         packed_value = matmul.outputs[0]
         packed_value.name = f"{name}_output"
         graph.insert_before(q.matmul, matmul)
         if any(p.bias is not None for p in parts):
-            bias = np.concatenate([p.bias if p.bias is not None else np.zeros(p.weight.shape[1], p.weight.dtype) for p in parts])
+            bias = np.concatenate([p.bias if p.bias is not None else np.zeros(p.width, p.dtype) for p in parts])
             add = ir.Node("", "Add", [packed_value, _initializer(graph, f"{name}_bias", bias)], name=f"{name}_bias_add")
             graph.insert_after(matmul, add)
             packed_value = add.outputs[0]
@@ -204,7 +283,7 @@ def pack_qkv(model: ir.Model, *, stats: Any = None) -> int:
         for value in {id(v): v for v in (matmul.outputs[0], packed_value)}.values():
             value.type = q_value.type
             if q_value.shape is not None and len(q_value.shape) >= 1:  # [..., (heads + 2 kv_heads) * head]
-                value.shape = ir.Shape([*list(q_value.shape)[:-1], packed_array.shape[1]])
+                value.shape = ir.Shape([*list(q_value.shape)[:-1], width])
         _read_packed(node, [p.output for p in parts], packed_value)
         for p in parts:
             unused = [v for n in (p.add, p.matmul) if n is not None for v in n.inputs if v is not None and v.const_value is not None]
