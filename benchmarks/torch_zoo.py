@@ -14,8 +14,10 @@ Measurement: every variant is compiled (first call timed: "compile s", caches of
 unless --inductor-cache, so both compile everything), checked against eager (max |diff| /
 max |eager|, same dtype), warmed up; then --rounds rounds each time every variant in a new
 order, a block of --iters calls (at least MIN_BLOCK_S long) per variant per round: CUDA events
-around each call on CUDA, time.perf_counter on CPU (wall time; rounds interleave the
-variants so that a neighbour's load hits all of them alike). Medians, p10 and p90 over all
+around each call on CUDA; on CPU time.perf_counter (wall time: rounds interleave the
+variants so that a neighbour's load hits all of them alike), or with --threads 1 the calling
+thread's CPU time (--clock thread, the default there: time other jobs take the core is not
+counted). Medians, p10 and p90 over all
 samples. A ratio graphopt / inductor above 1 - 3 % (a tie or a loss) is measured again, both
 variants, --remeasure times at most, as zoo_bench.py does; the JSON says how often and
 whether it stayed within the band. graphopt variants record their rewrites and graphopt's
@@ -24,7 +26,7 @@ inductor's first-call seconds (issue 15 item 5: <= 0.20). A model or variant tha
 recorded and the run goes on; after --budget-s no new (model, dtype) starts.
 
     python benchmarks/torch_zoo.py --device cuda --dtypes fp16,bf16 --modes default,reduce-overhead,max-autotune --out $OUT/
-    python benchmarks/torch_zoo.py --device cpu --threads 1 --out benchmarks/results/   # CPU: fp32, default mode
+    python benchmarks/torch_zoo.py --device cpu --threads 1 --control --out benchmarks/results/   # CPU: fp32, default mode
     python benchmarks/torch_zoo.py --device cpu --tiny --models unet-block                   # dry run (sequences 16, 1 round)
 
 Output: JSON (--out: a file, or a folder for torch_zoo-<device>-<dtypes>[-shard].json, written
@@ -60,7 +62,7 @@ from torch_compile import compile_variant, environment, graphopt_summary, sample
 from zoo.torch_models import TORCH_MODELS, _perturb_vectors  # noqa: E402
 
 NOISE_BAND = 0.03          # as zoo_bench.py: a ratio within 3 % of 1 is not a result until measured again
-MIN_BLOCK_S = 0.02         # the shortest block of timed calls of one variant (zoo_bench.py's reason: drift)
+MIN_BLOCK_S = 0.05         # the shortest block of timed calls of one variant (zoo_bench.py's reason: drift)
 LOSS = 1.0 + NOISE_BAND    # "graphopt loses" in the table's count
 MODES = {"default": ("inductor", "graphopt+inductor"), "reduce-overhead": ("inductor-ro", "graphopt+inductor-ro"),
          "max-autotune": ("inductor-ma", "graphopt+inductor-ma")}
@@ -156,7 +158,10 @@ def bench_model(model: ZooTorchModel, dtype_name: str, args: argparse.Namespace)
         reference = _first(module(*tensors)).float().clone()
         scale = reference.abs().max().item() or 1.0
         for mode in args.modes:
-            for role, variant in zip(("inductor", "graphopt"), MODES[mode]):
+            roles = [("inductor", MODES[mode][0]), ("graphopt", MODES[mode][1])]
+            if args.control:  # inductor twice: the spread of this measurement itself
+                roles.append(("control", MODES[mode][0]))
+            for role, variant in roles:
                 key = f"{role}/{mode}"
                 entry: dict[str, Any] = {"variant": variant}
                 result["variants"][key] = entry
@@ -178,6 +183,7 @@ def bench_model(model: ZooTorchModel, dtype_name: str, args: argparse.Namespace)
                     if role == "graphopt":
                         entry["graphopt"] = graphopt_summary()
                         entry["passes_s"] = round(_passes_seconds(), 3)
+                        entry["inductor_got"] = _graph_handed()
                     entry["status"] = "ok" if entry["numerics_ok"] else "numerics differ"
                     calls[key] = call
                 except Exception as error:  # one variant failing must not stop the others
@@ -201,6 +207,31 @@ def warm_compilers(device: str) -> None:
     torch._dynamo.reset()
 
 
+def _graph_handed() -> str:
+    """Which graph graphopt gave inductor: "dynamo's" where its rewrites were all ones inductor
+    makes itself (then graphopt is inductor, and its ratio is the measurement's noise),
+    "graphopt's", or "mixed" over several graphs."""
+    import graphopt
+
+    forwarded = [any(d.kind == "graph" and d.chosen == "inductor" and d.basis == "forced" for d in r.decisions)
+                 for r in graphopt.torch_reports()]
+    return "dynamo's" if forwarded and all(forwarded) else "graphopt's" if not any(forwarded) else "mixed"
+
+
+def sample(call: Callable[[], Any], iters: int, cuda: bool, clock: str) -> list[float]:
+    """Times of `iters` calls in ms: CUDA events on CUDA; on CPU wall time, or with clock "thread"
+    this thread's CPU time (time.thread_time: with one torch thread inductor's code and its GEMMs
+    run in the calling thread, and the time other jobs take the core from it is not counted)."""
+    if cuda or clock == "wall":
+        return sample_calls(call, iters, cuda)
+    times = []
+    for _ in range(iters):
+        t0 = time.thread_time()
+        call()
+        times.append((time.thread_time() - t0) * 1e3)
+    return times
+
+
 def _passes_seconds() -> float:
     import graphopt
 
@@ -210,7 +241,7 @@ def _passes_seconds() -> float:
 def _measure(calls: dict[str, Callable[[], Any]], result: dict[str, Any], args: argparse.Namespace, cuda: bool) -> None:
     """Interleaved rounds over every variant, then again on each mode's pair while its ratio is a tie or a loss."""
     samples: dict[str, list[float]] = {key: [] for key in calls}
-    estimate = max(statistics.median(sample_calls(next(iter(calls.values())), 3, cuda)), 1e-3) / 1e3
+    estimate = max(statistics.median(sample(next(iter(calls.values())), 3, cuda, args.clock)), 1e-3) / 1e3
     block = max(args.iters, int(MIN_BLOCK_S / estimate))
     result["calls_per_block"] = block
     order = random.Random(0)   # a new order every round: no variant always runs after the same one
@@ -219,7 +250,7 @@ def _measure(calls: dict[str, Callable[[], Any]], result: dict[str, Any], args: 
         for _ in range(args.rounds):
             for key in order.sample(keys, len(keys)):
                 try:
-                    samples[key] += sample_calls(calls[key], block, cuda)
+                    samples[key] += sample(calls[key], block, cuda, args.clock)
                 except Exception as error:  # noqa: BLE001 - recorded; the variant leaves the rounds
                     result["variants"][key]["status"] = _error(error)
                     calls.pop(key, None)
@@ -234,9 +265,9 @@ def _measure(calls: dict[str, Callable[[], Any]], result: dict[str, Any], args: 
     rounds(list(calls))
     summarize()
     for mode in args.modes:
-        pair = [f"inductor/{mode}", f"graphopt/{mode}"]
+        pair = [key for key in (f"inductor/{mode}", f"graphopt/{mode}", f"control/{mode}") if key in calls]
         attempts = 0
-        while attempts < args.remeasure and all(k in calls for k in pair):
+        while attempts < args.remeasure and f"inductor/{mode}" in calls and f"graphopt/{mode}" in calls:
             ratio = _ratio(result, mode)
             if ratio is None or ratio <= 1.0 - NOISE_BAND:   # a clear win needs no second look
                 break
@@ -257,6 +288,9 @@ def _ratios(result: dict[str, Any], modes: list[str]) -> None:
     for mode in modes:
         r = result["ratios"].setdefault(mode, {})
         r["ratio"] = _ratio(result, mode)
+        control = variants.get(f"control/{mode}", {}).get("median_ms")
+        if control and variants.get(f"inductor/{mode}", {}).get("median_ms"):
+            r["control"] = control / variants[f"inductor/{mode}"]["median_ms"]
         if r["ratio"] is not None:
             r["within_noise"] = abs(r["ratio"] - 1.0) < NOISE_BAND
         ind, go = variants.get(f"inductor/{mode}", {}), variants.get(f"graphopt/{mode}", {})
@@ -302,19 +336,23 @@ def table(results: list[dict[str, Any]], modes: list[str], device_name: str) -> 
     lines = [f"device: {device_name}",
              "graphopt / inductor, median time per mode (~ within the 3 % band after re-measuring, ! numerics beyond tolerance, "
              "E error); best/best: graphopt's best mode over inductor's best mode; passes/ind: graphopt's passes over "
-             "inductor's compile s (default mode)"]
+             "inductor's compile s (first mode); inductor got: dynamo's graph (graphopt changed nothing inductor does not do "
+             "itself: the ratio is noise) or graphopt's (first mode); with --control, a last column: inductor against itself (first mode)"]
     for dtype in dict.fromkeys(r["dtype"] for r in results):
         rows = [r for r in results if r["dtype"] == dtype]
         lines.append(f"\n{dtype}:")
-        lines.append(f"{'model':20s} " + " ".join(f"{m:>16s}" for m in modes) + f" {'best/best':>10s} {'rewrites':>9s} {'passes/ind':>10s}")
+        lines.append(f"{'model':20s} " + " ".join(f"{m:>16s}" for m in modes) + f" {'best/best':>10s} {'rewrites':>9s} {'passes/ind':>10s} {'inductor got':>12s}")
         for r in rows:
             if "error" in r:
                 lines.append(f"{r['model']:20s} {r['error']}")
                 continue
             cost = r.get("compile", {}).get(modes[0], {}).get("passes_over_inductor")
             bb = f"{r['best_over_best']:.3f}" if r.get("best_over_best") else "-"
+            control = r.get("ratios", {}).get(modes[0], {}).get("control")
             lines.append(f"{r['model']:20s} " + " ".join(f"{_fmt_ratio(r, m):>16s}" for m in modes) + f" {bb:>10s} "
-                         f"{sum(r.get('rewrites', {}).values()):9d} {cost if cost is not None else '-'!s:>10s}")
+                         f"{sum(r.get('rewrites', {}).values()):9d} {cost if cost is not None else '-'!s:>10s} "
+                         f"{r.get('variants', {}).get(f'graphopt/{modes[0]}', {}).get('inductor_got', '-'):>12s}"
+                         + (f" {control:9.3f}" if control else ""))
         for label in ("geomean", "worst", f"> {LOSS:.2f}x"):
             cells = []
             for m in modes:
@@ -367,12 +405,16 @@ def _parse(argv: list[str] | None) -> argparse.Namespace | str:
     parser.add_argument("--device", default=None, help="cuda (default when available) or cpu")
     parser.add_argument("--shard", default=None, help="i/n: every n-th model from the i-th (1-based), after --models")
     parser.add_argument("--budget-s", type=float, default=None, help="no (model, dtype) starts after this many seconds")
-    parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 5; 1 with --tiny)")
+    parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 10; 1 with --tiny)")
     parser.add_argument("--iters", type=int, default=None, help="calls per variant per round, at least MIN_BLOCK_S (default 10; 2 with --tiny)")
     parser.add_argument("--warmup", type=int, default=None, help="calls after the first (default 5; 1 with --tiny)")
     parser.add_argument("--remeasure", type=int, default=None, help="re-measurements of a tie or loss at most (default 2; 0 with --tiny)")
     parser.add_argument("--threads", type=int, default=None, help="CPU: torch.set_num_threads (default: torch's)")
+    parser.add_argument("--clock", choices=("auto", "wall", "thread"), default="auto",
+                        help="CPU timer: wall (time.perf_counter) or thread (time.thread_time; needs --threads 1); auto: thread with --threads 1")
     parser.add_argument("--tolerance", type=float, default=None, help="max rel diff to eager (default 3e-2 fp16/bf16, 1e-3 fp32)")
+    parser.add_argument("--control", action="store_true", help="compile and time inductor twice per mode: its ratio to itself "
+                        "(\"control\") is the measurement's own spread")
     parser.add_argument("--tiny", action="store_true", help="a dry run: token sequences cut to 16, 1 round, 2 calls")
     parser.add_argument("--inductor-cache", action="store_true", help="keep inductor's caches (default: off, so compile s are honest)")
     parser.add_argument("--list", action="store_true", help="print the models and exit")
@@ -388,7 +430,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace | str:
         except (ValueError, AssertionError):
             return f"--shard takes i/n with 1 <= i <= n; got {args.shard!r}"
         args.shard_index, args.shard_count = index, count
-    for name, tiny, default in (("rounds", 1, 5), ("iters", 2, 10), ("warmup", 1, 5), ("remeasure", 0, 2)):
+    for name, tiny, default in (("rounds", 1, 10), ("iters", 2, 10), ("warmup", 1, 5), ("remeasure", 0, 2)):
         if getattr(args, name) is None:
             setattr(args, name, tiny if args.tiny else default)
     return args
@@ -434,6 +476,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.threads and not args.device.startswith("cuda"):
         torch.set_num_threads(args.threads)
+    if args.clock == "auto":
+        args.clock = "thread" if args.threads == 1 and not args.device.startswith("cuda") else "wall"
+    if args.clock == "thread" and (args.device.startswith("cuda") or args.threads != 1):
+        print("error: --clock thread needs --device cpu --threads 1 (other threads' time would not be counted)", file=sys.stderr)
+        return 2
     out = None
     if args.out is not None:
         folder = Path(args.out).is_dir() or args.out.endswith(("/", os.sep))
@@ -444,11 +491,13 @@ def main(argv: list[str] | None = None) -> int:
     data: dict[str, Any] = {"benchmark": "torch_zoo", "command": " ".join([Path(sys.executable).name] + sys.argv[:1] + (argv or sys.argv[1:])),
                             "environment": {**environment(args.device), "device_name": device_name},
                             "settings": {k: getattr(args, k) for k in ("modes", "shard", "budget_s", "rounds", "iters", "warmup", "remeasure",
-                                                                       "threads", "tiny", "inductor_cache", "tolerance")} | {"dtypes": dtypes},
+                                                                       "threads", "clock", "tiny", "inductor_cache", "tolerance", "control")} | {"dtypes": dtypes},
                             "results": [], "not_started": []}
     started = time.perf_counter()
-    with torch._inductor.config.patch(force_disable_caches=not args.inductor_cache), \
-            torch._dynamo.config.patch(cache_size_limit=64, accumulated_cache_size_limit=1024):
+    # every variant of a model stays compiled for the interleaved rounds: room for them in dynamo's cache
+    limits = {k: v for k, v in (("cache_size_limit", 64), ("recompile_limit", 64), ("accumulated_cache_size_limit", 1024),
+                                ("accumulated_recompile_limit", 1024)) if hasattr(torch._dynamo.config, k)}
+    with torch._inductor.config.patch(force_disable_caches=not args.inductor_cache), torch._dynamo.config.patch(**limits):
         try:
             warm_compilers(args.device)
         except Exception as error:  # noqa: BLE001 - only a warm-up
