@@ -41,12 +41,13 @@ def test_a_memory_format_clone_stays_a_plain_one_goes() -> None:
     torch.testing.assert_close(gm(x), f(x))
 
 
-def test_preserve_format_clone_is_a_plain_copy() -> None:
+def test_contiguous_and_preserve_format_clones_are_plain_copies() -> None:
     def f(x: torch.Tensor) -> torch.Tensor:
-        return aten.clone.default(x + 1, memory_format=torch.preserve_format) * 3
+        kept_order = aten.clone.default(x + 1, memory_format=torch.preserve_format) * 3
+        return kept_order + aten.clone.default(x.transpose(2, 3), memory_format=torch.contiguous_format).transpose(2, 3)
 
     gm = fx.symbolic_trace(f)
-    assert drop_clones(gm) == 1 and not _clones(gm)
+    assert drop_clones(gm) == 2 and not _clones(gm)
 
 
 class _DecodeHead(nn.Module):
