@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import datetime as _dt
 import json
 import math
 import os
