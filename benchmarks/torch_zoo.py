@@ -412,8 +412,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace | str:
     parser.add_argument("--clock", choices=("auto", "wall", "thread"), default="auto",
                         help="CPU timer: wall (time.perf_counter) or thread (time.thread_time; needs --threads 1); auto: thread with --threads 1")
     parser.add_argument("--tolerance", type=float, default=None, help="max rel diff to eager (default 3e-2 fp16/bf16, 1e-3 fp32)")
-    parser.add_argument("--control", action="store_true", help="compile and time inductor twice per mode: its ratio to itself "
-                        "(\"control\") is the measurement's own spread")
+    parser.add_argument("--control", action="store_true", help="time inductor twice per mode (the second a copy of the model, "
+                        "which dynamo's cache serves the same compiled code): its ratio to itself (\"control\") is the timing's own spread")
     parser.add_argument("--tiny", action="store_true", help="a dry run: token sequences cut to 16, 1 round, 2 calls")
     parser.add_argument("--inductor-cache", action="store_true", help="keep inductor's caches (default: off, so compile s are honest)")
     parser.add_argument("--list", action="store_true", help="print the models and exit")
