@@ -12,6 +12,15 @@
 #   bash benchmarks/gpu_session.sh train       # training steps through the backend against inductor (torch_train.py); "train-dist": DDP and FSDP2 on all GPUs
 #   bash benchmarks/gpu_session.sh torch-kernels M # one model (default t5): default and reduce-overhead against inductor's, with GPU kernel profiles
 #   bash benchmarks/gpu_session.sh torch-cost M,N # graphopt's passes against inductor's compile time (torch_compile_cost.py)
+#   bash benchmarks/gpu_session.sh torch-zoo SHARD MODES DTYPES [MODELS]  # issue 15's evidence: every torch model of the zoo
+#                                              # (33, benchmarks/torch_zoo.py --list), graphopt against inductor per mode, interleaved
+#                                              # rounds, ties/losses re-measured; SHARD i/n takes every n-th model. No model starts after
+#                                              # the budget (400 s; 330 s with max-autotune), so the slowest model still ends within the
+#                                              # 560 s timeout; the JSON's not_started names the rest (run them again with MODELS).
+#                                              # Estimate (tiny 2-layer models, inductor caches off): default + reduce-overhead, one dtype
+#                                              # ~60-90 s a model, 5-6 a call; max-autotune ~120-150 s a model, ~3 a call. Shard plan:
+#                                              #   torch-zoo 1/6 default,reduce-overhead fp16   ... 6/6   (6 calls, then the same in bf16)
+#                                              #   torch-zoo 1/11 max-autotune fp16             ... 11/11 (11 calls, then bf16)
 #   bash benchmarks/gpu_session.sh t5-attention  # issue 15: T5's SDPA mask (< 4 min): eager SDPA probes (packed or separate q/k/v,
 #                                              # efficient / cuDNN / default backend), then T5-base 2 and 12 layers fp16 b8 s128
 #                                              # through inductor and graphopt with each attention_mask handling; every case in its
@@ -336,6 +345,19 @@ t5-attention)
   timeout 235 python3 benchmarks/t5_attention_check.py --budget-s 215 --out "$OUT/t5_attention" > "$OUT/t5-attention.log" 2>&1
   echo "exit $?"
   grep -v -i "warn" "$OUT/t5-attention.log" | tail -40
+  ;;
+torch-zoo)
+  shard=${2:-1/6}; modes=${3:-default,reduce-overhead}; dtypes=${4:-fp16}
+  budget=400; case "$modes" in *max-autotune*) budget=330 ;; esac
+  tag="${shard/\//of}-${modes//,/+}-${dtypes//,/+}"
+  timeout 560 python3 benchmarks/torch_zoo.py --device cuda --shard "$shard" --modes "$modes" --dtypes "$dtypes" \
+    ${5:+--models "$5"} --budget-s "$budget" --out "$OUT/torch_zoo-$tag.json" > "$OUT/torch-zoo-$tag.log" 2>&1
+  echo "exit $?"
+  if grep -q "^device: " "$OUT/torch-zoo-$tag.log"; then
+    grep -v -i "warn" "$OUT/torch-zoo-$tag.log" | sed -n '/^\(not started\|device: \)/,$p'
+  else  # cut by the timeout: the JSON holds every model finished; the log's end says where it stopped
+    grep -v -i "warn" "$OUT/torch-zoo-$tag.log" | tail -25
+  fi
   ;;
 torch-cost)
   timeout 560 python3 benchmarks/torch_compile_cost.py --models "${2:-llama,t5,convnext}" \

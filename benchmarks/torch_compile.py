@@ -190,11 +190,10 @@ def _ensure_backend_registered() -> None:
         torch._dynamo.register_backend(name="graphopt")(graphopt_backend)
 
 
-def time_calls(call: Callable[[], Any], warmup: int, iters: int, cuda: bool) -> dict[str, float]:
+def sample_calls(call: Callable[[], Any], iters: int, cuda: bool) -> list[float]:
+    """`iters` calls of `call`, each timed (ms): CUDA events around it on CUDA, time.perf_counter on CPU."""
     import torch
 
-    for _ in range(warmup):
-        call()
     times: list[float] = []
     if cuda:
         torch.cuda.synchronize()
@@ -210,7 +209,13 @@ def time_calls(call: Callable[[], Any], warmup: int, iters: int, cuda: bool) -> 
             t0 = time.perf_counter()
             call()
             times.append((time.perf_counter() - t0) * 1e3)
-    times.sort()
+    return times
+
+
+def time_calls(call: Callable[[], Any], warmup: int, iters: int, cuda: bool) -> dict[str, float]:
+    for _ in range(warmup):
+        call()
+    times = sorted(sample_calls(call, iters, cuda))
     return {"median_ms": statistics.median(times), "p10_ms": times[len(times) // 10], "p90_ms": times[(9 * len(times)) // 10],
             "iters": iters}
 

@@ -351,7 +351,7 @@ def optimize_fx(gm: fx.GraphModule, fake_mode: Any, rules: RuleSet, target: Any,
     """Rewrite an ATen FX graph in place: the rules, constant folding, lowering to torch ops."""
     opts = opts or TorchOptions()
     started = time.perf_counter()
-    view = FxView(gm, fake_mode)
+    view = FxView(gm, fake_mode, inductor=opts.inductor)
     new_constant = view.add_constant
     kind = GraphKind(
         view=view,
@@ -377,7 +377,8 @@ def optimize_fx(gm: fx.GraphModule, fake_mode: Any, rules: RuleSet, target: Any,
         ("merge_rsqrt", lambda: fx_passes.merge_rsqrt(gm)),
         ("merge_log1p", lambda: fx_passes.merge_log1p(gm)),
         ("lowering", lambda: torch_lowering.lower_neutral_nodes(gm, fake_mode, new_constant, view.const_array, view.device,
-                                                                 cuda_graphs=opts.cuda_graphs(), target=target)),
+                                                                 cuda_graphs=opts.cuda_graphs(), target=target,
+                                                                 inductor=opts.inductor)),
         ("unrepeat_kv", lambda: fx_gqa.unrepeat_kv(gm)),
         # What the lowerings built from constants (rotary caches in their torch form) folds too.
         ("constant_folding", lambda: fx_passes.fold_constants(gm, new_constant, opts.fold_size_limit)),

@@ -83,6 +83,26 @@ def test_gemm_gelu_tanh_epilogue_is_for_cuda_tensors_only() -> None:
     assert tuple(out.shape) == (10, 32) and out.device.type == "cuda"
 
 
+def test_gemm_relu_is_left_to_inductor_on_the_cpu() -> None:
+    """With inductor on the CPU, aten._addmm_activation is addmm then an in-place ReLU (no fused
+    kernel) that inductor cannot fuse into: the rule is refused and says why (OPT on CPU:
+    1.03x inductor with it, benchmarks/RESULTS.md 2026-11-28); on CUDA tensors it lowers."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = LinearThen(torch.relu).eval()
+    x = torch.randn(2, 5, 16)
+    torch.testing.assert_close(_compile(model, x, options={}), model(x), atol=1e-5, rtol=1e-5)
+    stats = graphopt.last_report().rules["FuseGemmActivation"]
+    assert stats.applications == 0 and any("inductor fuses the ReLU itself" in m.reason for m in stats.near_misses)
+    assert aten._addmm_activation.default not in _targets()
+    with FakeTensorMode() as mode:
+        inputs = [torch.empty(10, 16, device="cuda"), torch.empty(16, 32, device="cuda"), torch.empty(32, device="cuda")]
+    (out,) = GRAPHOPT["GemmActivation"].fn(FxBuilder(None, mode, evaluate=True, inductor=True), inputs, {"activation": "Relu"}, {0})
+    assert tuple(out.shape) == (10, 32) and out.device.type == "cuda"
+
+
 @pytest.mark.parametrize("activation, bias", [
     (F.gelu, True),  # erf GELU: cuBLASLt has no epilogue for it
     (torch.sigmoid, True),

@@ -286,6 +286,10 @@ def _gemm_activation(b: FxBuilder, args: list[Any], attrs: dict[str, Any], wante
     if activation == "GeluTanh" and b.meta(a).device.type != "cuda":
         # The CPU kernel of aten._addmm_activation applies the erf GELU (CUDA's, the tanh one).
         raise RewriteDeclined("aten._addmm_activation applies the tanh GELU on CUDA tensors only")
+    if b.inductor and b.meta(a).device.type != "cuda":
+        # On the CPU it is addmm then ReLU in place, no fused kernel: a call inductor cannot fuse
+        # into, where it would fuse the ReLU with its neighbours (OPT on CPU 1.03x inductor).
+        raise RewriteDeclined("aten._addmm_activation on the CPU is addmm then ReLU, nothing fused: inductor fuses the ReLU itself")
     return [b.call(aten._addmm_activation.default, c, a, m, use_gelu=activation == "GeluTanh")]
 
 

@@ -59,7 +59,7 @@ def neutral_node(b: FxBuilder, op_type: str, args: list[Any], attrs: dict[str, A
         raise RewriteDeclined(f"target torch has no lowering for graphopt.{op_type}")
     attrs = registry.with_defaults(op_type, attrs)  # the declared defaults, as on every other target
     inputs = [b.tensor(a) if isinstance(a, InlineConst) else a for a in args]
-    evaluating = FxBuilder(None, b.fake_mode, evaluate=True)
+    evaluating = FxBuilder(None, b.fake_mode, evaluate=True, inductor=b.inductor)
     fake_inputs = [b.meta(x) if x is not None else None for x in inputs]
     # Shapes only: the custom op's form where it is registered, else the ATen form (same outputs).
     fn = lowering.fn if lowering.problem(False) is None or lowering.aten is None else lowering.aten
@@ -88,9 +88,11 @@ def lower_neutral_nodes(
     device: torch.device | str = "cpu",
     cuda_graphs: bool = False,
     target: Target | None = None,
+    inductor: bool = False,
 ) -> int:
     """Replace every neutral graphopt node by the torch ops it runs on; returns how many.
-    `cuda_graphs`: the graph will replay as a CUDA graph (FxBuilder.cuda_graphs). Where `target`
+    `cuda_graphs`: the graph will replay as a CUDA graph (FxBuilder.cuda_graphs); `inductor`:
+    inductor compiles it (FxBuilder.inductor). Where `target`
     lowers an op to its ATen-only form (`ATEN_FORM`), that form."""
     graph = gm.graph
     lowered = 0
@@ -102,7 +104,8 @@ def lower_neutral_nodes(
         projections = [u for u in node.users if u.target is operator.getitem] if multi else []
         wanted = {int(u.args[1]) for u in projections} if multi else {0}  # type: ignore[arg-type]
         with graph.inserting_before(node):
-            b = FxBuilder(graph, fake_mode, constant=constant, const_array=const_array, device=device, cuda_graphs=cuda_graphs)
+            b = FxBuilder(graph, fake_mode, constant=constant, const_array=const_array, device=device, cuda_graphs=cuda_graphs,
+                          inductor=inductor)
             lowering = GRAPHOPT[op_type]
             fn = lowering.aten if target is not None and uses_aten_form(target, op_type) else lowering.fn
             assert fn is not None
