@@ -41,12 +41,16 @@ class FxBuilder:
         evaluate: bool = False,
         device: torch.device | str = "cpu",
         cuda_graphs: bool = False,
+        autotune: bool = False,
     ) -> None:
         self.graph = graph
         self.device = device  # where constants made from inline numbers go
         #: the graph will replay as a CUDA graph: lowerings may pick kernels whose extra
         #: launches and buffers cost only there nothing (graphopt::decode_attention)
         self.cuda_graphs = cuda_graphs
+        #: inductor will autotune the GEMMs: lowerings may write graphopt's GEMM kernels as sites
+        #: inductor times against its own choices (graphopt.inductor_choices)
+        self.autotune = autotune
         self.fake_mode = fake_mode
         self.created = created if created is not None else []
         self._constant = constant
