@@ -2,6 +2,7 @@
 (graphopt/inductor_choices.py, issue 15 item 1). A GPU check for the lead (under 4 minutes on an H100):
 
     python3 benchmarks/autotune_choices.py --out $OUT/autotune_choices.json   # or: bash benchmarks/gpu_session.sh autotune-choices
+    python3 benchmarks/autotune_choices.py --weights int4 --tokens 16         # or: ... autotune-choices wq (graphopt::wq_linear)
 
 Two MLP blocks (Linear + ReLU, Linear + tanh-GELU: the sites graphopt.GemmActivation covers) at a
 decode-like and a prefill-like number of tokens, fp16, compiled with backend="graphopt" and
@@ -63,7 +64,7 @@ def _time_ms(fn: Any, x: torch.Tensor, runs: int = 50, warmup: int = 10) -> floa
     return statistics.median(times)
 
 
-def run_case(tokens: int, hidden: int, inner: int, dtype: torch.dtype, device: str = "cuda") -> dict[str, Any]:
+def run_case(tokens: int, hidden: int, inner: int, dtype: torch.dtype, device: str = "cuda", weights: str | None = None) -> dict[str, Any]:
     torch.manual_seed(0)
     torch._dynamo.reset()
     graphopt.torch_backend.clear_reports()
@@ -74,7 +75,8 @@ def run_case(tokens: int, hidden: int, inner: int, dtype: torch.dtype, device: s
     started = time.perf_counter()
     # A fresh cache: an FX-graph cache hit skips inductor's lowering, and with it the per-site decisions.
     with fresh_cache(), torch.no_grad():
-        ours = torch.compile(model, backend="graphopt", mode=MODE)
+        options: dict[str, Any] = {"mode": MODE} if weights is None else {"mode": MODE, "weights": weights}
+        ours = torch.compile(model, backend="graphopt", options=options)
         out = ours(x)
         compile_s = time.perf_counter() - started
         expected = model(x)
@@ -87,11 +89,11 @@ def run_case(tokens: int, hidden: int, inner: int, dtype: torch.dtype, device: s
     rows = []
     for d in sites:
         times = {a.candidate: a.measured_ms for a in d.alternatives}
-        g = times.pop("graphopt::linear_act", None)
+        g = times.pop("graphopt::linear_act", times.pop("graphopt::wq_linear", None))
         best = min(((k, v) for k, v in times.items() if v is not None), key=lambda kv: kv[1], default=(None, None))
         rows.append({"site": d.site, "chosen": d.chosen, "basis": d.basis, "graphopt_ms": g, "inductor_best": best[0],
                      "inductor_best_ms": best[1], "graphopt_speedup": (best[1] / g) if g and best[1] else None, "reason": d.reason})
-    return {"tokens": tokens, "hidden": hidden, "inner": inner, "dtype": str(dtype).removeprefix("torch."), "compile_s": round(compile_s, 1),
+    return {"tokens": tokens, "weights": weights, "hidden": hidden, "inner": inner, "dtype": str(dtype).removeprefix("torch."), "compile_s": round(compile_s, 1),
             "max_abs_error": error, "block_ms_graphopt": ms_graphopt, "block_ms_inductor": ms_inductor, "sites": rows,
             "warnings": list(report.warnings) if report else []}
 
@@ -102,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", default="16,2048", help="comma-separated numbers of tokens (rows of the GEMMs)")
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--inner", type=int, default=4096)
+    parser.add_argument("--weights", choices=("int8", "int4"), default=None,
+                        help="weight-only quantization: the sites are graphopt::wq_linear's (where fx_weight_quant's timing kept it) "
+                             "against inductor's dequantize + GEMM; the block's time is then against unquantized inductor")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                         help="cpu: a smoke run of the script (fp32, inductor's ATen GEMMs only); its times mean nothing")
     args = parser.parse_args(argv)
@@ -116,12 +121,12 @@ def main(argv: list[str] | None = None) -> int:
     gpu = torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or "cpu"
     print(f"{gpu}, torch {torch.__version__}, mode {MODE}")
     if args.device == "cuda":
-        results = [run_case(t, args.hidden, args.inner, torch.float16) for t in tokens]
+        results = [run_case(t, args.hidden, args.inner, torch.float16, weights=args.weights) for t in tokens]
     else:
         from torch._inductor import config
 
         with config.patch(max_autotune_gemm_backends="ATEN"):
-            results = [run_case(t, args.hidden, args.inner, torch.float32, "cpu") for t in tokens]
+            results = [run_case(t, args.hidden, args.inner, torch.float32, "cpu", args.weights) for t in tokens]
     print(f"\n{'tokens':>6}  {'site':44s} {'kept':9s} {'graphopt ms':>11s} {'inductor best':>26s} {'graphopt x':>10s}")
     for r in results:
         for s in r["sites"]:
@@ -137,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "gpu": gpu,
-                                        "torch": torch.__version__, "python": platform.python_version(), "mode": MODE,
+                                        "torch": torch.__version__, "weights": args.weights, "python": platform.python_version(), "mode": MODE,
                                         "command": " ".join(sys.argv), "results": results}, indent=2))
     return 0
 

@@ -23,10 +23,13 @@ time against inductor's best, every choice's time (select_algorithm's feedback h
 torch's inductor lacks an API used here, `problem()` says which, and the backend keeps the static
 policy with a report warning.
 
-Not yet here: graphopt::wq_linear (weight-only int8/int4). Its fair opponent, dequantize then
-inductor's GEMM choices, reads other inputs (the dequantized weight) than the kernel (the packed one),
-and select_algorithm times every choice on one set of inputs: it needs a subgraph choice
-(SubgraphTemplate), left for a later step; fx_weight_quant's own per-site timing stands.
+graphopt::wq_linear (weight-only int8/int4, written by fx_weight_quant where its own timing picked
+the kernel) goes the same way as ``graphopt::tuned_wq_linear``, through inductor's custom-op autotuning
+(``register_custom_op_autotuning``): its fair opponent, dequantize then the GEMM, reads other inputs
+(a dequantized weight) than a GEMM choice would, so it is a subgraph choice that inductor compiles
+from the ATen form (``wq_linear_reference``; inlined into the graph where it wins, fused with its
+neighbours), timed against graphopt's kernel on the packed weight. An absent zero point or bias is a
+0-element tensor there (that API passes the tensors by position).
 """
 
 from __future__ import annotations
@@ -43,7 +46,8 @@ from torch.library import custom_op
 
 from graphopt.report.model import Alternative, DecisionRecord, Report
 
-__all__ = ["TUNED_OPS", "ACTIVATIONS", "problem", "install", "inductor_autotunes", "recording", "SiteOutcome", "uses_autotune_sites"]
+__all__ = ["TUNED_OPS", "ACTIVATIONS", "WQ_PROBLEM", "problem", "install", "inductor_autotunes", "recording", "SiteOutcome",
+           "uses_autotune_sites", "wq_sites", "dequant_then_linear"]
 
 aten = torch.ops.aten
 
@@ -68,14 +72,42 @@ def _tuned_linear_act_fake(x: Tensor, w: Tensor, bias: Tensor | None, activation
     return linear_act_fake(x, w, bias, activation)
 
 
+def _present(t: Tensor) -> Tensor | None:
+    return t if t.numel() else None
+
+
+@custom_op("graphopt::tuned_wq_linear", mutates_args=())
+def tuned_wq_linear(x: Tensor, packed: Tensor, scales: Tensor, zeros: Tensor, bias: Tensor, bits: int, block_size: int,
+                    k: int) -> Tensor:
+    """graphopt::wq_linear as a site inductor autotunes; zeros / bias 0-element tensors where absent."""
+    return torch.ops.graphopt.wq_linear(x, packed, scales, _present(zeros), _present(bias), bits, block_size, k)
+
+
+@tuned_wq_linear.register_fake
+def _tuned_wq_linear_fake(x: Tensor, packed: Tensor, scales: Tensor, zeros: Tensor, bias: Tensor, bits: int, block_size: int,
+                          k: int) -> Tensor:
+    from graphopt.kernels.wq_matmul import wq_linear_fake
+
+    return wq_linear_fake(x, packed, scales, _present(zeros), _present(bias), bits, block_size, k)
+
+
+def dequant_then_linear(x: Tensor, packed: Tensor, scales: Tensor, zeros: Tensor, bias: Tensor, bits: int, block_size: int,
+                        k: int) -> Tensor:
+    """inductor's side of a wq_linear site: the weight dequantized by ATen ops, then the GEMM (inductor compiles it)."""
+    from graphopt.kernels.wq_matmul import wq_linear_reference
+
+    return wq_linear_reference(x, packed, scales, _present(zeros), _present(bias), bits, block_size, k)
+
+
 #: The ops whose inductor lowering offers graphopt's kernel as a choice.
-TUNED_OPS = ("graphopt::tuned_linear_act",)
+TUNED_OPS = ("graphopt::tuned_linear_act", "graphopt::tuned_wq_linear")
+_WQ_SELECT = "graphopt_wq_linear"  # the name of its select_algorithm calls
 
 
 def uses_autotune_sites(gm: torch.fx.GraphModule) -> bool:
     """Whether the graph holds a site op (its compile then records decisions)."""
-    target = torch.ops.graphopt.tuned_linear_act.default
-    return any(n.op == "call_function" and n.target is target for n in gm.graph.nodes)
+    targets = {torch.ops.graphopt.tuned_linear_act.default, torch.ops.graphopt.tuned_wq_linear.default}
+    return any(n.op == "call_function" and n.target in targets for n in gm.graph.nodes)
 
 
 # --------------------------------------------------------------------------- can this inductor do it
@@ -159,6 +191,9 @@ def _choice_label(choice: Any) -> str:
 
 def _feedback(timings: dict[Any, float], name: str, input_nodes: Any, choices: Any, *rest: Any) -> None:
     """select_algorithm's feedback hook: the times of every choice of a select call with ours in it."""
+    if str(name).startswith(_WQ_SELECT):
+        _wq_feedback(timings, input_nodes)
+        return
     outcome = next((_PENDING[id(c)] for c in list(timings) + list(choices or []) if id(c) in _PENDING), None)
     if outcome is None:
         return
@@ -307,12 +342,33 @@ def _lower_tuned_linear_act(x: Any, w: Any, bias: Any = None, activation: str = 
     return lowerings[aten.view.default](y, [*sizes[:-1], n]) if len(sizes) != 2 else y
 
 
-def _record(outcome: SiteOutcome, failure: str | None = None) -> None:
+def _wq_feedback(timings: dict[Any, float], input_nodes: Any) -> None:
+    """A wq_linear site's select call (custom-op autotuning): graphopt's kernel is its fallback choice, the
+    rest are inductor's compiled dequantize-then-GEMM; the fastest wins (threshold 1.0)."""
+    from torch._inductor.virtualized import V
+
+    node = getattr(V.graph, "current_node", None)
+    x, packed = list(input_nodes)[:2]
+    site = (f"{getattr(node, 'name', 'wq_linear')} [{'x'.join(str(s) for s in x.get_size())} @ int "
+            f"{'x'.join(str(s) for s in packed.get_size())}]")
+    outcome = SiteOutcome(site)
+    for choice, ms in timings.items():
+        if getattr(getattr(choice, "choice", None), "use_fallback_kernel", False):
+            outcome.graphopt_ms = float(ms)
+        else:
+            label = "dequantize + GEMM" + ("" if not outcome.times_ms else f" #{len(outcome.times_ms) + 1}")
+            outcome.times_ms[label] = float(ms)
+    if outcome.graphopt_ms is not None and outcome.times_ms:
+        outcome.winner = "graphopt" if outcome.graphopt_ms <= min(outcome.times_ms.values()) else "inductor"
+    _record(outcome, kernel="graphopt::wq_linear")
+
+
+def _record(outcome: SiteOutcome, failure: str | None = None, kernel: str = "graphopt::linear_act") -> None:
     report = _report()
     if report is None:
         return
     inductor_best = min(outcome.times_ms.items(), key=lambda kv: kv[1]) if outcome.times_ms else None
-    alternatives = [Alternative("graphopt::linear_act", measured_ms=outcome.graphopt_ms, source="inductor autotune")]
+    alternatives = [Alternative(kernel, measured_ms=outcome.graphopt_ms, source="inductor autotune")]
     alternatives += [Alternative(f"inductor {label}", measured_ms=ms, source="inductor autotune") for label, ms in sorted(outcome.times_ms.items(), key=lambda kv: kv[1])]
     if failure is not None:
         chosen, basis, reason = "graphopt", "forced", failure
@@ -323,8 +379,10 @@ def _record(outcome: SiteOutcome, failure: str | None = None) -> None:
         label, best_ms = inductor_best
         chosen, basis = ("graphopt" if outcome.winner == "graphopt" else "inductor"), "measured"
         ratio = best_ms / outcome.graphopt_ms if outcome.graphopt_ms > 0 else float("inf")
-        reason = (f"graphopt::linear_act {outcome.graphopt_ms:.4f} ms (its activation included) against inductor's best, "
-                  f"{label}, {best_ms:.4f} ms (the GEMM alone): graphopt {ratio:.2f}x; kept: {outcome.winner}")
+        what = ("(its activation included) against inductor's best, {label}, {ms:.4f} ms (the GEMM alone)" if kernel.endswith("linear_act")
+                else "against inductor's best, {label}, {ms:.4f} ms")
+        reason = (f"{kernel} {outcome.graphopt_ms:.4f} ms {what.format(label=label, ms=best_ms)}: graphopt {ratio:.2f}x; "
+                  f"kept: {outcome.winner}")
     report.decisions.append(DecisionRecord(kind="kernel", site=outcome.site, chosen=chosen, baseline="inductor", basis=basis,
                                            reason=reason, alternatives=alternatives))
 
@@ -335,8 +393,34 @@ def _record(outcome: SiteOutcome, failure: str | None = None) -> None:
 _INSTALLED: list[bool] = []
 
 
+def _random_bytes(fake: Tensor) -> Tensor:
+    return torch.randint(0, 256, tuple(fake.shape), dtype=torch.uint8, device=fake.device)
+
+
+def _register_wq_autotuning() -> str | None:
+    """graphopt::tuned_wq_linear through inductor's custom-op autotuning; None, or why it is not there."""
+    try:
+        from torch._inductor.kernel.custom_op import CustomOpConfig, register_custom_op_autotuning
+
+        register_custom_op_autotuning(tuned_wq_linear, configs=[CustomOpConfig(dequant_then_linear)], name=_WQ_SELECT,
+                                      input_gen_fns={"packed": _random_bytes, "zeros": _random_bytes})
+    except Exception as error:  # noqa: BLE001 - an inductor without that API: the site op is not written
+        return f"inductor's custom-op autotuning is unavailable ({type(error).__name__}: {error})"
+    return None
+
+
+#: After install(): "" where the wq_linear site is registered, else why not (its static form then stays).
+WQ_PROBLEM: list[str] = []
+
+
+def wq_sites() -> bool:
+    """Whether install() registered the wq_linear site (fx_weight_quant then writes it)."""
+    return bool(_INSTALLED) and WQ_PROBLEM == [""]
+
+
 def install() -> str | None:
-    """Register the site ops' inductor lowerings and the feedback hook, once; None, or why not."""
+    """Register the site ops' inductor lowerings and the feedback hook, once; None, or why not
+    (`WQ_PROBLEM` says whether the wq_linear site is there too)."""
     if _INSTALLED:
         return None
     reason = problem()
@@ -350,6 +434,7 @@ def install() -> str | None:
     for activation in ACTIVATIONS:  # the extern kernels exist before any compiled code (an FX-cache hit) calls one
         _extern_choice(activation)
     register_lowering(torch.ops.graphopt.tuned_linear_act.default, type_promotion_kind=None)(_lower_tuned_linear_act)
+    WQ_PROBLEM.append(_register_wq_autotuning() or "")
     select_algorithm.add_feedback_saver(_feedback)
     _INSTALLED.append(True)
     return None

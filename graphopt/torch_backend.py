@@ -251,6 +251,17 @@ def _autotune_sites(opts: TorchOptions, training: bool, report: Report) -> bool:
     return True
 
 
+def _wq_sites(report: Report) -> bool:
+    """Whether graphopt::wq_linear goes to inductor's autotuner too (else a warning says why not)."""
+    from graphopt import inductor_choices
+
+    if inductor_choices.wq_sites():
+        return True
+    why = inductor_choices.WQ_PROBLEM[0] if inductor_choices.WQ_PROBLEM else "not installed"
+    report.warnings.append(f"autotune choices: graphopt::wq_linear stays on its static form: {why}")
+    return False
+
+
 @contextlib.contextmanager
 def _recording_choices(gm: fx.GraphModule, opts: TorchOptions, report: Report) -> Iterator[None]:
     """Around inductor's compile of a graph with autotune sites: their decisions go to `report`."""
@@ -413,7 +424,10 @@ def optimize_fx(gm: fx.GraphModule, fake_mode: Any, rules: RuleSet, target: Any,
         ("merge_rsqrt", lambda: fx_passes.merge_rsqrt(gm)),
         ("merge_log1p", lambda: fx_passes.merge_log1p(gm)),
         ("lowering", lambda: torch_lowering.lower_neutral_nodes(gm, fake_mode, new_constant, view.const_array, view.device,
-                                                                 cuda_graphs=opts.cuda_graphs(), target=target, autotune=autotune)),
+                                                                 cuda_graphs=opts.cuda_graphs(), target=target,
+                                                                 # with `weights` the epilogue GEMMs stay aten._addmm_activation:
+                                                                 # fx_weight_quant quantizes those (its wq_linear sites are autotuned)
+                                                                 autotune=autotune and opts.weights is None)),
         ("unrepeat_kv", lambda: fx_gqa.unrepeat_kv(gm)),
         # What the lowerings built from constants (rotary caches in their torch form) folds too.
         ("constant_folding", lambda: fx_passes.fold_constants(gm, new_constant, opts.fold_size_limit)),
@@ -425,7 +439,8 @@ def optimize_fx(gm: fx.GraphModule, fake_mode: Any, rules: RuleSet, target: Any,
     if opts.weights is not None:  # after packing: q/k/v (gate/up) quantized as one GEMM
         from graphopt.passes import fx_weight_quant  # numpy quantization and the kernels: only when asked for
 
-        pipeline.run_pass("weight_quant", lambda: fx_weight_quant.quantize_weights(gm, new_constant, fake_mode, opts, report))
+        wq_autotune = autotune and _wq_sites(report)
+        pipeline.run_pass("weight_quant", lambda: fx_weight_quant.quantize_weights(gm, new_constant, fake_mode, opts, report, wq_autotune))
     pipeline.run_passes([
         ("pad_gemms", lambda: fx_passes.pad_unaligned_gemms(gm, new_constant, fake_mode)),
         # Last: the masks that dropped clones and folding left strided (fx_sdpa: a fused CUDA kernel would refuse them).

@@ -163,3 +163,60 @@ def test_the_site_op_outside_autotuning_runs_graphopts_kernel(fresh_inductor: No
     out, codes = run_and_get_code(torch.compile(f, backend="inductor"), x)
     torch.testing.assert_close(out, torch.nn.functional.silu(x @ w + b), atol=1e-5, rtol=1e-5)
     assert "graphopt.linear_act" in "\n".join(codes)
+
+
+# --------------------------------------------------------------------------- weight-only int8: graphopt::wq_linear
+
+
+class TwoLinears(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body, self.head = nn.Linear(64, 32), nn.Linear(32, 8)  # the head stays unquantized (the default block list)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x))
+
+
+@pytest.mark.parametrize("graphopt_wins", [True, False])
+def test_wq_linear_against_inductors_dequantize_then_gemm(monkeypatch: pytest.MonkeyPatch, fresh_inductor: None,
+                                                          graphopt_wins: bool) -> None:
+    from torch._inductor.codegen.subgraph import SubgraphChoiceCaller
+    from torch._inductor.select_algorithm import ExternKernelCaller
+
+    seen: list[str] = []
+
+    def timed(ms: float) -> Any:
+        def benchmark(self: Any, *args: Any, out: Any) -> float:
+            seen.append(self.name)
+            return ms
+        return benchmark
+
+    monkeypatch.setattr(ExternKernelCaller, "benchmark", timed(1.0 if graphopt_wins else 3.0))  # the op itself: graphopt's kernel
+    monkeypatch.setattr(SubgraphChoiceCaller, "benchmark", timed(2.0))  # inductor's compiled dequantize + GEMM
+    torch.manual_seed(0)
+    model = TwoLinears().eval()
+    x = torch.randn(4, 64)
+    out, code = _compile_and_code(model, x, options={"mode": "max-autotune-no-cudagraphs", "weights": "int8"})
+    torch.testing.assert_close(out, model(x), atol=2e-2, rtol=2e-2)  # int8 weights
+
+    targets = [n.target for n in last_graph().graph.nodes]  # type: ignore[union-attr]
+    assert targets.count(torch.ops.graphopt.tuned_wq_linear.default) == 1
+    assert any(name.endswith("_fallback") for name in seen) and any("dequant_then_linear" in name for name in seen)
+    (decision,) = _kernel_decisions()
+    assert decision.chosen == ("graphopt" if graphopt_wins else "inductor") and decision.basis == "measured"
+    times = {a.candidate: a.measured_ms for a in decision.alternatives}
+    assert times["graphopt::wq_linear"] == (1.0 if graphopt_wins else 3.0)
+    assert f"graphopt {'2.00' if graphopt_wins else '0.67'}x" in decision.reason
+    # graphopt's kernel is called only where it won; else inductor inlined its own dequantize + GEMM
+    assert ("torch.ops.graphopt.tuned_wq_linear" in code) == graphopt_wins
+
+
+def test_wq_linear_default_mode_keeps_the_kernel_as_it_was(fresh_inductor: None) -> None:
+    torch.manual_seed(0)
+    model = TwoLinears().eval()
+    x = torch.randn(4, 64)
+    out, _ = _compile_and_code(model, x, options={"weights": "int8"})
+    torch.testing.assert_close(out, model(x), atol=2e-2, rtol=2e-2)
+    targets = [n.target for n in last_graph().graph.nodes]  # type: ignore[union-attr]
+    assert torch.ops.graphopt.wq_linear.default in targets and torch.ops.graphopt.tuned_wq_linear.default not in targets
+    assert not _kernel_decisions()
