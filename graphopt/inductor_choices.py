@@ -264,6 +264,10 @@ def _offering(outcome: SiteOutcome, activation: str) -> Iterator[SiteOutcome]:
         _PENDING[id(ours)] = outcome
         # Decided now, not deferred to the scheduler's epilogue benchmarks: the activation follows only inductor's result.
         kwargs["return_multi_template"] = False
+        if _replays_cuda_graphs() and layout.device.type == "cuda" and _select_takes("benchmark_with_cudagraphs"):
+            # The compiled graph replays as CUDA graphs, where no choice pays its Python dispatch: time the
+            # extern choices (ATen's and graphopt's) as replays too.
+            kwargs["benchmark_with_cudagraphs"] = True
         try:
             result = real(name, [*choices, ours], input_nodes, layout, *args, **kwargs)
         finally:
@@ -279,6 +283,23 @@ def _offering(outcome: SiteOutcome, activation: str) -> Iterator[SiteOutcome]:
         yield outcome
     finally:
         mm.autotune_select_algorithm = real
+
+
+def _replays_cuda_graphs() -> bool:
+    from torch._inductor import config
+
+    return bool(getattr(getattr(config, "triton", None), "cudagraphs", False))
+
+
+def _select_takes(parameter: str) -> bool:
+    import inspect
+
+    from torch._inductor.select_algorithm import AlgorithmSelectorCache
+
+    try:
+        return parameter in inspect.signature(AlgorithmSelectorCache.__call__).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _calls_graphopt(node: Any) -> bool:
@@ -399,13 +420,34 @@ def _random_bytes(fake: Tensor) -> Tensor:
 
 def _register_wq_autotuning() -> str | None:
     """graphopt::tuned_wq_linear through inductor's custom-op autotuning; None, or why it is not there."""
+    op = torch.ops.graphopt.tuned_wq_linear.default
     try:
-        from torch._inductor.kernel.custom_op import CustomOpConfig, register_custom_op_autotuning
+        from torch._inductor.kernel import custom_op as inductor_custom_op
 
-        register_custom_op_autotuning(tuned_wq_linear, configs=[CustomOpConfig(dequant_then_linear)], name=_WQ_SELECT,
-                                      input_gen_fns={"packed": _random_bytes, "zeros": _random_bytes})
+        def register(**extra: Any) -> None:
+            inductor_custom_op.register_custom_op_autotuning(
+                tuned_wq_linear, configs=[inductor_custom_op.CustomOpConfig(dequant_then_linear)], name=_WQ_SELECT,
+                input_gen_fns={"packed": _random_bytes, "zeros": _random_bytes}, **extra)
+
+        register()
     except Exception as error:  # noqa: BLE001 - an inductor without that API: the site op is not written
         return f"inductor's custom-op autotuning is unavailable ({type(error).__name__}: {error})"
+    # Where the compiled graph replays as CUDA graphs, graphopt's kernel (a custom op called from Python) is
+    # timed as a replay too, as fx_weight_quant_forms times it; elsewhere its dispatch counts.
+    table = getattr(inductor_custom_op, "user_lowerings", None)
+    if isinstance(table, dict) and op in table:
+        plain = table[op]
+        try:
+            register(benchmark_with_cudagraphs=True)
+        except TypeError:  # an older API without it: timed as called
+            table[op] = plain
+            return None
+        replayed = table[op]
+        def lower(x: Any, *args: Any, **kwargs: Any) -> Any:
+            on_cuda = getattr(x.get_device(), "type", "") == "cuda"
+            return (replayed if on_cuda and _replays_cuda_graphs() else plain)(x, *args, **kwargs)
+
+        table[op] = lower
     return None
 
 

@@ -220,3 +220,15 @@ def test_wq_linear_default_mode_keeps_the_kernel_as_it_was(fresh_inductor: None)
     targets = [n.target for n in last_graph().graph.nodes]  # type: ignore[union-attr]
     assert torch.ops.graphopt.wq_linear.default in targets and torch.ops.graphopt.tuned_wq_linear.default not in targets
     assert not _kernel_decisions()
+
+
+def test_max_autotune_with_cuda_graphs_on_cpu_tensors(monkeypatch: pytest.MonkeyPatch, fresh_inductor: None) -> None:
+    """mode="max-autotune" turns CUDA graphs on: CPU choices are still timed as called (no CUDA graph capture)."""
+    torch.manual_seed(0)
+    model = LinearRelu().eval()
+    x = torch.randn(8, 16)
+    _fixed_times(monkeypatch, graphopt_ms=1.0, inductor_ms=2.0)
+    out, code = _compile_and_code(model, x, mode="max-autotune")
+    torch.testing.assert_close(out, model(x), atol=1e-5, rtol=1e-5)
+    (decision,) = _kernel_decisions()
+    assert decision.chosen == "graphopt" and "extern_kernels.graphopt_linear_act_relu" in code
