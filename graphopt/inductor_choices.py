@@ -329,13 +329,20 @@ def _epilogue(y: Any, activation: str) -> Any:
     """The activation after inductor's GEMM, lowered as inductor lowers the ATen op (fusable into a template's epilogue)."""
     from torch._inductor.lowering import lowerings
 
+    # silu and gelu have no lowering (aot decomposes them before inductor lowers): written out in ops that have one.
+    mul, add = lowerings[aten.mul.Tensor], lowerings[aten.add.Tensor]
     if activation == "none":
         return y
     if activation == "relu":
         return lowerings[aten.relu.default](y)
     if activation == "silu":
-        return lowerings[aten.silu.default](y)
-    return lowerings[aten.gelu.default](y, approximate="tanh" if activation == "gelu_tanh" else "none")
+        return mul(y, lowerings[aten.sigmoid.default](y))
+    if activation == "gelu":  # 0.5 y (1 + erf(y / sqrt(2)))
+        inner = lowerings[aten.erf.default](mul(y, 0.7071067811865476))
+    else:  # tanh form: 0.5 y (1 + tanh(sqrt(2 / pi) (y + 0.044715 y^3)))
+        cube = mul(mul(y, y), y)
+        inner = lowerings[aten.tanh.default](mul(add(y, mul(cube, 0.044715)), 0.7978845608028654))
+    return mul(mul(y, 0.5), add(inner, 1.0))
 
 
 def _lower_tuned_linear_act(x: Any, w: Any, bias: Any = None, activation: str = "none") -> Any:

@@ -232,3 +232,32 @@ def test_max_autotune_with_cuda_graphs_on_cpu_tensors(monkeypatch: pytest.Monkey
     torch.testing.assert_close(out, model(x), atol=1e-5, rtol=1e-5)
     (decision,) = _kernel_decisions()
     assert decision.chosen == "graphopt" and "extern_kernels.graphopt_linear_act_relu" in code
+
+
+@pytest.mark.parametrize("activation, bias", [("none", True), ("silu", True), ("gelu", True), ("gelu_tanh", True),
+                                              ("relu", False)])  # no bias: inductor's tuned_mm choices
+@pytest.mark.parametrize("graphopt_wins", [True, False])
+def test_every_activation_after_either_winner(monkeypatch: pytest.MonkeyPatch, fresh_inductor: None, activation: str,
+                                              bias: bool, graphopt_wins: bool) -> None:
+    """The site op compiled straight by inductor in max-autotune: inductor's GEMM + its epilogue, or graphopt's kernel."""
+    from torch._inductor import config
+    from torch._inductor.utils import run_and_get_code
+
+    from graphopt.kernels.matmul import apply_activation
+    from graphopt.report.model import Report
+
+    assert inductor_choices.install() is None
+    _fixed_times(monkeypatch, graphopt_ms=1.0 if graphopt_wins else 3.0, inductor_ms=2.0)
+    torch.manual_seed(0)
+    x, w, b = torch.randn(2, 3, 8), torch.randn(8, 6), (torch.randn(6) if bias else None)
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.graphopt.tuned_linear_act(x, w, b, activation)
+
+    report = Report(target="torch")
+    with config.patch(max_autotune=True), inductor_choices.recording(report):
+        out, codes = run_and_get_code(torch.compile(f, backend="inductor"), x)
+    torch.testing.assert_close(out, apply_activation(x @ w + (b if b is not None else 0), activation), atol=1e-5, rtol=1e-5)
+    (decision,) = [d for d in report.decisions if d.kind == "kernel"]
+    assert decision.chosen == ("graphopt" if graphopt_wins else "inductor") and activation in decision.site
+    assert (f"extern_kernels.graphopt_linear_act_{activation}" in "\n".join(codes)) == graphopt_wins
