@@ -39,6 +39,9 @@
 #                                              # whether onnxruntime runs the original's graph (ort_cpu_profile.py)
 #   bash benchmarks/gpu_session.sh placement M,N # the nodes the CUDA provider hands to the CPU, original and graphopt fp32/fp16 (ort_placement.py)
 #   bash benchmarks/gpu_session.sh llm-profile [VARIANT]  # the GPU kernels of a decode step (graphopt-ro, and VARIANT), per step
+#   bash benchmarks/gpu_session.sh autotune-choices  # graphopt's GEMM + activation kernel as an inductor max-autotune choice:
+#                                              # per site which choice won and by how much (autotune_choices.py, < 4 min);
+#                                              # "autotune-choices wq": int4 weights, graphopt::wq_linear's sites
 #   bash benchmarks/gpu_session.sh llm         # LLM prefill + greedy decode with a static KV cache (llm_decode.py), under 4 minutes
 #   bash benchmarks/gpu_session.sh norms cuda  # residual norms fused or not (ort_cpu_norms.py) on the CUDA provider; "norms cpu": 4 CPU threads
 #   bash benchmarks/gpu_session.sh wq kernels  # weight-only int8/int4 (issue 18): graphopt::wq_linear's Triton kernel compiled, against its reference
@@ -358,6 +361,15 @@ torch-zoo)
   else  # cut by the timeout: the JSON holds every model finished; the log's end says where it stopped
     grep -v -i "warn" "$OUT/torch-zoo-$tag.log" | tail -25
   fi
+  ;;
+autotune-choices)
+  # issue 15 item 1: graphopt::linear_act as an inductor max-autotune choice per GEMM + ReLU / tanh-GELU site
+  # (graphopt/inductor_choices.py): which choice won per site, by how much, the block against inductor alone (< 4 min)
+  # "autotune-choices wq": int4 weights at 16 tokens, graphopt::wq_linear against inductor's dequantize + GEMM
+  if [ "${2:-}" = wq ]; then extra="--weights int4 --tokens 16"; else extra=""; fi
+  timeout 235 python3 benchmarks/autotune_choices.py $extra --out "$OUT/autotune_choices${2:+-$2}.json" > "$OUT/autotune-choices.log" 2>&1
+  echo "exit $?"
+  grep -v -i "warn" "$OUT/autotune-choices.log" | tail -20
   ;;
 torch-cost)
   timeout 560 python3 benchmarks/torch_compile_cost.py --models "${2:-llama,t5,convnext}" \

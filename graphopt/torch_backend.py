@@ -30,13 +30,15 @@ the backend itself, the rewrite pipeline of step 3 and the reports.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import sys
 import threading
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -166,7 +168,7 @@ def graphopt_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, optio
         aten_gm = trace_to_aten(gm, fake_inputs, fake_mode)
         report.times_s["trace"] = time.perf_counter() - started
         frozen = _freeze_module_state(aten_gm, gm, example_inputs) if opts.freeze and not training else []
-        optimize_fx(aten_gm, fake_mode, rules, target, report, opts)
+        optimize_fx(aten_gm, fake_mode, rules, target, report, opts, autotune=_autotune_sites(opts, training, report))
     except GraphoptError:
         raise
     except Exception as error:  # a graphopt bug must not take the user's model down with it
@@ -204,7 +206,8 @@ def graphopt_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, optio
 
                 run_pass(report, "training_inputs", lambda: copy_mutated_inputs_for_autograd(aten_gm))
         t0 = time.perf_counter()
-        compiled = _compile_leftovers(aten_gm, kept_inputs, opts, report, dynamo_gm=gm, training=training)
+        with _recording_choices(aten_gm, opts, report):
+            compiled = _compile_leftovers(aten_gm, kept_inputs, opts, report, dynamo_gm=gm, training=training)
         report.times_s["leftovers"] = time.perf_counter() - t0
         if frozen:
             rewritten = compiled
@@ -230,6 +233,49 @@ def graphopt_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, optio
 
             write_json(report, path)
     return compiled
+
+
+def _autotune_sites(opts: TorchOptions, training: bool, report: Report) -> bool:
+    """Whether graphopt's GEMM kernels go to inductor as autotune choices (graphopt.inductor_choices):
+    inductor autotunes this compile and custom kernels are allowed; where this inductor cannot take
+    them, the static policy stands and the report says why."""
+    if not opts.inductor or training or opts.kernels == "none":
+        return False
+    from graphopt import inductor_choices
+
+    if not inductor_choices.inductor_autotunes(opts.mode):
+        return False
+    reason = inductor_choices.install()
+    if reason is not None:
+        report.warnings.append(f"autotune choices: {reason}: graphopt's GEMM kernels stay on the static policy (kernels={opts.kernels!r})")
+        return False
+    return True
+
+
+def _wq_sites(report: Report) -> bool:
+    """Whether graphopt::wq_linear goes to inductor's autotuner too (else a warning says why not)."""
+    from graphopt import inductor_choices
+
+    if inductor_choices.wq_sites():
+        return True
+    why = inductor_choices.WQ_PROBLEM[0] if inductor_choices.WQ_PROBLEM else "not installed"
+    report.warnings.append(f"autotune choices: graphopt::wq_linear stays on its static form: {why}")
+    return False
+
+
+@contextlib.contextmanager
+def _recording_choices(gm: fx.GraphModule, opts: TorchOptions, report: Report) -> Iterator[None]:
+    """Around inductor's compile of a graph with autotune sites: their decisions go to `report`."""
+    if not opts.inductor or "graphopt.inductor_choices" not in sys.modules:
+        yield
+        return
+    from graphopt import inductor_choices
+
+    if not inductor_choices.uses_autotune_sites(gm):
+        yield
+        return
+    with inductor_choices.recording(report):
+        yield
 
 
 def _carry_input_sources(aten_gm: fx.GraphModule, dynamo_gm: fx.GraphModule, kept: list[int]) -> None:
@@ -347,11 +393,15 @@ def _wants_channels_last(gm: fx.GraphModule, layout: str) -> bool:
     return layout == "nhwc" or convs[0].meta["val"].device.type == "cuda"
 
 
-def optimize_fx(gm: fx.GraphModule, fake_mode: Any, rules: RuleSet, target: Any, report: Report, opts: TorchOptions | None = None) -> None:
-    """Rewrite an ATen FX graph in place: the rules, constant folding, lowering to torch ops."""
+def optimize_fx(gm: fx.GraphModule, fake_mode: Any, rules: RuleSet, target: Any, report: Report, opts: TorchOptions | None = None,
+                autotune: bool = False) -> None:
+    """Rewrite an ATen FX graph in place: the rules, constant folding, lowering to torch ops.
+    `autotune`: inductor will time graphopt's GEMM kernels against its own (graphopt.inductor_choices)."""
     opts = opts or TorchOptions()
     started = time.perf_counter()
-    view = FxView(gm, fake_mode, inductor=opts.inductor)
+    # inductor compiles the graph: rules refuse ATen forms it cannot fuse into, unless it will autotune the
+    # GEMM sites graphopt writes (then it times them against its own choices)
+    view = FxView(gm, fake_mode, inductor=opts.inductor and not (autotune and opts.weights is None))
     new_constant = view.add_constant
     kind = GraphKind(
         view=view,
@@ -378,7 +428,10 @@ def optimize_fx(gm: fx.GraphModule, fake_mode: Any, rules: RuleSet, target: Any,
         ("merge_log1p", lambda: fx_passes.merge_log1p(gm)),
         ("lowering", lambda: torch_lowering.lower_neutral_nodes(gm, fake_mode, new_constant, view.const_array, view.device,
                                                                  cuda_graphs=opts.cuda_graphs(), target=target,
-                                                                 inductor=opts.inductor)),
+                                                                 inductor=opts.inductor,
+                                                                 # with `weights` the epilogue GEMMs stay aten._addmm_activation:
+                                                                 # fx_weight_quant quantizes those (its wq_linear sites are autotuned)
+                                                                 autotune=autotune and opts.weights is None)),
         ("unrepeat_kv", lambda: fx_gqa.unrepeat_kv(gm)),
         # What the lowerings built from constants (rotary caches in their torch form) folds too.
         ("constant_folding", lambda: fx_passes.fold_constants(gm, new_constant, opts.fold_size_limit)),
@@ -390,7 +443,8 @@ def optimize_fx(gm: fx.GraphModule, fake_mode: Any, rules: RuleSet, target: Any,
     if opts.weights is not None:  # after packing: q/k/v (gate/up) quantized as one GEMM
         from graphopt.passes import fx_weight_quant  # numpy quantization and the kernels: only when asked for
 
-        pipeline.run_pass("weight_quant", lambda: fx_weight_quant.quantize_weights(gm, new_constant, fake_mode, opts, report))
+        wq_autotune = autotune and _wq_sites(report)
+        pipeline.run_pass("weight_quant", lambda: fx_weight_quant.quantize_weights(gm, new_constant, fake_mode, opts, report, wq_autotune))
     pipeline.run_passes([
         ("pad_gemms", lambda: fx_passes.pad_unaligned_gemms(gm, new_constant, fake_mode)),
         # Last: the masks that dropped clones and folding left strided (fx_sdpa: a fused CUDA kernel would refuse them).

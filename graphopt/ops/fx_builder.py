@@ -42,6 +42,7 @@ class FxBuilder:
         device: torch.device | str = "cpu",
         cuda_graphs: bool = False,
         inductor: bool = False,
+        autotune: bool = False,
     ) -> None:
         self.graph = graph
         self.device = device  # where constants made from inline numbers go
@@ -51,6 +52,9 @@ class FxBuilder:
         #: inductor compiles the graph: an ATen op it cannot look into must earn its place
         #: against what inductor fuses on its own (aten._addmm_activation on the CPU)
         self.inductor = inductor
+        #: inductor will autotune the GEMMs: lowerings may write graphopt's GEMM kernels as sites
+        #: inductor times against its own choices (graphopt.inductor_choices)
+        self.autotune = autotune
         self.fake_mode = fake_mode
         self.created = created if created is not None else []
         self._constant = constant

@@ -283,6 +283,11 @@ def _gemm_activation(b: FxBuilder, args: list[Any], attrs: dict[str, Any], wante
     a, m, c = (b.tensor(x) for x in args[:3])
     if int(attrs.get("transB", 0)):  # b given as [N, K], as onnxruntime's FusedGemm takes it
         m = b.call(aten.permute.default, m, [1, 0])
+    if b.autotune and not b.evaluate and custom_op_problem("graphopt::tuned_linear_act") is None:
+        # inductor will autotune: graphopt::linear_act as a site it times against its own GEMM + epilogue
+        # (graphopt.inductor_choices), kept only where it wins.
+        kind = "relu" if activation == "Relu" else "gelu_tanh"
+        return [b.call(graphopt_op("tuned_linear_act"), a, m, c, kind)]
     if activation == "GeluTanh" and b.meta(a).device.type != "cuda":
         # The CPU kernel of aten._addmm_activation applies the erf GELU (CUDA's, the tanh one).
         raise RewriteDeclined("aten._addmm_activation applies the tanh GELU on CUDA tensors only")

@@ -89,11 +89,13 @@ def lower_neutral_nodes(
     cuda_graphs: bool = False,
     target: Target | None = None,
     inductor: bool = False,
+    autotune: bool = False,
 ) -> int:
     """Replace every neutral graphopt node by the torch ops it runs on; returns how many.
     `cuda_graphs`: the graph will replay as a CUDA graph (FxBuilder.cuda_graphs); `inductor`:
     inductor compiles it (FxBuilder.inductor). Where `target`
-    lowers an op to its ATen-only form (`ATEN_FORM`), that form."""
+    lowers an op to its ATen-only form (`ATEN_FORM`), that form. `autotune`: inductor will autotune
+    GEMMs (FxBuilder.autotune)."""
     graph = gm.graph
     lowered = 0
     for node in list(graph.nodes):
@@ -105,7 +107,7 @@ def lower_neutral_nodes(
         wanted = {int(u.args[1]) for u in projections} if multi else {0}  # type: ignore[arg-type]
         with graph.inserting_before(node):
             b = FxBuilder(graph, fake_mode, constant=constant, const_array=const_array, device=device, cuda_graphs=cuda_graphs,
-                          inductor=inductor)
+                          inductor=inductor, autotune=autotune)
             lowering = GRAPHOPT[op_type]
             fn = lowering.aten if target is not None and uses_aten_form(target, op_type) else lowering.fn
             assert fn is not None

@@ -162,13 +162,15 @@ def _op_name(node: fx.Node) -> str:
 
 
 class _Rewriter:
-    def __init__(self, gm: fx.GraphModule, new_constant: NewConstant, fake_mode: Any, opts: Any, report: Report) -> None:
+    def __init__(self, gm: fx.GraphModule, new_constant: NewConstant, fake_mode: Any, opts: Any, report: Report,
+                 autotune: bool = False) -> None:
         self.gm, self.new_constant, self.fake_mode, self.report = gm, new_constant, fake_mode, report
         self.bits = 4 if opts.weights == "int4" else 8
         self.block = int(opts.block_size)
         self.keep = opts.weights_keep
         self.min_snr = float(opts.weights_min_snr) if opts.weights_min_snr is not None else DEFAULT_MIN_SNR[self.bits]
         self.use_kernel = opts.kernels != "none" and hasattr(torch.ops.graphopt, "wq_linear")
+        self.autotune = autotune and self.use_kernel
         self.kept: list[str] = []
         self.summary = WeightQuantSummary(weights=opts.weights, block_size=self.block, symmetric=True, form="per layer",
                                           accuracy_level=None, min_snr_db=self.min_snr)
@@ -273,6 +275,12 @@ class _Rewriter:
                 zeros = self.new_constant(q.zeros, f"wq_{label}_zeros") if q.zeros is not None else None
                 target = torch.ops.graphopt.wq_linear.default if form == "wq_linear" else dequant_linear
                 args = (x, packed, scales, zeros, bias, self.bits, self.block, weight.shape[0])
+                if form == "wq_linear" and self.autotune:  # inductor times it against its dequantize + GEMM (graphopt.inductor_choices)
+                    target = torch.ops.graphopt.tuned_wq_linear.default
+                    absent = {"zeros": torch.zeros(0, dtype=torch.uint8, device=weight.device), "bias": torch.zeros(0, dtype=weight.dtype, device=weight.device)}
+                    args = (x, packed, scales, zeros if zeros is not None else self.new_constant(absent["zeros"], f"wq_{label}_no_zeros"),
+                            bias if bias is not None else self.new_constant(absent["bias"], f"wq_{label}_no_bias"),
+                            self.bits, self.block, weight.shape[0])
             replacement = graph.call_function(target, args)
             replacement.meta["val"] = _fake_call(self.fake_mode, target, fx.node.map_arg(args, lambda n: n.meta["val"]))
             if node.target is aten._addmm_activation.default:  # the epilogue as its own op, after the product
@@ -285,9 +293,11 @@ class _Rewriter:
         graph.erase_node(node)
 
 
-def quantize_weights(gm: fx.GraphModule, new_constant: NewConstant, fake_mode: Any, opts: Any, report: Report) -> int:
+def quantize_weights(gm: fx.GraphModule, new_constant: NewConstant, fake_mode: Any, opts: Any, report: Report,
+                     autotune: bool = False) -> int:
     """Quantize every eligible matmul's weight (opts.weights "int8"/"int4"); returns how many
-    matmuls were replaced. Each matmul with a constant weight leaves a "weights" decision in the
+    matmuls were replaced (`autotune`: inductor will time graphopt::wq_linear against its own dequantize +
+    GEMM, graphopt.inductor_choices: the kernel's sites are written for that). Each matmul with a constant weight leaves a "weights" decision in the
     report (quantized with its SNR and form, or kept and why) and a row in its weight_quantization
     (the same summary the ONNX path fills: SNR, form, reason code); a warning lists those kept."""
     if opts.weights is None:
@@ -295,7 +305,7 @@ def quantize_weights(gm: fx.GraphModule, new_constant: NewConstant, fake_mode: A
     from graphopt.ops.torch_custom_ops import ensure_kernels
 
     ensure_kernels()  # torch.ops.graphopt.wq_linear (the "dequant" form serves where it failed to register)
-    rewriter = _Rewriter(gm, new_constant, fake_mode, opts, report)
+    rewriter = _Rewriter(gm, new_constant, fake_mode, opts, report, autotune)
     changed = sum(rewriter.rewrite(node) for node in list(gm.graph.nodes))
     release_timing_buffers()
     if rewriter.summary.layers:
