@@ -26,6 +26,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch_compile import _ensure_backend_registered  # noqa: E402
 
 import graphopt
 import graphopt.torch_backend
@@ -76,6 +77,7 @@ def run_case(tokens: int, hidden: int, inner: int, dtype: torch.dtype, device: s
     # A fresh cache: an FX-graph cache hit skips inductor's lowering, and with it the per-site decisions.
     with fresh_cache(), torch.no_grad():
         options: dict[str, Any] = {"mode": MODE} if weights is None else {"mode": MODE, "weights": weights}
+        _ensure_backend_registered()  # a checkout on PYTHONPATH (the GPU machine) has no entry point
         ours = torch.compile(model, backend="graphopt", options=options)
         out = ours(x)
         compile_s = time.perf_counter() - started
