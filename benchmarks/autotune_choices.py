@@ -76,7 +76,9 @@ def run_case(tokens: int, hidden: int, inner: int, dtype: torch.dtype, device: s
     started = time.perf_counter()
     # A fresh cache: an FX-graph cache hit skips inductor's lowering, and with it the per-site decisions.
     with fresh_cache(), torch.no_grad():
-        options: dict[str, Any] = {"mode": MODE} if weights is None else {"mode": MODE, "weights": weights}
+        options: dict[str, Any] = {"mode": MODE, "autotune_kernels": True}
+        if weights is not None:
+            options["weights"] = weights
         _ensure_backend_registered()  # a checkout on PYTHONPATH (the GPU machine) has no entry point
         ours = torch.compile(model, backend="graphopt", options=options)
         out = ours(x)

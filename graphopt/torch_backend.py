@@ -239,7 +239,7 @@ def _autotune_sites(opts: TorchOptions, training: bool, report: Report) -> bool:
     """Whether graphopt's GEMM kernels go to inductor as autotune choices (graphopt.inductor_choices):
     inductor autotunes this compile and custom kernels are allowed; where this inductor cannot take
     them, the static policy stands and the report says why."""
-    if not opts.inductor or training or opts.kernels == "none":
+    if not opts.autotune_kernels or not opts.inductor or training or opts.kernels == "none":
         return False
     from graphopt import inductor_choices
 

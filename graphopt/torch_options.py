@@ -82,6 +82,11 @@ class TorchOptions:
     #: "keep" (as folding left it), "aligned" (a fresh aligned constant in the query's dtype),
     #: "copy" (copied dense on every call), "decompose" (that attention written out as matmul + softmax).
     attention_mask: str = "keep"
+    #: Where inductor autotunes (max-autotune): graphopt's GEMM kernels (linear + activation, wq_linear) as choices
+    #: it times against its own (graphopt/inductor_choices.py). Off by default, by measurement: on an H100
+    #: (benchmarks/RESULTS.md, 2026-11-28) graphopt::linear_act lost every site (0.08-0.22x inductor's best GEMM)
+    #: and a 2048-token block with the sites ran 1.16x inductor's, the activation left out of its GEMM's epilogue.
+    autotune_kernels: bool = False
 
     def cuda_graphs(self) -> bool:
         """Whether the compiled graph replays as CUDA graphs (inductor's, or CudaGraphReplay without it)."""
@@ -123,7 +128,7 @@ class TorchOptions:
                 value = None if value is None else list(value)
             elif key == "precision" and value not in _PRECISIONS:
                 raise GraphoptError(f"graphopt option 'precision' takes 'fp8' or None, not {value!r}")
-            elif key in ("inductor", "freeze", "trace", "strict", "tune") and not isinstance(value, bool):
+            elif key in ("inductor", "freeze", "trace", "strict", "tune", "autotune_kernels") and not isinstance(value, bool):
                 raise GraphoptError(f"graphopt option '{key}' takes True or False, not {value!r}")
             elif key == "kernels" and value not in ("auto", "all", "none"):
                 raise GraphoptError(f"graphopt option 'kernels' takes 'auto', 'all' or 'none', not {value!r}")

@@ -78,7 +78,7 @@ def test_the_faster_choice_is_kept_and_reported(monkeypatch: pytest.MonkeyPatch,
     model = LinearRelu().eval()
     x = torch.randn(*shape)
     seen = _fixed_times(monkeypatch, graphopt_ms=1.0 if graphopt_wins else 3.0, inductor_ms=2.0)
-    out, code = _compile_and_code(model, x, mode="max-autotune-no-cudagraphs")
+    out, code = _compile_and_code(model, x, options={"mode": "max-autotune-no-cudagraphs", "autotune_kernels": True})
     torch.testing.assert_close(out, model(x), atol=1e-5, rtol=1e-5)
 
     gm = last_graph()
@@ -101,7 +101,7 @@ def test_ratio_in_the_reason(monkeypatch: pytest.MonkeyPatch, fresh_inductor: No
     model = LinearRelu().eval()
     x = torch.randn(8, 16)
     _fixed_times(monkeypatch, graphopt_ms=4.0, inductor_ms=2.0)
-    _compile_and_code(model, x, mode="max-autotune-no-cudagraphs")
+    _compile_and_code(model, x, options={"mode": "max-autotune-no-cudagraphs", "autotune_kernels": True})
     (decision,) = _kernel_decisions()
     assert decision.chosen == "inductor" and "graphopt 0.50x" in decision.reason and "addmm" in decision.reason
 
@@ -123,7 +123,7 @@ def test_kernels_none_writes_no_site(fresh_inductor: None) -> None:
     torch.manual_seed(0)
     model = LinearRelu().eval()
     x = torch.randn(8, 16)
-    out, _ = _compile_and_code(model, x, options={"mode": "max-autotune-no-cudagraphs", "kernels": "none"})
+    out, _ = _compile_and_code(model, x, options={"mode": "max-autotune-no-cudagraphs", "kernels": "none", "autotune_kernels": True})
     torch.testing.assert_close(out, model(x), atol=1e-5, rtol=1e-5)
     targets = [n.target for n in last_graph().graph.nodes]  # type: ignore[union-attr]
     assert torch.ops.graphopt.tuned_linear_act.default not in targets and not _kernel_decisions()
@@ -134,7 +134,7 @@ def test_an_inductor_without_the_apis_falls_back_with_a_warning(monkeypatch: pyt
     model = LinearRelu().eval()
     x = torch.randn(8, 16)
     monkeypatch.setattr(inductor_choices, "install", lambda: "this inductor lacks torch._inductor.kernel.mm.tuned_addmm")
-    out, _ = _compile_and_code(model, x, mode="max-autotune-no-cudagraphs")
+    out, _ = _compile_and_code(model, x, options={"mode": "max-autotune-no-cudagraphs", "autotune_kernels": True})
     torch.testing.assert_close(out, model(x), atol=1e-5, rtol=1e-5)
     targets = [n.target for n in last_graph().graph.nodes]  # type: ignore[union-attr]
     # the static policy: on the CPU the GEMM + ReLU left to inductor
@@ -198,7 +198,7 @@ def test_wq_linear_against_inductors_dequantize_then_gemm(monkeypatch: pytest.Mo
     torch.manual_seed(0)
     model = TwoLinears().eval()
     x = torch.randn(4, 64)
-    out, code = _compile_and_code(model, x, options={"mode": "max-autotune-no-cudagraphs", "weights": "int8"})
+    out, code = _compile_and_code(model, x, options={"mode": "max-autotune-no-cudagraphs", "weights": "int8", "autotune_kernels": True})
     torch.testing.assert_close(out, model(x), atol=2e-2, rtol=2e-2)  # int8 weights
 
     targets = [n.target for n in last_graph().graph.nodes]  # type: ignore[union-attr]
@@ -230,7 +230,7 @@ def test_max_autotune_with_cuda_graphs_on_cpu_tensors(monkeypatch: pytest.Monkey
     model = LinearRelu().eval()
     x = torch.randn(8, 16)
     _fixed_times(monkeypatch, graphopt_ms=1.0, inductor_ms=2.0)
-    out, code = _compile_and_code(model, x, mode="max-autotune")
+    out, code = _compile_and_code(model, x, options={"mode": "max-autotune", "autotune_kernels": True})
     torch.testing.assert_close(out, model(x), atol=1e-5, rtol=1e-5)
     (decision,) = _kernel_decisions()
     assert decision.chosen == "graphopt" and "extern_kernels.graphopt_linear_act_relu" in code
@@ -263,3 +263,14 @@ def test_every_activation_after_either_winner(monkeypatch: pytest.MonkeyPatch, f
     (decision,) = [d for d in report.decisions if d.kind == "kernel"]
     assert decision.chosen == ("graphopt" if graphopt_wins else "inductor") and activation in decision.site
     assert (f"extern_kernels.graphopt_linear_act_{activation}" in "\n".join(codes)) == graphopt_wins
+
+
+def test_sites_are_opt_in(fresh_inductor: None) -> None:
+    """max-autotune without autotune_kernels: no site, the static policy (measured: the sites lost on an H100)."""
+    torch.manual_seed(0)
+    model = LinearRelu().eval()
+    x = torch.randn(8, 16)
+    out, _ = _compile_and_code(model, x, mode="max-autotune-no-cudagraphs")
+    torch.testing.assert_close(out, model(x), atol=1e-5, rtol=1e-5)
+    targets = [n.target for n in last_graph().graph.nodes]  # type: ignore[union-attr]
+    assert torch.ops.graphopt.tuned_linear_act.default not in targets and not _kernel_decisions()
