@@ -32,13 +32,11 @@ import onnx_ir as ir
 
 from graphopt._lazy_sympy import sympy
 from graphopt.ir.symbolic import SymbolicShapes, static_int
+from graphopt.ops import registry
 from graphopt.passes._common import record
 
 __all__ = ["uncrop_sliding_window_cache"]
 
-#: ops whose inputs broadcast against each other (an unequal pair of dims, neither 1, fails at run time)
-_BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div", "Where", "And", "Or", "Equal", "Greater", "Less", "GreaterOrEqual",
-                           "LessOrEqual", "Max", "Min"})
 _BIG = 2**31 - 1  # an end at or beyond this is "to the end"
 
 
@@ -83,8 +81,9 @@ def _refusing_node(view: Any, sym: SymbolicShapes, past: Any, width: int) -> ir.
     past + r with r a positive expression (seq): the cropped length min(past, width) + r against the full past + r.
     Either is 1 only where past = 0 (then they are equal), so the node runs only where past <= width."""
     excess = sympy.Max(0, past - width)
+    broadcasting = registry.names_with("broadcasting")  # an unequal pair of dims, neither 1, fails at run time
     for node in view.iter_all_nodes():
-        if node.domain not in ("", "ai.onnx") or node.op_type not in _BROADCASTING:
+        if node.domain not in ("", "ai.onnx") or node.op_type not in broadcasting:
             continue
         dims = [sym.dims(x) if x is not None else None for x in view.inputs(node)]
         for i, a in enumerate(dims):
