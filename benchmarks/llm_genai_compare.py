@@ -282,14 +282,13 @@ def agreement(tokens: np.ndarray, reference: np.ndarray) -> int:
     return min(counts)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_decode_options(parser: argparse.ArgumentParser) -> None:
+    """The options of a decode comparison on the folder and export made here (this script's and llm_genai_int4.py's)."""
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--work", type=Path, help="where the folder and models are built (default: OUT/work; reused when present)")
     parser.add_argument("--shape", choices=tuple(SHAPES), default="small")
     parser.add_argument("--layers", type=int, default=0)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--dtype", choices=("fp32", "fp16"), default="fp32")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--prompt", type=int, default=128)
     parser.add_argument("--steps", type=int, default=32)
@@ -297,9 +296,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="generations per variant, all variants in lockstep")
     parser.add_argument("--max-length", type=int, default=512, help="the shared KV buffers' length (and the config's max positions)")
     parser.add_argument("--threads", type=int, default=0)
-    parser.add_argument("--variants", default=",".join(VARIANTS))
-    parser.add_argument("--reuse", action="store_true", help="keep graphopt's output from an earlier run in --work (default: optimize again)")
+    parser.add_argument("--reuse", action="store_true", help="keep graphopt's outputs from an earlier run in --work (default: optimize again)")
     parser.add_argument("--build-only", action="store_true", help="build the folder and the models (into --work) and stop")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_decode_options(parser)
+    parser.add_argument("--dtype", choices=("fp32", "fp16"), default="fp32")
+    parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--disable", default="", help="graphopt rules to leave out, comma-separated")
     parser.add_argument("--genai-python", default=os.environ.get("GENAI_PYTHON", sys.executable),
                         help="a python that has onnxruntime_genai (default: $GENAI_PYTHON or this one)")

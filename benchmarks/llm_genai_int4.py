@@ -47,7 +47,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from llm_genai_compare import BUILDER_SHIM, SHAPES, Decoder, agreement, export, lockstep, make_folder  # noqa: E402
+from llm_genai_compare import BUILDER_SHIM, SHAPES, Decoder, add_decode_options, agreement, export, lockstep, make_folder  # noqa: E402
 
 KINDS = ("export", "graphopt", "builder-int4", "graphopt-int4")
 DEFAULT_VARIANTS = "export,graphopt,builder-int4,graphopt-int4,graphopt-int4-head,graphopt-int4-head-sym"
@@ -140,25 +140,12 @@ def cosines(logits: np.ndarray, reference: np.ndarray) -> np.ndarray:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--work", type=Path, help="where the folder and models are built (default: OUT/work; reused when present)")
-    parser.add_argument("--shape", choices=tuple(SHAPES), default="small")
-    parser.add_argument("--layers", type=int, default=0)
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    add_decode_options(parser)
     parser.add_argument("--block-size", type=int, default=32)
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--prompt", type=int, default=128)
-    parser.add_argument("--steps", type=int, default=32)
-    parser.add_argument("--warmup", type=int, default=4)
-    parser.add_argument("--rounds", type=int, default=3, help="generations per variant, all variants in lockstep")
-    parser.add_argument("--max-length", type=int, default=512)
-    parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--no-spinning", action="store_true",
                         help="intra-op threads sleep when idle (session.intra_op.allow_spinning=0): with several threads on a few "
                         "cores, one session's spinning pool otherwise slows the next session's step in the lockstep")
     parser.add_argument("--variants", default=DEFAULT_VARIANTS)
-    parser.add_argument("--build-only", action="store_true", help="build the folder and the models (into --work) and stop")
-    parser.add_argument("--reuse", action="store_true", help="keep graphopt's outputs from an earlier run in --work (default: optimize again)")
     parser.add_argument("--genai-python", default=sys.executable, help="a python that has onnxruntime_genai (its builder)")
     args = parser.parse_args(argv)
     args.dtype = "fp16" if args.device == "cuda" else "fp32"  # what export() reads
