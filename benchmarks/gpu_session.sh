@@ -30,6 +30,8 @@
 #                                              # fp16 converter, graphopt fp16, graphopt fp16 with Softmax kept in fp32 (the old default)
 #                                              # and without the LayerNorm rules that fuse their norms (ort_profile.py), then both in
 #                                              # zoo_bench against the anchors (< 4 minutes)
+#   bash benchmarks/gpu_session.sh zoo-recheck M,N  # flagged models again: CUDA, launching thread pinned, the original timed
+#                                              # twice, files onnxruntime runs as one graph timed once; "zoo-recheck cpu M,N": CPU provider
 #   bash benchmarks/gpu_session.sh cpu 1/1     # the zoo on onnxruntime's CPU provider (the GPU machine's 16 cores, 4 threads a session)
 #   bash benchmarks/gpu_session.sh cpu-control 1/2  # the CPU zoo as "cpu", with each session's threads pinned to the same cores
 #                                              # and the original timed twice (its "control" ratio: this measurement's own spread)
@@ -141,6 +143,20 @@ zoo)
   timeout 450 python3 benchmarks/zoo_bench.py --device cuda --jobs 12 --runs 10 --rounds 8 --warmup 5 --shard "$shard" \
     --out "$OUT/zoo_bench-${shard%/*}.json" > "$OUT/zoo-${shard%/*}.log" 2>&1
   tail -60 "$OUT/zoo-${shard%/*}.log"
+  ;;
+zoo-recheck)
+  # the models a zoo run flagged, again: launching thread pinned, the original timed twice (control), files that
+  # onnxruntime runs as one graph timed once; "zoo-recheck cpu M,N" on the CPU provider (4 threads pinned)
+  if [ "${2:-}" = cpu ]; then
+    lscpu | grep -m1 "Model name"
+    timeout 560 python3 benchmarks/zoo_bench.py --device cpu --threads 4 --jobs 12 --runs 10 --rounds 8 --warmup 3 --control --pin \
+      --models "${3:?models}" --out "$OUT/zoo_bench-recheck-cpu.json" > "$OUT/zoo-recheck-cpu.log" 2>&1
+    tail -40 "$OUT/zoo-recheck-cpu.log"
+  else
+    timeout 560 python3 benchmarks/zoo_bench.py --device cuda --jobs 12 --runs 10 --rounds 8 --warmup 5 --control --pin \
+      --models "${2:?models}" --out "$OUT/zoo_bench-recheck-cuda.json" > "$OUT/zoo-recheck-cuda.log" 2>&1
+    tail -40 "$OUT/zoo-recheck-cuda.log"
+  fi
   ;;
 placement)
   timeout 500 python3 benchmarks/ort_placement.py --models "${2:-hb-fpn-upsample-op11,hb-yolo-mish-op18}" --precisions fp32,fp16 \

@@ -31,9 +31,13 @@ the variants interleaved in a new order every round, so drift hits all of them a
 all runs. Variants that are the same graph (same nodes, attributes and weights under other value
 names: graphopt changed nothing an anchor did not, or kept a model in fp32 when asked for fp16) are timed once and
 share their figures; their ratio is marked ``=`` (1 by construction: a difference there is the machine's, not the
-optimizers'). Where graphopt is within the 3 % noise band of the original or of the best
-anchor, or slower than either, those variants are measured again (``--remeasure`` times at most) and the figure
-says whether it stayed within the band. Every output is compared with the fp32 original's
+optimizers'). So are variants whose files differ but that onnxruntime's session optimizer turns into one executed
+graph (``optimized_model_filepath`` of a session like the timing ones; ``same_executed_graph`` in the JSON;
+``--file-graphs-only`` turns this off): on the 2026-11-28 H100 run such pairs launched the same kernels for the same
+GPU time and still came out up to 13 % apart in wall time. Where graphopt is within the 3 % noise band of the
+original or of the best anchor, or slower than either, those variants are measured again (``--remeasure`` times at
+most), each time in new sessions (a session's lasting bias is not measured twice), and the figure says whether it
+stayed within the band. Every output is compared with the fp32 original's
 (max error relative to the output's largest magnitude; on CUDA both come from sessions with TF32 off, whose
 rounding alone moves a float32 output by about the fp32 tolerance); a non-finite output where the
 original is finite is flagged.
@@ -275,6 +279,16 @@ def pin_threads(threads: int) -> str | None:
     return ";".join(str(cpu + 1) for cpu in cpus[1:threads])
 
 
+def pin_launching_thread() -> bool:
+    """CUDA: keep the thread that launches the kernels on one core (the last this process may use, away from the
+    first cores' interrupts): a launch-bound model's wall time moves with the host thread's migrations."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return False
+    os.sched_setaffinity(0, {cpus[-1]})
+    return True
+
+
 def _check_outputs(expected: list[np.ndarray], actual: list[np.ndarray], precision: str) -> dict[str, Any]:
     worst, nonfinite = 0.0, False
     for e, a in zip(expected, actual):
@@ -355,21 +369,42 @@ def graph_fingerprint(path: str) -> str:
     return digest.hexdigest()
 
 
-def _same_graphs(variants: dict[str, dict[str, Any]]) -> dict[str, str]:
-    """{variant: the earlier variant whose graph it is} (the control is never merged: it times the original twice)."""
+def executed_graph_fingerprint(path: str, device: str, threads: int = 1) -> str | None:
+    """The fingerprint of the graph onnxruntime runs for a model file: its session optimizer's result at ENABLE_ALL on
+    `device` (``optimized_model_filepath``), what the timing sessions execute. Two files that end as one executed graph
+    cannot differ in speed by anything either optimizer did. None where the session cannot write its graph."""
+    ort = _ort()
+    with tempfile.TemporaryDirectory(prefix="zoo-ran-") as tmp:
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.intra_op_num_threads = max(threads, 1)
+        options.optimized_model_filepath = str(Path(tmp) / "ran.onnx")
+        try:
+            ort.InferenceSession(path, options, providers=_providers(device))
+            return graph_fingerprint(options.optimized_model_filepath)
+        except Exception:  # noqa: BLE001 - a graph onnxruntime cannot serialize is compared by its file only
+            return None
+
+
+def _same_graphs(variants: dict[str, dict[str, Any]], executed: dict[str, str | None] | None = None) -> dict[str, str]:
+    """{variant: the earlier variant whose graph it is}: the same file graph, or (``executed``: variant -> fingerprint
+    of the graph onnxruntime runs) the same executed graph. The control is never merged: it times the original twice."""
     seen: dict[str, str] = {}
     same_as: dict[str, str] = {}
     for name, info in variants.items():
         if info.get("role") == "control" or "path" not in info:
             continue
         try:
-            fingerprint = graph_fingerprint(info["path"])
+            keys = [graph_fingerprint(info["path"])]
         except Exception:  # noqa: BLE001 - a model that cannot be read again is timed on its own
             continue
-        if fingerprint in seen:
-            same_as[name] = seen[fingerprint]
-        else:
-            seen[fingerprint] = name
+        if executed and executed.get(name):
+            keys.append(f"ran:{executed[name]}")
+        earlier = next((seen[key] for key in keys if key in seen), None)
+        if earlier is not None:
+            same_as[name] = earlier
+        for key in keys:
+            seen.setdefault(key, earlier or name)
     return same_as
 
 
@@ -392,13 +427,16 @@ def _prepared(entry: ZooEntry, work: Path | None, device: str, precisions: list[
 
 
 def bench_one(entry: ZooEntry, device: str, precisions: list[str], runs: int, rounds: int, warmup: int,
-              remeasure: int, threads: int, work: Path | None = None, control: bool = False, pin: bool = False) -> dict[str, Any]:
+              remeasure: int, threads: int, work: Path | None = None, control: bool = False, pin: bool = False,
+              same_executed: bool = True) -> dict[str, Any]:
     feeds = load_inputs(entry)
     result: dict[str, Any] = {"model": entry.name, "exporter": entry.meta.get("exporter"), "opset": entry.meta.get("opset"),
                               "nodes": entry.meta.get("nodes"), "device": device}
     affinities = pin_threads(threads) if pin and device == "cpu" else None
     if pin and device == "cpu":
         result["pinned"] = affinities is not None
+    if pin and device == "cuda":
+        result["pinned"] = pin_launching_thread()
     with tempfile.TemporaryDirectory(prefix=f"zoo-{entry.name}-") as tmp:
         variants = _prepared(entry, work, device, precisions) or make_variants(entry, Path(tmp), device, precisions)
         if control:
@@ -437,9 +475,14 @@ def bench_one(entry: ZooEntry, device: str, precisions: list[str], runs: int, ro
         # Variants that are the very same graph (graphopt changed nothing an anchor did not, or kept fp32 for fp16)
         # are timed once: two sessions of one graph differ only by this machine's noise, not by anything
         # either optimizer did; they share one runner's samples.
-        same_as = _same_graphs({name: variants[name] for name in runners})
+        # The same holds for files that onnxruntime's session optimizer turns into one executed graph.
+        executed = {name: executed_graph_fingerprint(variants[name]["path"], device, threads) for name in runners} if same_executed else None
+        file_same = _same_graphs({name: variants[name] for name in runners})
+        same_as = _same_graphs({name: variants[name] for name in runners}, executed)
         for alias, canonical in same_as.items():
             variants[alias]["same_graph_as"] = canonical
+            if alias not in file_same:
+                variants[alias]["same_executed_graph"] = True   # different files, one graph run by onnxruntime
             del runners[alias]
         samples: dict[str, list[float]] = {name: [] for name in runners}
         # A block of runs lasts at least MIN_BLOCK_S: 10 runs of a 0.3 ms model are 3 ms, too short
@@ -474,6 +517,12 @@ def bench_one(entry: ZooEntry, device: str, precisions: list[str], runs: int, ro
                     break
                 attempts += 1
                 names = {same_as.get(n, n) for n in (f"graphopt{sfx}", "original", r.get("best_anchor"), "original-again") if n} & set(runners)
+                # in new sessions: a session's own lasting bias (thread placement, memory) is not measured again
+                for name in names:
+                    runners[name] = Runner(variants[name]["path"], feeds, device, threads, affinities)
+                    for _ in range(warmup):
+                        runners[name].run()
+                result.setdefault("sessions", {}).update({name: result.get("sessions", {}).get(name, 1) + 1 for name in names})
                 for _ in range(rounds):
                     for name in order.permutation(sorted(names)):
                         samples[str(name)] += runners[str(name)].time_runs(runs)
@@ -556,7 +605,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--control", action="store_true",
                         help="also time the original in a second session (original-again): the measurement's own spread")
     parser.add_argument("--pin", action="store_true",
-                        help="CPU: pin every session's threads to the same cores (the process's first --threads CPUs)")
+                        help="CPU: pin every session's threads to the same cores (the process's first --threads CPUs); "
+                             "CUDA: keep the launching thread on one core")
+    parser.add_argument("--file-graphs-only", action="store_true",
+                        help="merge only variants whose files are one graph, not those onnxruntime turns into one executed graph")
     parser.add_argument("--report", type=Path, nargs="+", default=None, help="print the table of earlier JSON results (several merge) and exit")
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)       # internal: bench one model, JSON on stdout
     parser.add_argument("--prepare", default=None, help=argparse.SUPPRESS)   # internal: make one model's variants into --work
@@ -579,7 +631,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.one:
         entry = cached_models(args.cache, [args.one])[0]
         result = bench_one(entry, args.device, precisions, args.runs, args.rounds, args.warmup, args.remeasure, args.threads, args.work,
-                           control=args.control, pin=args.pin)
+                           control=args.control, pin=args.pin, same_executed=not args.file_graphs_only)
         print("@@RESULT@@" + json.dumps(result, default=float))
         return 0
 
@@ -598,7 +650,8 @@ def main(argv: list[str] | None = None) -> int:
         "date": stamp.isoformat(timespec="seconds"), "device": args.device, "precisions": precisions,
         "command": " ".join([Path(sys.executable).name] + sys.argv), "machine": platform.node(), "cpu": platform.processor(),
         "onnxruntime": ort.__version__, "providers": ort.get_available_providers(),
-        "settings": {k: getattr(args, k) for k in ("runs", "rounds", "warmup", "remeasure", "threads", "control", "pin")}, "results": [],
+        "settings": {k: getattr(args, k) for k in ("runs", "rounds", "warmup", "remeasure", "threads", "control", "pin", "file_graphs_only")},
+        "results": [],
     }
     try:
         import graphopt
@@ -631,7 +684,8 @@ def main(argv: list[str] | None = None) -> int:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--one", entry.name] + common + [
                "--runs", str(args.runs), "--rounds", str(args.rounds), "--warmup", str(args.warmup),
                "--remeasure", str(args.remeasure), "--threads", str(args.threads)] + (["--work", str(args.work)] if args.work else []) + (
-               ["--control"] if args.control else []) + (["--pin"] if args.pin else [])
+               ["--control"] if args.control else []) + (["--pin"] if args.pin else []) + (
+               ["--file-graphs-only"] if args.file_graphs_only else [])
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
             marker = [line for line in proc.stdout.splitlines() if line.startswith("@@RESULT@@")]

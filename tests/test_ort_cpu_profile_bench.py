@@ -155,3 +155,37 @@ def test_zoo_bench_times_one_graph_once(cache: Path, tmp_path: Path) -> None:
     variants["onnxscript"].update(precision="fp32", median_ms=2.0, check={"ok": True})
     ratios = zoo_bench._ratios({"variants": variants}, "fp32")
     assert ratios["same_graph"] == ["vs_original"] and ratios["vs_best_anchor"] == 0.5
+
+
+def test_zoo_bench_merges_files_that_run_as_one_graph(cache: Path, tmp_path: Path) -> None:
+    """onnxruntime's own offline output is another file than the original but the same graph once a session has
+    optimized it: zoo_bench times the two once (same_executed_graph); with --file-graphs-only it times both."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import onnxruntime as ort
+    import zoo_bench
+
+    original = str(cache / NAME / "model.onnx")
+    offline = str(tmp_path / "offline.onnx")
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.optimized_model_filepath = offline
+    ort.InferenceSession(original, options, providers=["CPUExecutionProvider"])
+    assert zoo_bench.graph_fingerprint(offline) != zoo_bench.graph_fingerprint(original)
+    executed = {name: zoo_bench.executed_graph_fingerprint(path, "cpu") for name, path in (("original", original), ("offline", offline))}
+    assert executed["original"] is not None and executed["original"] == executed["offline"]
+    variants = {"original": {"path": original, "role": "original"}, "ort-offline-all": {"path": offline, "role": "anchor"}}
+    assert zoo_bench._same_graphs(variants) == {}
+    assert zoo_bench._same_graphs(variants, {"original": executed["original"], "ort-offline-all": executed["offline"]}) == {
+        "ort-offline-all": "original"}
+    # a different executed graph is never merged
+    assert zoo_bench._same_graphs(variants, {"original": executed["original"], "ort-offline-all": "other"}) == {}
+
+    for extra, merged in (([], True), (["--file-graphs-only"], False)):
+        out = tmp_path / f"zoo{len(extra)}.json"
+        run = _run("zoo_bench.py", "--cache", str(cache), "--device", "cpu", "--threads", "1", "--runs", "3", "--rounds", "2",
+                   "--warmup", "1", "--remeasure", "1", *extra, "--out", str(out))
+        assert run.returncode == 0, run.stderr
+        doc = json.loads(out.read_text())
+        anchor = doc["results"][0]["variants"]["ort-offline-all"]
+        assert (anchor.get("same_graph_as") == "original" and anchor.get("same_executed_graph") is True) is merged
+        assert doc["settings"]["file_graphs_only"] is (not merged)
