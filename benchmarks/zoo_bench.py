@@ -334,9 +334,10 @@ def _ratios(result: dict[str, Any], precision: str) -> dict[str, Any]:
     return out
 
 
-def graph_fingerprint(path: str) -> str:
+def graph_fingerprint(path: str, weight_values: bool = True) -> str:
     """A hash of a model's graph with its value names numbered in order of appearance: two files with the same
-    nodes in the same order, attributes and initializer bytes get the same fingerprint whatever their names."""
+    nodes in the same order, attributes and initializer bytes get the same fingerprint whatever their names
+    (``weight_values=False``: initializers by dtype and shape only, as a kernel sees them)."""
     import hashlib
 
     import onnx
@@ -353,7 +354,8 @@ def graph_fingerprint(path: str) -> str:
             return ""
         if name in initializers:
             array = numpy_helper.to_array(initializers.pop(name))
-            numbered[name] = f"c{array.dtype}{array.shape}:{hashlib.sha256(array.tobytes()).hexdigest()}"
+            content = hashlib.sha256(array.tobytes()).hexdigest() if weight_values else ""
+            numbered[name] = f"c{array.dtype}{array.shape}:{content}"
         return numbered.setdefault(name, f"v{len(numbered)}")
 
     for opset in sorted((o.domain, o.version) for o in model.opset_import):
@@ -371,8 +373,10 @@ def graph_fingerprint(path: str) -> str:
 
 def executed_graph_fingerprint(path: str, device: str, threads: int = 1) -> str | None:
     """The fingerprint of the graph onnxruntime runs for a model file: its session optimizer's result at ENABLE_ALL on
-    `device` (``optimized_model_filepath``), what the timing sessions execute. Two files that end as one executed graph
-    cannot differ in speed by anything either optimizer did. None where the session cannot write its graph."""
+    `device` (``optimized_model_filepath``), what the timing sessions execute: the same kernels in the same order on
+    the same wiring, weights by dtype and shape (folded constants differ in their last bits between optimizers).
+    Two files that end as one executed graph cannot differ in speed by anything either optimizer did. None where
+    the session cannot write its graph."""
     ort = _ort()
     with tempfile.TemporaryDirectory(prefix="zoo-ran-") as tmp:
         options = ort.SessionOptions()
@@ -381,7 +385,7 @@ def executed_graph_fingerprint(path: str, device: str, threads: int = 1) -> str 
         options.optimized_model_filepath = str(Path(tmp) / "ran.onnx")
         try:
             ort.InferenceSession(path, options, providers=_providers(device))
-            return graph_fingerprint(options.optimized_model_filepath)
+            return graph_fingerprint(options.optimized_model_filepath, weight_values=False)
         except Exception:  # noqa: BLE001 - a graph onnxruntime cannot serialize is compared by its file only
             return None
 
