@@ -263,9 +263,11 @@ def _record(report: Report | None, name: str, timing: SiteTiming, activation: st
     if report is None:
         return
     form = f"addmm + {activation}" if activation != "none" else "addmm"
-    inductor = f"inductor {form}" + (f" (GEMM: {timing.inductor_gemm})" if timing.inductor_gemm else "")
+    gemm = timing.inductor_gemm.split(" (")[0]  # the choice's name; its full label (a template's block sizes) in `source`
+    inductor = f"inductor {form}" + (f" (GEMM: {gemm})" if gemm else "")
     alternatives = [Alternative("graphopt::linear_act", measured_ms=timing.graphopt_ms, source="site timing"),
-                    Alternative(inductor, measured_ms=timing.inductor_ms, source="site timing: inductor's compiled code")]
+                    Alternative(inductor, measured_ms=timing.inductor_ms, source="site timing: inductor's compiled code"
+                                + (f"; its autotuner's GEMM pick {timing.inductor_gemm}" if timing.inductor_gemm else ""))]
     if timing.failure is not None or timing.graphopt_ms is None or timing.inductor_ms is None:
         report.decisions.append(DecisionRecord(
             kind="kernel", site=name, chosen="inductor", baseline="inductor", basis="forced", alternatives=alternatives,

@@ -422,3 +422,35 @@ def test_sites_are_opt_in(monkeypatch: pytest.MonkeyPatch, fresh_inductor: None)
     torch.testing.assert_close(out, model(x), atol=1e-5, rtol=1e-5)
     targets = [n.target for n in last_graph().graph.nodes]  # type: ignore[union-attr]
     assert torch.ops.graphopt.tuned_linear_act.default not in targets and not _kernel_decisions() and not seen
+
+
+def test_inductors_gemm_pick_goes_into_the_decision(monkeypatch: pytest.MonkeyPatch, fresh_inductor: None) -> None:
+    """The site's compile reports its autotuner's times (select_algorithm's feedback hook): the fastest GEMM is named."""
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True)
+    class Choice:
+        name: str
+        description: str
+
+    real_compile = inductor_sites._compile_site
+
+    def compile_site(*args: Any) -> Any:
+        fn, _ = real_compile(*args)  # on the CPU with ATen's GEMM alone, nothing is benchmarked: a pick stands in
+        return fn, "triton_mm_7 (BLOCK_M=64, BLOCK_N=64)"
+
+    def feedback_inside_compile() -> None:
+        with inductor_choices.collecting_gemm_timings() as collected:
+            inductor_choices._feedback({Choice("triton_mm_7", "BLOCK_M=64"): 0.5,
+                                        Choice("addmm", ""): 0.9}, "addmm", [], [])
+        assert collected == {"triton_mm_7 (BLOCK_M=64)": 0.5, "addmm": 0.9}
+
+    feedback_inside_compile()
+    monkeypatch.setattr(inductor_sites, "_compile_site", compile_site)
+    _fixed_site_times(monkeypatch, graphopt_ms=3.0, inductor_ms=2.0)
+    torch.manual_seed(0)
+    model = LinearRelu().eval()
+    _compile_and_code(model, torch.randn(8, 16), options=SITES)
+    (decision,) = _kernel_decisions()
+    inductor = next(a for a in decision.alternatives if a.candidate.startswith("inductor"))
+    assert inductor.candidate == "inductor addmm + relu (GEMM: triton_mm_7)" and "BLOCK_M=64, BLOCK_N=64" in inductor.source
