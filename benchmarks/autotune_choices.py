@@ -149,6 +149,25 @@ def run_case(tokens: int, hidden: int, inner: int, dtype: torch.dtype, device: s
             "warnings": list(report.warnings) if report else []}
 
 
+def _print_case(r: dict[str, Any]) -> None:
+    for s in r["sites"]:
+        best = f"{s['inductor_best'] or '-'}".removeprefix("inductor ")[:21] + (f" {s['inductor_best_ms']:.4f}" if s["inductor_best_ms"] else "")
+        ratio = f"{s['graphopt_speedup']:.2f}" if s["graphopt_speedup"] else "-"
+        g = f"{s['graphopt_ms']:.4f}" if s["graphopt_ms"] else "-"
+        print(f"{r['tokens']:>6}  {s['site'][:44]:44s} {s['chosen']:9s} {g:>11s} {best:>30s} {ratio:>10s}")
+    same = {True: "yes", False: "no", None: "not captured"}[r["code_identical_to_inductor"]]
+    print(f"{r['tokens']:>6}  block: inductor alone {r['block_ms_inductor']:.4f} ms, graphopt with sites {r['block_ms_graphopt']:.4f} ms "
+          f"(graphopt/inductor {r['block_ms_graphopt'] / r['block_ms_inductor']:.3f}); code identical to inductor's: {same}; "
+          f"launches {r['launches']['inductor']} / {r['launches']['graphopt']}; compile s inductor {r['compile_s']['inductor']}, "
+          f"graphopt {r['compile_s']['graphopt']}; max |error| {r['max_abs_error']:.2e}")
+    notes = [w for w in r["warnings"] if "frozen into constants" not in w]
+    if notes:  # on a line of its own (gpu_session.sh leaves out the log's lines about warnings)
+        print(f"{r['tokens']:>6}  warnings: {notes}")
+    if not r["sites"]:
+        print(f"{r['tokens']:>6}  no site was decided: see the warnings")
+    sys.stdout.flush()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None, help="JSON results file")
@@ -172,35 +191,22 @@ def main(argv: list[str] | None = None) -> int:
     gpu = torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or "cpu"
     print(f"{gpu}, torch {torch.__version__}, mode {MODE}")
     _warm_up(args.device)
-    if args.device == "cuda":
-        results = [run_case(t, args.hidden, args.inner, torch.float16, weights=args.weights) for t in tokens]
-    else:
-        from torch._inductor import config
+    print(f"\n{'tokens':>6}  {'site':44s} {'kept':9s} {'graphopt ms':>11s} {'inductor (site compiled)':>30s} {'graphopt x':>10s}", flush=True)
+    results: list[dict[str, Any]] = []
+    for t in tokens:  # each case printed and saved as it ends (a run cut short by the step's timeout keeps what it did)
+        if args.device == "cuda":
+            results.append(run_case(t, args.hidden, args.inner, torch.float16, weights=args.weights))
+        else:
+            from torch._inductor import config
 
-        with config.patch(max_autotune_gemm_backends="ATEN"):
-            results = [run_case(t, args.hidden, args.inner, torch.float32, "cpu", args.weights) for t in tokens]
-    print(f"\n{'tokens':>6}  {'site':44s} {'kept':9s} {'graphopt ms':>11s} {'inductor (site compiled)':>30s} {'graphopt x':>10s}")
-    for r in results:
-        for s in r["sites"]:
-            best = f"{s['inductor_best'] or '-'}".removeprefix("inductor ")[:21] + (f" {s['inductor_best_ms']:.4f}" if s["inductor_best_ms"] else "")
-            ratio = f"{s['graphopt_speedup']:.2f}" if s["graphopt_speedup"] else "-"
-            g = f"{s['graphopt_ms']:.4f}" if s["graphopt_ms"] else "-"
-            print(f"{r['tokens']:>6}  {s['site'][:44]:44s} {s['chosen']:9s} {g:>11s} {best:>30s} {ratio:>10s}")
-        same = {True: "yes", False: "no", None: "not captured"}[r["code_identical_to_inductor"]]
-        print(f"{r['tokens']:>6}  block: inductor alone {r['block_ms_inductor']:.4f} ms, graphopt with sites {r['block_ms_graphopt']:.4f} ms "
-              f"(graphopt/inductor {r['block_ms_graphopt'] / r['block_ms_inductor']:.3f}); code identical to inductor's: {same}; "
-              f"launches {r['launches']['inductor']} / {r['launches']['graphopt']}; compile s inductor {r['compile_s']['inductor']}, "
-              f"graphopt {r['compile_s']['graphopt']}; max |error| {r['max_abs_error']:.2e}")
-        notes = [w for w in r["warnings"] if "frozen into constants" not in w]
-        if notes:  # on a line of its own (gpu_session.sh leaves out the log's lines about warnings)
-            print(f"{r['tokens']:>6}  warnings: {notes}")
-        if not r["sites"]:
-            print(f"{r['tokens']:>6}  no site was decided: see the warnings")
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "gpu": gpu,
-                                        "torch": torch.__version__, "weights": args.weights, "python": platform.python_version(), "mode": MODE,
-                                        "command": " ".join(sys.argv), "results": results}, indent=2))
+            with config.patch(max_autotune_gemm_backends="ATEN"):
+                results.append(run_case(t, args.hidden, args.inner, torch.float32, "cpu", args.weights))
+        _print_case(results[-1])
+        if args.out:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps({"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "gpu": gpu,
+                                            "torch": torch.__version__, "weights": args.weights, "python": platform.python_version(),
+                                            "mode": MODE, "command": " ".join(sys.argv), "results": results}, indent=2))
     return 0
 
 

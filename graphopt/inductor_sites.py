@@ -15,7 +15,9 @@ without graphopt.
 How each side is timed (`benchmark`; tests replace it): inductor's code as CUDA-graph replays, where its
 launches cost nothing; graphopt's kernel as the compiled graph runs it, replayed where inductor replays the
 graph as a CUDA graph, else called through the dispatcher as its extern call is. Both medians of
-``triton.testing.do_bench`` (L2 flushed between runs). On the CPU, wall-clock medians.
+``triton.testing.do_bench`` (L2 flushed between runs). On the CPU, wall-clock medians. Where graphopt's
+kernel looks faster, both sides are timed again and each keeps its better time: a slow moment of inductor's
+side alone is not a win.
 
 What the site's timing cannot see: inductor may fuse more into the winning GEMM's epilogue in the model (a
 residual add after the activation) than in the site alone; graphopt's kernel, an extern call, fuses
@@ -206,6 +208,9 @@ def _time_site(x: Any, w: Any, bias: Any, activation: str, compile: _Compile) ->
 
             timing.inductor_ms = benchmark("inductor", inductor_fn, inputs, True)
             timing.graphopt_ms = benchmark("graphopt", graphopt_fn, inputs, compile.replay)
+            if timing.graphopt_wins:  # a win is confirmed by a second round (each side's best of two): a slow moment is no win
+                timing.inductor_ms = min(timing.inductor_ms, benchmark("inductor", inductor_fn, inputs, True))
+                timing.graphopt_ms = min(timing.graphopt_ms, benchmark("graphopt", graphopt_fn, inputs, compile.replay))
     except Exception as error:  # noqa: BLE001 - a site that cannot be timed keeps inductor's own lowering
         text = str(error).strip().splitlines()
         timing.failure = f"{type(error).__name__}: {text[0] if text else ''}"
