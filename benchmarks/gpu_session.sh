@@ -41,8 +41,8 @@
 #                                              # whether onnxruntime runs the original's graph (ort_cpu_profile.py)
 #   bash benchmarks/gpu_session.sh placement M,N # the nodes the CUDA provider hands to the CPU, original and graphopt fp32/fp16 (ort_placement.py)
 #   bash benchmarks/gpu_session.sh llm-profile [VARIANT]  # the GPU kernels of a decode step (graphopt-ro, and VARIANT), per step
-#   bash benchmarks/gpu_session.sh autotune-choices  # graphopt's GEMM + activation kernel as an inductor max-autotune choice:
-#                                              # per site which choice won and by how much (autotune_choices.py, < 4 min);
+#   bash benchmarks/gpu_session.sh autotune-choices  # graphopt's GEMM + activation kernel against inductor's code per site in
+#                                              # max-autotune: the winner, both times, the block vs inductor alone, same code? (< 4 min);
 #                                              # "autotune-choices wq": int4 weights, graphopt::wq_linear's sites
 #   bash benchmarks/gpu_session.sh llm         # LLM prefill + greedy decode with a static KV cache (llm_decode.py), under 4 minutes
 #   bash benchmarks/gpu_session.sh norms cuda  # residual norms fused or not (ort_cpu_norms.py) on the CUDA provider; "norms cpu": 4 CPU threads
@@ -379,8 +379,9 @@ torch-zoo)
   fi
   ;;
 autotune-choices)
-  # issue 15 item 1: graphopt::linear_act as an inductor max-autotune choice per GEMM + ReLU / tanh-GELU site
-  # (graphopt/inductor_choices.py): which choice won per site, by how much, the block against inductor alone (< 4 min)
+  # issue 15 item 1: graphopt::linear_act timed against inductor's compiled code per GEMM + ReLU / tanh-GELU site, in
+  # max-autotune (graphopt/inductor_sites.py): which side won per site and by how much, the block under inductor alone
+  # and graphopt with sites, and whether graphopt's code is inductor's byte for byte (< 4 min)
   # "autotune-choices wq": int4 weights at 16 tokens, graphopt::wq_linear against inductor's dequantize + GEMM
   if [ "${2:-}" = wq ]; then extra="--weights int4 --tokens 16"; else extra=""; fi
   timeout 235 python3 benchmarks/autotune_choices.py $extra --out "$OUT/autotune_choices${2:+-$2}.json" > "$OUT/autotune-choices.log" 2>&1

@@ -396,12 +396,24 @@ def _wants_channels_last(gm: fx.GraphModule, layout: str) -> bool:
 def optimize_fx(gm: fx.GraphModule, fake_mode: Any, rules: RuleSet, target: Any, report: Report, opts: TorchOptions | None = None,
                 autotune: bool = False) -> None:
     """Rewrite an ATen FX graph in place: the rules, constant folding, lowering to torch ops.
-    `autotune`: inductor will time graphopt's GEMM kernels against its own (graphopt.inductor_choices)."""
+    `autotune`: inductor autotunes; graphopt's GEMM kernels are timed against inductor's compiled code for
+    their sites as the rules plan them, and written only where they win (graphopt.inductor_sites)."""
     opts = opts or TorchOptions()
+    if not (autotune and opts.weights is None):
+        _optimize_fx(gm, fake_mode, rules, target, report, opts, autotune)
+        return
+    from graphopt import inductor_sites
+
+    with inductor_sites.deciding(report, opts.mode, opts.cuda_graphs()):
+        _optimize_fx(gm, fake_mode, rules, target, report, opts, autotune)
+
+
+def _optimize_fx(gm: fx.GraphModule, fake_mode: Any, rules: RuleSet, target: Any, report: Report, opts: TorchOptions,
+                 autotune: bool) -> None:
     started = time.perf_counter()
-    # inductor compiles the graph: rules refuse ATen forms it cannot fuse into, unless it will autotune the
-    # GEMM sites graphopt writes (then it times them against its own choices)
-    view = FxView(gm, fake_mode, inductor=opts.inductor and not (autotune and opts.weights is None))
+    # inductor compiles the graph: rules refuse ATen forms it cannot fuse into; where it autotunes, the GEMM
+    # sites are decided by timing (FxBuilder.autotune)
+    view = FxView(gm, fake_mode, inductor=opts.inductor, autotune=autotune and opts.weights is None)
     new_constant = view.add_constant
     kind = GraphKind(
         view=view,

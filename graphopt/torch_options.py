@@ -82,10 +82,10 @@ class TorchOptions:
     #: "keep" (as folding left it), "aligned" (a fresh aligned constant in the query's dtype),
     #: "copy" (copied dense on every call), "decompose" (that attention written out as matmul + softmax).
     attention_mask: str = "keep"
-    #: Where inductor autotunes (max-autotune): graphopt's GEMM kernels (linear + activation, wq_linear) as choices
-    #: it times against its own (graphopt/inductor_choices.py). Off by default, by measurement: on an H100
-    #: (benchmarks/RESULTS.md, 2026-11-28) graphopt::linear_act lost every site (0.08-0.22x inductor's best GEMM)
-    #: and a 2048-token block with the sites ran 1.16x inductor's, the activation left out of its GEMM's epilogue.
+    #: Where inductor autotunes (max-autotune): graphopt's GEMM kernels (linear + activation, wq_linear) timed against
+    #: inductor's own code per site, kept only where they win (graphopt/inductor_sites.py, inductor_choices.py). Off by
+    #: default: on an H100 (benchmarks/RESULTS.md, 2026-11-28) graphopt::linear_act lost every site (0.08-0.22x
+    #: inductor's best GEMM), so the sites would only add their timing to the compile.
     autotune_kernels: bool = False
 
     def cuda_graphs(self) -> bool:

@@ -1,8 +1,10 @@
-"""graphopt's GEMM kernel as an inductor autotune choice (graphopt/inductor_choices.py, issue 15 item 1).
+"""graphopt's GEMM kernels against inductor's own code per call site (graphopt/inductor_sites.py for GEMM +
+activation sites, decided before inductor lowers them; graphopt/inductor_choices.py for wq_linear, inside
+inductor's autotuner; issue 15 item 1).
 
-On the CPU inductor's max-autotune benchmarks extern choices too; the times are fixed here (the
-extern benchmark patched) so that each test decides which choice wins, and checks that the report
-and the generated code agree with it."""
+The times are fixed here (graphopt.inductor_sites.benchmark, or the autotuner's benchmarks patched) so that each
+test decides which side wins; inductor's code for a site is still compiled. Where inductor wins, the generated
+code must be inductor's own, byte for byte; where graphopt wins, it calls graphopt's kernel."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import torch
 import torch.nn as nn
 
 import graphopt
-from graphopt import inductor_choices
+from graphopt import inductor_choices, inductor_sites
 from graphopt.torch_backend import last_graph
 
 aten = torch.ops.aten
@@ -41,27 +43,41 @@ def fresh_inductor() -> Iterator[None]:
         yield
 
 
-def _fixed_times(monkeypatch: pytest.MonkeyPatch, graphopt_ms: float, inductor_ms: float) -> list[str]:
-    """Every extern choice's benchmark returns a fixed time: graphopt's kernel `graphopt_ms`, inductor's `inductor_ms`.
-    Returns the names of the choices benchmarked."""
-    from torch._inductor.select_algorithm import ExternKernelCaller
-
+def _fixed_site_times(monkeypatch: pytest.MonkeyPatch, graphopt_ms: float, inductor_ms: float) -> list[str]:
+    """A site's two sides take fixed times (graphopt.inductor_sites.benchmark); inductor's code for the site is still
+    compiled. Returns the sides timed, in order."""
     seen: list[str] = []
 
-    def benchmark(self: Any, *args: Any, out: Any) -> float:
-        seen.append(self.name)
-        return graphopt_ms if self.name.startswith("graphopt") else inductor_ms
+    def benchmark(side: str, fn: Any, inputs: Any, replay: bool) -> float:
+        seen.append(side)
+        return graphopt_ms if side == "graphopt" else inductor_ms
 
-    monkeypatch.setattr(ExternKernelCaller, "benchmark", benchmark)
+    monkeypatch.setattr(inductor_sites, "benchmark", benchmark)
     return seen
 
 
-def _compile_and_code(model: nn.Module, x: torch.Tensor, **kwargs: Any) -> tuple[torch.Tensor, str]:
+@pytest.fixture(autouse=True)
+def fresh_site_timings() -> Iterator[None]:
+    inductor_sites.clear_site_timings()
+    yield
+    inductor_sites.clear_site_timings()
+
+
+SITES = {"mode": "max-autotune-no-cudagraphs", "autotune_kernels": True}
+
+
+def _compile_and_code(model: nn.Module, x: torch.Tensor, backend: str = "graphopt", **kwargs: Any) -> tuple[torch.Tensor, str]:
+    """The model's output and the code inductor generated for it (the last module: a site's own compile comes before)."""
     from torch._inductor.utils import run_and_get_code
 
+    torch._dynamo.reset()
     with torch.no_grad():
-        out, codes = run_and_get_code(torch.compile(model, backend="graphopt", **kwargs), x)
-    return out, "\n".join(codes)
+        out, codes = run_and_get_code(torch.compile(model, backend=backend, **kwargs), x)
+    return out, codes[-1]
+
+
+def _inductor_alone(model: nn.Module, x: torch.Tensor) -> str:
+    return _compile_and_code(model, x, backend="inductor", mode="max-autotune-no-cudagraphs")[1]
 
 
 def _kernel_decisions() -> list[Any]:
@@ -70,40 +86,203 @@ def _kernel_decisions() -> list[Any]:
     return [d for d in report.decisions if d.kind == "kernel"]
 
 
-@pytest.mark.parametrize("graphopt_wins", [True, False])
+def _targets() -> list[Any]:
+    gm = last_graph()
+    assert gm is not None
+    return [n.target for n in gm.graph.nodes if n.op == "call_function"]
+
+
+def _times(decision: Any) -> dict[str, float | None]:
+    return {a.candidate.split(" (")[0]: a.measured_ms for a in decision.alternatives}
+
+
 @pytest.mark.parametrize("shape", [(8, 16), (2, 5, 16)])  # 3-D: x viewed as [10, 16] and back
-def test_the_faster_choice_is_kept_and_reported(monkeypatch: pytest.MonkeyPatch, fresh_inductor: None, graphopt_wins: bool,
-                                                shape: tuple[int, ...]) -> None:
+def test_where_inductor_wins_the_code_is_inductors_alone(monkeypatch: pytest.MonkeyPatch, fresh_inductor: None,
+                                                         shape: tuple[int, ...]) -> None:
+    """The site's rewrite is declined: the graph goes to inductor as dynamo captured it, and the generated code is
+    byte for byte inductor's (its addmm, the ReLU in inductor's own kernel after it, the same kernels)."""
     torch.manual_seed(0)
     model = LinearRelu().eval()
     x = torch.randn(*shape)
-    seen = _fixed_times(monkeypatch, graphopt_ms=1.0 if graphopt_wins else 3.0, inductor_ms=2.0)
-    out, code = _compile_and_code(model, x, options={"mode": "max-autotune-no-cudagraphs", "autotune_kernels": True})
+    seen = _fixed_site_times(monkeypatch, graphopt_ms=3.0, inductor_ms=2.0)
+    out, code = _compile_and_code(model, x, options=SITES)
     torch.testing.assert_close(out, model(x), atol=1e-5, rtol=1e-5)
+    assert seen == ["inductor", "graphopt"]  # both timed, once
 
-    gm = last_graph()
-    assert gm is not None
-    assert sum(n.target is torch.ops.graphopt.tuned_linear_act.default for n in gm.graph.nodes) == 1
-    assert "graphopt_linear_act_relu" in seen and "addmm" in seen  # both were autotuned
     (decision,) = _kernel_decisions()
-    assert decision.basis == "measured" and decision.baseline == "inductor"
-    assert decision.chosen == ("graphopt" if graphopt_wins else "inductor")
-    times = {a.candidate: a.measured_ms for a in decision.alternatives}
-    assert times["graphopt::linear_act"] == (1.0 if graphopt_wins else 3.0) and times["inductor addmm"] == 2.0
-    assert f"graphopt {'2.00' if graphopt_wins else '0.67'}x" in decision.reason
-    # the generated code calls the winner, and only it
-    assert ("extern_kernels.graphopt_linear_act_relu" in code) == graphopt_wins
-    assert ("extern_kernels.addmm" in code) == (not graphopt_wins)
+    assert decision.chosen == "inductor" and decision.basis == "measured" and decision.baseline == "inductor"
+    assert _times(decision) == {"graphopt::linear_act": 3.0, "inductor addmm + relu": 2.0}
+    assert "graphopt 0.67x" in decision.reason and "16 @ 16x32 + bias, relu]" in decision.site
+    assert torch.ops.graphopt.tuned_linear_act.default not in _targets()
+    assert "graphopt" not in code and "extern_kernels.addmm" in code and "cpp_fused_relu" in code
+    assert code == _inductor_alone(model, x)
 
 
-def test_ratio_in_the_reason(monkeypatch: pytest.MonkeyPatch, fresh_inductor: None) -> None:
+class ConvThenLinearRelu(nn.Module):
+    """Conv + BatchNorm (graphopt folds them: the graph goes graphopt's way), then a GEMM + ReLU site."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.bn, self.linear = nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Linear(4 * 4 * 4, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.linear(self.bn(self.conv(x)).flatten(1)))
+
+
+def test_where_inductor_wins_beside_other_rewrites_the_site_is_untouched(monkeypatch: pytest.MonkeyPatch,
+                                                                         fresh_inductor: None) -> None:
+    """With another rewrite the graph is graphopt's; the declined site leaves it as without any site: the same graph
+    handed to inductor, the same code."""
+    torch.manual_seed(0)
+    model = ConvThenLinearRelu().eval()
+    x = torch.randn(2, 3, 6, 6)
+    _fixed_site_times(monkeypatch, graphopt_ms=3.0, inductor_ms=2.0)
+    out, code = _compile_and_code(model, x, options=SITES)
+    torch.testing.assert_close(out, model(x), atol=1e-4, rtol=1e-4)
+    report = graphopt.last_report()
+    assert report is not None and report.rules["FoldConvBatchNorm"].applications == 1
+    (decision,) = _kernel_decisions()
+    assert decision.chosen == "inductor"
+    with_sites = last_graph()
+    assert with_sites is not None and aten.addmm.default in _targets() and aten.relu.default in _targets()
+
+    _, code_without = _compile_and_code(model, x, options={"mode": "max-autotune-no-cudagraphs"})
+    without = last_graph()
+    assert without is not None and not _kernel_decisions()
+    assert with_sites.code == without.code and code == code_without
+
+
+@pytest.mark.parametrize("shape", [(8, 16), (2, 5, 16)])
+def test_where_graphopt_wins_the_code_calls_its_kernel(monkeypatch: pytest.MonkeyPatch, fresh_inductor: None,
+                                                       shape: tuple[int, ...]) -> None:
+    torch.manual_seed(0)
+    model = LinearRelu().eval()
+    x = torch.randn(*shape)
+    _fixed_site_times(monkeypatch, graphopt_ms=1.0, inductor_ms=2.0)
+    out, code = _compile_and_code(model, x, options=SITES)
+    torch.testing.assert_close(out, model(x), atol=1e-5, rtol=1e-5)
+    (decision,) = _kernel_decisions()
+    assert decision.chosen == "graphopt" and decision.basis == "measured"
+    assert _times(decision) == {"graphopt::linear_act": 1.0, "inductor addmm + relu": 2.0} and "graphopt 2.00x" in decision.reason
+    assert _targets().count(torch.ops.graphopt.tuned_linear_act.default) == 1
+    assert "torch.ops.graphopt.linear_act.default" in code and "extern_kernels.addmm" not in code and "cpp_fused_relu" not in code
+
+
+def test_a_near_tie_keeps_inductor(monkeypatch: pytest.MonkeyPatch, fresh_inductor: None) -> None:
     torch.manual_seed(0)
     model = LinearRelu().eval()
     x = torch.randn(8, 16)
-    _fixed_times(monkeypatch, graphopt_ms=4.0, inductor_ms=2.0)
-    _compile_and_code(model, x, options={"mode": "max-autotune-no-cudagraphs", "autotune_kernels": True})
+    _fixed_site_times(monkeypatch, graphopt_ms=1.96, inductor_ms=2.0)  # 2 % faster: under WIN_MARGIN
+    _compile_and_code(model, x, options=SITES)
     (decision,) = _kernel_decisions()
-    assert decision.chosen == "inductor" and "graphopt 0.50x" in decision.reason and "addmm" in decision.reason
+    assert decision.chosen == "inductor" and "a tie" in decision.reason
+    assert torch.ops.graphopt.tuned_linear_act.default not in _targets()
+
+
+def test_a_win_from_one_slow_moment_is_not_kept(monkeypatch: pytest.MonkeyPatch, fresh_inductor: None) -> None:
+    """inductor's side slow in the first round only: the second round (each side's better time) keeps inductor."""
+    times = {"inductor": [5.0, 1.5], "graphopt": [2.0, 2.0]}
+
+    def benchmark(side: str, fn: Any, inputs: Any, replay: bool) -> float:
+        return times[side].pop(0)
+
+    monkeypatch.setattr(inductor_sites, "benchmark", benchmark)
+    torch.manual_seed(0)
+    model = LinearRelu().eval()
+    x = torch.randn(8, 16)
+    _, code = _compile_and_code(model, x, options=SITES)
+    (decision,) = _kernel_decisions()
+    assert decision.chosen == "inductor" and _times(decision) == {"graphopt::linear_act": 2.0, "inductor addmm + relu": 1.5}
+    assert times == {"inductor": [], "graphopt": []} and "graphopt" not in code
+
+
+class TwoLinearRelus(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = nn.Linear(16, 16), nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.second(torch.relu(self.first(x))))
+
+
+def test_one_timing_per_shape_one_decision_per_site(monkeypatch: pytest.MonkeyPatch, fresh_inductor: None) -> None:
+    torch.manual_seed(0)
+    model = TwoLinearRelus().eval()
+    x = torch.randn(8, 16)
+    seen = _fixed_site_times(monkeypatch, graphopt_ms=1.0, inductor_ms=2.0)
+    out, code = _compile_and_code(model, x, options=SITES)
+    torch.testing.assert_close(out, model(x), atol=1e-5, rtol=1e-5)
+    assert seen == ["inductor", "graphopt"] * 2  # graphopt's win confirmed by a second round; the second site has the first one's shapes
+    decisions = _kernel_decisions()
+    assert len(decisions) == 2 and len({d.site for d in decisions}) == 2 and all(d.chosen == "graphopt" for d in decisions)
+    assert code.count("torch.ops.graphopt.linear_act.default(") == 2
+
+
+class LinearGeluTanh(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(16, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.gelu(self.linear(x), approximate="tanh")
+
+
+@pytest.mark.parametrize("graphopt_wins", [True, False])
+def test_tanh_gelu_site(monkeypatch: pytest.MonkeyPatch, fresh_inductor: None, graphopt_wins: bool) -> None:
+    torch.manual_seed(0)
+    model = LinearGeluTanh().eval()
+    x = torch.randn(8, 16)
+    _fixed_site_times(monkeypatch, graphopt_ms=1.0 if graphopt_wins else 3.0, inductor_ms=2.0)
+    out, code = _compile_and_code(model, x, options=SITES)
+    torch.testing.assert_close(out, model(x), atol=1e-5, rtol=1e-5)
+    (decision,) = _kernel_decisions()
+    assert decision.chosen == ("graphopt" if graphopt_wins else "inductor") and decision.site.endswith("gelu_tanh]")
+    assert ("torch.ops.graphopt.linear_act.default" in code) == graphopt_wins
+    if not graphopt_wins:
+        assert code == _inductor_alone(model, x)
+
+
+def test_a_site_that_cannot_be_timed_keeps_inductor(monkeypatch: pytest.MonkeyPatch, fresh_inductor: None) -> None:
+    def broken(side: str, fn: Any, inputs: Any, replay: bool) -> float:
+        raise RuntimeError("no timer here")
+
+    monkeypatch.setattr(inductor_sites, "benchmark", broken)
+    torch.manual_seed(0)
+    model = LinearRelu().eval()
+    x = torch.randn(8, 16)
+    out, code = _compile_and_code(model, x, options=SITES)
+    torch.testing.assert_close(out, model(x), atol=1e-5, rtol=1e-5)
+    (decision,) = _kernel_decisions()
+    assert decision.chosen == "inductor" and decision.basis == "forced" and "no timer here" in decision.reason
+    assert code == _inductor_alone(model, x)
+
+
+def test_symbolic_shapes_are_not_timed(monkeypatch: pytest.MonkeyPatch, fresh_inductor: None) -> None:
+    seen = _fixed_site_times(monkeypatch, graphopt_ms=1.0, inductor_ms=2.0)
+    torch.manual_seed(0)
+    model = LinearRelu().eval()
+    x = torch.randn(8, 16)
+    torch._dynamo.mark_dynamic(x, 0)
+    out, _ = _compile_and_code(model, x, options=SITES)
+    torch.testing.assert_close(out, model(x), atol=1e-5, rtol=1e-5)
+    (decision,) = _kernel_decisions()
+    assert decision.chosen == "inductor" and decision.basis == "forced" and "symbolic shapes" in decision.reason
+    assert not seen and torch.ops.graphopt.tuned_linear_act.default not in _targets()
+
+
+def test_real_timings_decide(fresh_inductor: None) -> None:
+    """Not patched: both sides run and are timed on the CPU, and the decision follows the times."""
+    torch.manual_seed(0)
+    model = LinearRelu().eval()
+    x = torch.randn(8, 16)
+    out, code = _compile_and_code(model, x, options=SITES)
+    torch.testing.assert_close(out, model(x), atol=1e-5, rtol=1e-5)
+    (decision,) = _kernel_decisions()
+    times = _times(decision)
+    g, i = times["graphopt::linear_act"], times["inductor addmm + relu"]
+    assert g is not None and i is not None and g > 0 and i > 0 and decision.basis == "measured"
+    assert decision.chosen == ("graphopt" if g < inductor_sites.WIN_MARGIN * i else "inductor")
+    assert ("torch.ops.graphopt.linear_act.default" in code) == (decision.chosen == "graphopt")
 
 
 def test_default_mode_keeps_the_static_choice(fresh_inductor: None) -> None:
@@ -112,59 +291,64 @@ def test_default_mode_keeps_the_static_choice(fresh_inductor: None) -> None:
     torch.manual_seed(0)
     model = LinearRelu().eval()
     x = torch.randn(8, 16)
-    out, code = _compile_and_code(model, x)
+    out, code = _compile_and_code(model, x, options={"autotune_kernels": True})
     torch.testing.assert_close(out, model(x), atol=1e-5, rtol=1e-5)
-    targets = [n.target for n in last_graph().graph.nodes]  # type: ignore[union-attr]
-    assert aten._addmm_activation.default not in targets and torch.ops.graphopt.tuned_linear_act.default not in targets
-    assert not _kernel_decisions() and "graphopt_linear_act" not in code
+    assert aten._addmm_activation.default not in _targets() and torch.ops.graphopt.tuned_linear_act.default not in _targets()
+    assert not _kernel_decisions() and "graphopt" not in code
 
 
-def test_kernels_none_writes_no_site(fresh_inductor: None) -> None:
+def test_kernels_none_writes_no_site(monkeypatch: pytest.MonkeyPatch, fresh_inductor: None) -> None:
+    seen = _fixed_site_times(monkeypatch, graphopt_ms=1.0, inductor_ms=2.0)
     torch.manual_seed(0)
     model = LinearRelu().eval()
     x = torch.randn(8, 16)
-    out, _ = _compile_and_code(model, x, options={"mode": "max-autotune-no-cudagraphs", "kernels": "none", "autotune_kernels": True})
+    out, _ = _compile_and_code(model, x, options={**SITES, "kernels": "none"})
     torch.testing.assert_close(out, model(x), atol=1e-5, rtol=1e-5)
-    targets = [n.target for n in last_graph().graph.nodes]  # type: ignore[union-attr]
-    assert torch.ops.graphopt.tuned_linear_act.default not in targets and not _kernel_decisions()
+    assert torch.ops.graphopt.tuned_linear_act.default not in _targets() and not _kernel_decisions() and not seen
 
 
 def test_an_inductor_without_the_apis_falls_back_with_a_warning(monkeypatch: pytest.MonkeyPatch, fresh_inductor: None) -> None:
     torch.manual_seed(0)
     model = LinearRelu().eval()
     x = torch.randn(8, 16)
-    monkeypatch.setattr(inductor_choices, "install", lambda: "this inductor lacks torch._inductor.kernel.mm.tuned_addmm")
-    out, _ = _compile_and_code(model, x, options={"mode": "max-autotune-no-cudagraphs", "autotune_kernels": True})
+    monkeypatch.setattr(inductor_choices, "install", lambda: "this inductor lacks torch._inductor.ir.FallbackKernel")
+    out, _ = _compile_and_code(model, x, options=SITES)
     torch.testing.assert_close(out, model(x), atol=1e-5, rtol=1e-5)
-    targets = [n.target for n in last_graph().graph.nodes]  # type: ignore[union-attr]
     # the static policy: on the CPU the GEMM + ReLU left to inductor
-    assert aten._addmm_activation.default not in targets and torch.ops.graphopt.tuned_linear_act.default not in targets
+    assert aten._addmm_activation.default not in _targets() and torch.ops.graphopt.tuned_linear_act.default not in _targets()
     report = graphopt.last_report()
-    assert report is not None and any("autotune choices" in w and "tuned_addmm" in w and "static policy" in w for w in report.warnings)
+    assert report is not None and any("autotune choices" in w and "FallbackKernel" in w and "static policy" in w for w in report.warnings)
 
 
 def test_problem_names_a_missing_api(monkeypatch: pytest.MonkeyPatch) -> None:
-    from torch._inductor.kernel import mm
+    from torch._inductor import ir
 
     assert inductor_choices.problem() is None  # this torch has them all
-    monkeypatch.delattr(mm, "tuned_addmm")
-    assert "torch._inductor.kernel.mm.tuned_addmm" in (inductor_choices.problem() or "")
+    monkeypatch.delattr(ir, "FallbackKernel")
+    assert "torch._inductor.ir.FallbackKernel" in (inductor_choices.problem() or "")
 
 
-def test_the_site_op_outside_autotuning_runs_graphopts_kernel(fresh_inductor: None) -> None:
-    """The lowering's safety net: inductor not autotuning calls graphopt::linear_act itself."""
-    assert inductor_choices.install() is None
+@pytest.mark.parametrize("activation, bias", [("none", True), ("silu", True), ("gelu", True), ("gelu_tanh", True),
+                                              ("relu", False)])
+@pytest.mark.parametrize("autotuning", [True, False])
+def test_the_site_op_runs_graphopts_kernel(fresh_inductor: None, activation: str, bias: bool, autotuning: bool) -> None:
+    """A site op is written only where graphopt's kernel won: inductor calls it, autotuning or not."""
+    from torch._inductor import config
     from torch._inductor.utils import run_and_get_code
 
+    from graphopt.kernels.matmul import apply_activation
+
+    assert inductor_choices.install() is None
     torch.manual_seed(0)
-    x, w, b = torch.randn(4, 8), torch.randn(8, 6), torch.randn(6)
+    x, w, b = torch.randn(2, 3, 8), torch.randn(8, 6), (torch.randn(6) if bias else None)
 
     def f(x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.graphopt.tuned_linear_act(x, w, b, "silu")
+        return torch.ops.graphopt.tuned_linear_act(x, w, b, activation)
 
-    out, codes = run_and_get_code(torch.compile(f, backend="inductor"), x)
-    torch.testing.assert_close(out, torch.nn.functional.silu(x @ w + b), atol=1e-5, rtol=1e-5)
-    assert "graphopt.linear_act" in "\n".join(codes)
+    with config.patch(max_autotune=autotuning):
+        out, codes = run_and_get_code(torch.compile(f, backend="inductor"), x)
+    torch.testing.assert_close(out, apply_activation(x @ w + (b if b is not None else 0), activation), atol=1e-5, rtol=1e-5)
+    assert "torch.ops.graphopt.linear_act.default" in "\n".join(codes)
 
 
 # --------------------------------------------------------------------------- weight-only int8: graphopt::wq_linear
@@ -224,53 +408,66 @@ def test_wq_linear_default_mode_keeps_the_kernel_as_it_was(fresh_inductor: None)
     assert not _kernel_decisions()
 
 
-def test_max_autotune_with_cuda_graphs_on_cpu_tensors(monkeypatch: pytest.MonkeyPatch, fresh_inductor: None) -> None:
-    """mode="max-autotune" turns CUDA graphs on: CPU choices are still timed as called (no CUDA graph capture)."""
+def test_max_autotune_times_graphopts_kernel_as_a_replay(monkeypatch: pytest.MonkeyPatch, fresh_inductor: None) -> None:
+    """mode="max-autotune" replays CUDA graphs: graphopt's side is timed as a replay too (inductor's always is);
+    max-autotune-no-cudagraphs times graphopt's kernel as called."""
+    replays: dict[str, list[bool]] = {"inductor": [], "graphopt": []}
+
+    def benchmark(side: str, fn: Any, inputs: Any, replay: bool) -> float:
+        replays[side].append(replay)
+        return 1.0 if side == "graphopt" else 2.0
+
+    monkeypatch.setattr(inductor_sites, "benchmark", benchmark)
     torch.manual_seed(0)
     model = LinearRelu().eval()
     x = torch.randn(8, 16)
-    _fixed_times(monkeypatch, graphopt_ms=1.0, inductor_ms=2.0)
-    out, code = _compile_and_code(model, x, options={"mode": "max-autotune", "autotune_kernels": True})
-    torch.testing.assert_close(out, model(x), atol=1e-5, rtol=1e-5)
-    (decision,) = _kernel_decisions()
-    assert decision.chosen == "graphopt" and "extern_kernels.graphopt_linear_act_relu" in code
+    for mode in ("max-autotune", "max-autotune-no-cudagraphs"):
+        out, code = _compile_and_code(model, x, options={"mode": mode, "autotune_kernels": True})
+        torch.testing.assert_close(out, model(x), atol=1e-5, rtol=1e-5)
+        (decision,) = _kernel_decisions()
+        assert decision.chosen == "graphopt" and "torch.ops.graphopt.linear_act.default" in code
+    assert replays == {"inductor": [True] * 4, "graphopt": [True, True, False, False]}  # per mode, two rounds (graphopt wins)
 
 
-@pytest.mark.parametrize("activation, bias", [("none", True), ("silu", True), ("gelu", True), ("gelu_tanh", True),
-                                              ("relu", False)])  # no bias: inductor's tuned_mm choices
-@pytest.mark.parametrize("graphopt_wins", [True, False])
-def test_every_activation_after_either_winner(monkeypatch: pytest.MonkeyPatch, fresh_inductor: None, activation: str,
-                                              bias: bool, graphopt_wins: bool) -> None:
-    """The site op compiled straight by inductor in max-autotune: inductor's GEMM + its epilogue, or graphopt's kernel."""
-    from torch._inductor import config
-    from torch._inductor.utils import run_and_get_code
-
-    from graphopt.kernels.matmul import apply_activation
-    from graphopt.report.model import Report
-
-    assert inductor_choices.install() is None
-    _fixed_times(monkeypatch, graphopt_ms=1.0 if graphopt_wins else 3.0, inductor_ms=2.0)
-    torch.manual_seed(0)
-    x, w, b = torch.randn(2, 3, 8), torch.randn(8, 6), (torch.randn(6) if bias else None)
-
-    def f(x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.graphopt.tuned_linear_act(x, w, b, activation)
-
-    report = Report(target="torch")
-    with config.patch(max_autotune=True), inductor_choices.recording(report):
-        out, codes = run_and_get_code(torch.compile(f, backend="inductor"), x)
-    torch.testing.assert_close(out, apply_activation(x @ w + (b if b is not None else 0), activation), atol=1e-5, rtol=1e-5)
-    (decision,) = [d for d in report.decisions if d.kind == "kernel"]
-    assert decision.chosen == ("graphopt" if graphopt_wins else "inductor") and activation in decision.site
-    assert (f"extern_kernels.graphopt_linear_act_{activation}" in "\n".join(codes)) == graphopt_wins
-
-
-def test_sites_are_opt_in(fresh_inductor: None) -> None:
-    """max-autotune without autotune_kernels: no site, the static policy (measured: the sites lost on an H100)."""
+def test_sites_are_opt_in(monkeypatch: pytest.MonkeyPatch, fresh_inductor: None) -> None:
+    """max-autotune without autotune_kernels: no site timed, the static policy."""
+    seen = _fixed_site_times(monkeypatch, graphopt_ms=1.0, inductor_ms=2.0)
     torch.manual_seed(0)
     model = LinearRelu().eval()
     x = torch.randn(8, 16)
     out, _ = _compile_and_code(model, x, mode="max-autotune-no-cudagraphs")
     torch.testing.assert_close(out, model(x), atol=1e-5, rtol=1e-5)
     targets = [n.target for n in last_graph().graph.nodes]  # type: ignore[union-attr]
-    assert torch.ops.graphopt.tuned_linear_act.default not in targets and not _kernel_decisions()
+    assert torch.ops.graphopt.tuned_linear_act.default not in targets and not _kernel_decisions() and not seen
+
+
+def test_inductors_gemm_pick_goes_into_the_decision(monkeypatch: pytest.MonkeyPatch, fresh_inductor: None) -> None:
+    """The site's compile reports its autotuner's times (select_algorithm's feedback hook): the fastest GEMM is named."""
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True)
+    class Choice:
+        name: str
+        description: str
+
+    real_compile = inductor_sites._compile_site
+
+    def compile_site(*args: Any) -> Any:
+        fn, _ = real_compile(*args)  # on the CPU with ATen's GEMM alone, nothing is benchmarked: a pick stands in
+        return fn, "triton_mm_7 (BLOCK_M=64, BLOCK_N=64)"
+
+    def feedback_inside_compile() -> None:
+        with inductor_choices.collecting_gemm_timings() as collected:
+            inductor_choices._feedback({Choice("triton_mm_7", "BLOCK_M=64"): 0.5,
+                                        Choice("addmm", ""): 0.9}, "addmm", [], [])
+        assert collected == {"triton_mm_7 (BLOCK_M=64)": 0.5, "addmm": 0.9}
+
+    feedback_inside_compile()
+    monkeypatch.setattr(inductor_sites, "_compile_site", compile_site)
+    _fixed_site_times(monkeypatch, graphopt_ms=3.0, inductor_ms=2.0)
+    torch.manual_seed(0)
+    model = LinearRelu().eval()
+    _compile_and_code(model, torch.randn(8, 16), options=SITES)
+    (decision,) = _kernel_decisions()
+    inductor = next(a for a in decision.alternatives if a.candidate.startswith("inductor"))
+    assert inductor.candidate == "inductor addmm + relu (GEMM: triton_mm_7)" and "BLOCK_M=64, BLOCK_N=64" in inductor.source

@@ -82,9 +82,10 @@ class FxView:
     """GraphView over an FX GraphModule of ATen ops; one scope (the graph)."""
 
     def __init__(self, gm: fx.GraphModule, fake_mode: Any = None, device: torch.device | str | None = None,
-                 inductor: bool = False) -> None:
+                 inductor: bool = False, autotune: bool = False) -> None:
         self.gm = gm
         self.inductor = inductor  # inductor compiles the graph (FxBuilder.inductor)
+        self.autotune = autotune  # inductor autotunes its GEMMs (FxBuilder.autotune)
         self.graph = gm.graph
         self.fake_mode = fake_mode if fake_mode is not None else _detect_fake_mode(gm)
         self.device = torch.device(device) if device is not None else _main_device(gm)
@@ -279,7 +280,7 @@ class FxView:
         with self.graph.inserting_before(output):
             builder = torch_lowering.FxBuilder(
                 self.graph, self.fake_mode, created=self._pending, constant=self._new_tensor_constant, const_array=self.const_array,
-                device=self.device, inductor=self.inductor,
+                device=self.device, inductor=self.inductor, autotune=self.autotune, site=name_hint,
             )
             args = [self._as_fx(x) for x in inputs]
             if domain == "graphopt":

@@ -43,6 +43,7 @@ class FxBuilder:
         cuda_graphs: bool = False,
         inductor: bool = False,
         autotune: bool = False,
+        site: str = "",
     ) -> None:
         self.graph = graph
         self.device = device  # where constants made from inline numbers go
@@ -52,9 +53,11 @@ class FxBuilder:
         #: inductor compiles the graph: an ATen op it cannot look into must earn its place
         #: against what inductor fuses on its own (aten._addmm_activation on the CPU)
         self.inductor = inductor
-        #: inductor will autotune the GEMMs: lowerings may write graphopt's GEMM kernels as sites
-        #: inductor times against its own choices (graphopt.inductor_choices)
+        #: inductor will autotune the GEMMs: a lowering may write graphopt's GEMM kernel where it beats
+        #: inductor's own compiled code for the site, timed when the rewrite is planned (graphopt.inductor_choices)
         self.autotune = autotune
+        #: the node the rewrite stands in for (its name), for the report's per-site decisions
+        self.site = site
         self.fake_mode = fake_mode
         self.created = created if created is not None else []
         self._constant = constant

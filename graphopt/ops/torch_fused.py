@@ -283,10 +283,17 @@ def _gemm_activation(b: FxBuilder, args: list[Any], attrs: dict[str, Any], wante
     a, m, c = (b.tensor(x) for x in args[:3])
     if int(attrs.get("transB", 0)):  # b given as [N, K], as onnxruntime's FusedGemm takes it
         m = b.call(aten.permute.default, m, [1, 0])
-    if b.autotune and not b.evaluate and custom_op_problem("graphopt::tuned_linear_act") is None:
-        # inductor will autotune: graphopt::linear_act as a site it times against its own GEMM + epilogue
-        # (graphopt.inductor_choices), kept only where it wins.
+    if b.autotune and custom_op_problem("graphopt::tuned_linear_act") is None:
+        # inductor will autotune: graphopt::linear_act only where it beats inductor's own compiled code for the
+        # site, timed now, as the rewrite is planned (graphopt.inductor_sites). Where it does not, the rewrite
+        # is declined and the site's ATen ops stay as they were: inductor lowers them as it would without graphopt.
         kind = "relu" if activation == "Relu" else "gelu_tanh"
+        if b.evaluate:
+            from graphopt import inductor_sites
+
+            verdict = inductor_sites.decide_linear_act(b.site, b.meta(a), b.meta(m), b.meta(c), kind)
+            if verdict is not None:
+                raise RewriteDeclined(verdict)
         return [b.call(graphopt_op("tuned_linear_act"), a, m, c, kind)]
     if activation == "GeluTanh" and b.meta(a).device.type != "cuda":
         # The CPU kernel of aten._addmm_activation applies the erf GELU (CUDA's, the tanh one).

@@ -59,7 +59,7 @@ def neutral_node(b: FxBuilder, op_type: str, args: list[Any], attrs: dict[str, A
         raise RewriteDeclined(f"target torch has no lowering for graphopt.{op_type}")
     attrs = registry.with_defaults(op_type, attrs)  # the declared defaults, as on every other target
     inputs = [b.tensor(a) if isinstance(a, InlineConst) else a for a in args]
-    evaluating = FxBuilder(None, b.fake_mode, evaluate=True, inductor=b.inductor)
+    evaluating = FxBuilder(None, b.fake_mode, evaluate=True, inductor=b.inductor, autotune=b.autotune, site=b.site)
     fake_inputs = [b.meta(x) if x is not None else None for x in inputs]
     # Shapes only: the custom op's form where it is registered, else the ATen form (same outputs).
     fn = lowering.fn if lowering.problem(False) is None or lowering.aten is None else lowering.aten
@@ -76,6 +76,8 @@ def neutral_node(b: FxBuilder, op_type: str, args: list[Any], attrs: dict[str, A
     node = b.graph.call_function(neutral_op(op_type), tuple(inputs), {})
     node.meta["val"] = tuple(outs) if num_outputs > 1 else outs[0]
     node.meta["graphopt_attrs"] = dict(attrs)
+    if b.site:
+        node.meta["graphopt_site"] = b.site
     b.created.append(node)
     return node
 
@@ -107,7 +109,7 @@ def lower_neutral_nodes(
         wanted = {int(u.args[1]) for u in projections} if multi else {0}  # type: ignore[arg-type]
         with graph.inserting_before(node):
             b = FxBuilder(graph, fake_mode, constant=constant, const_array=const_array, device=device, cuda_graphs=cuda_graphs,
-                          inductor=inductor, autotune=autotune)
+                          inductor=inductor, autotune=autotune, site=str(node.meta.get("graphopt_site", node.name)))
             lowering = GRAPHOPT[op_type]
             fn = lowering.aten if target is not None and uses_aten_form(target, op_type) else lowering.fn
             assert fn is not None
