@@ -19,8 +19,6 @@ exit 2). No model file is written unless the whole run succeeds, and the input i
 never modified unless it is also the output and `--force` is given.
 """
 
-from __future__ import annotations
-
 import gc
 import logging
 import os
@@ -310,7 +308,7 @@ def optimize(
             if verify:
                 from graphopt.verify import verify_and_repair
 
-                def load_original() -> ir.Model:  # as optimized: with the shapes fixed
+                def load_original() -> "ir.Model":  # as optimized: with the shapes fixed
                     original = load_model(model)
                     if shapes:
                         pin_input_shapes(original, shapes)
