@@ -116,6 +116,9 @@ NOT_FOR_OPTIMIZE = (
     "pydantic", "torch", "sympy", "rich", "scipy", "statistics", "graphopt.report.html", "graphopt.verify",
     "graphopt.passes.precision_plan", "graphopt.passes.weight_quant", "graphopt.passes.kv_buffer", "graphopt.quant.fp8_onnx",
     "graphopt.decisions", "onnx_ir.passes.common", "graphopt.report.sections",
+    # OpenSSL's libcrypto (graphopt._digest takes its digests from CPython's builtin modules);
+    # the rewrites' snapshots (only drawn in a written report).
+    "hashlib", "_hashlib", "graphopt.report.snapshot",
 )
 
 
@@ -211,3 +214,39 @@ def test_without_snapshots_the_same_model_and_report_but_the_drawings() -> None:
         (r.rule, r.node, r.matched) for stats in drawn_report.rules.values() for r in stats.rewrites
     ]
     assert isinstance(ir.serde.deserialize_model(plain), ir.Model)
+
+
+# ------------------------------------------------------------------ typer's work per run
+
+
+def test_command_annotations_are_objects_not_strings() -> None:
+    # typer compiles and evaluates string annotations (`from __future__ import annotations`)
+    # twice per command on every run: graphopt.cli's are evaluated once, at import.
+    import inspect
+
+    import graphopt.cli as cli
+
+    commands = [info.callback for info in app.registered_commands] + [app.registered_callback.callback]
+    assert len(commands) >= 8
+    for command in commands:
+        annotations = inspect.get_annotations(command)
+        strings = [name for name, annotation in annotations.items() if isinstance(annotation, str)]
+        assert not strings, (command.__name__, strings)
+    assert cli.optimize.__annotations__["model"].__metadata__  # typer's Argument, as written
+
+
+# ------------------------------------------------------------------ graphopt._digest
+
+
+@pytest.mark.parametrize("data", [b"", b"graphopt", bytes(range(256)) * 33])
+def test_digests_are_hashlibs(data: bytes) -> None:
+    import hashlib
+
+    from graphopt import _digest
+
+    assert _digest.sha256(data).hexdigest() == hashlib.sha256(data).hexdigest()
+    assert _digest.sha1(data).hexdigest() == hashlib.sha1(data).hexdigest()
+    key = _digest.sha256()
+    key.update(data)
+    key.update(b"more")
+    assert key.digest() == hashlib.sha256(data + b"more").digest()
