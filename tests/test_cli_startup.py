@@ -250,3 +250,27 @@ def test_digests_are_hashlibs(data: bytes) -> None:
     key.update(data)
     key.update(b"more")
     assert key.digest() == hashlib.sha256(data + b"more").digest()
+
+
+# ------------------------------------------------------------------ onnx_view's attributes
+
+
+@pytest.mark.parametrize(
+    "value",
+    [[1, 2, 3], (0, -1), [True, False], [1.5, 2.0], (0.0,), ["a", "b"], ("x",), 3, 2.5, "s", [1, 2.0], [], [float("nan")]],
+    ids=repr,
+)
+def test_new_node_attributes_are_onnx_irs(value: Any) -> None:
+    # The shortcut for lists must give the attribute onnx-ir's convert_attribute gives (or its error).
+    import onnx_ir as ir
+
+    from graphopt.ir.onnx_view import _attribute
+
+    def made(convert: Any) -> Any:
+        try:
+            attribute = convert("a", value)
+        except TypeError as error:
+            return ("error", str(error))
+        return (type(attribute), attribute.type, repr(attribute.value))
+
+    assert made(_attribute) == made(ir.convenience.convert_attribute)
