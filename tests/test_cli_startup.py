@@ -7,12 +7,16 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import typer
 from conftest import run_cli
+
+import graphopt.pattern.native as native_module
+from graphopt.pattern.native import Value as NativeValue
 
 from graphopt.cli import app
 from graphopt.cli_command import plain_converter
@@ -119,6 +123,8 @@ NOT_FOR_OPTIMIZE = (
     # OpenSSL's libcrypto (graphopt._digest takes its digests from CPython's builtin modules);
     # the rewrites' snapshots (only drawn in a written report).
     "hashlib", "_hashlib", "graphopt.report.snapshot",
+    # The fast paths of big single-file models (a 245 KB model is read by onnx-ir's ordinary parse).
+    "graphopt.ir.fast_io", "graphopt.ir.fast_save", "graphopt.ir.protobuf_wire",
 )
 
 
@@ -274,3 +280,43 @@ def test_new_node_attributes_are_onnx_irs(value: Any) -> None:
         return (type(attribute), attribute.type, repr(attribute.value))
 
     assert made(_attribute) == made(ir.convenience.convert_attribute)
+
+
+# ------------------------------------------------------------------ native helpers' declared fields
+
+
+def _typing_fields(cls: type) -> tuple[tuple[str, str], ...]:
+    import dataclasses
+    import typing
+
+    hints = typing.get_type_hints(cls, include_extras=True)
+    return tuple(
+        (f.name, str(meta[0]) if (meta := getattr(hints.get(f.name), "__metadata__", ())) else "any") for f in dataclasses.fields(cls)
+    )
+
+
+def test_declared_fields_as_typing_resolves_them() -> None:
+    # declared_fields resolves one-name annotations itself (typing.get_type_hints compiles each):
+    # every built-in helper's params and results, and the forms it leaves to typing.
+    from graphopt.api import builtin_rules
+    from graphopt.pattern import native
+
+    builtin_rules()
+    classes = {cls for fn in native.registered() for cls in (fn.params, fn.results) if cls is not None}
+    assert len(classes) >= 4
+    for cls in classes:
+        assert native.declared_fields(cls) == _typing_fields(cls), cls
+
+    assert native.declared_fields(_Derived) == _typing_fields(_Derived) == (("a", "value"), ("b", "attr"), ("c", "any"), ("d", "any"))
+
+
+@dataclass
+class _Base:
+    a: NativeValue
+    b: native_module.Attr  # an expression: typing's
+
+
+@dataclass
+class _Derived(_Base):
+    c: int = 0  # a builtin: not in the module
+    d: list[NativeValue] | None = None
