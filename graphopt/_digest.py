@@ -13,17 +13,18 @@ from typing import Any
 
 __all__ = ["sha1", "sha256"]
 
-sha1: Any
-sha256: Any
 
-try:
-    from _sha1 import sha1
-except ImportError:  # pragma: no cover - depends on the interpreter's build
-    from hashlib import sha1
-try:
-    from _sha2 import sha256  # CPython 3.12 on
-except ImportError:
+def _builtin(module: str, name: str) -> Any:
     try:
-        from _sha256 import sha256  # CPython 3.10, 3.11
-    except ImportError:  # pragma: no cover - depends on the interpreter's build
-        from hashlib import sha256
+        return getattr(__import__(module), name)
+    except ImportError:  # another interpreter, a build without it, or another CPython version
+        return None
+
+
+#: CPython 3.12 on has its SHA-2 family in _sha2; 3.10 and 3.11 in _sha256.
+sha256: Any = _builtin("_sha2", "sha256") or _builtin("_sha256", "sha256")
+sha1: Any = _builtin("_sha1", "sha1")
+if sha256 is None or sha1 is None:  # pragma: no cover - depends on the interpreter's build
+    import hashlib
+
+    sha256, sha1 = sha256 or hashlib.sha256, sha1 or hashlib.sha1

@@ -16,10 +16,9 @@ import typer
 from conftest import run_cli
 
 import graphopt.pattern.native as native_module
-from graphopt.pattern.native import Value as NativeValue
-
 from graphopt.cli import app
 from graphopt.cli_command import plain_converter
+from graphopt.pattern.native import Value as NativeValue
 
 REPO = Path(__file__).resolve().parent.parent
 
