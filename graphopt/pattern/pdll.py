@@ -70,8 +70,9 @@ def parse_pdll_file(path: str | Path) -> PatternFile:
             pass  # no cache yet, or one from another version: parse
     result = parse_pdll(text, str(p))
     if cached is not None:
-        for rule in result.rules:
-            rule.effective_benefit  # noqa: B018 - a cached property: computed once, kept in the pickle
+        for rule in result.rules:  # cached properties: computed once, kept in the pickle
+            rule.effective_benefit  # noqa: B018
+            rule.first_choice  # noqa: B018
         _write_cache(cached, result)
     return result
 
