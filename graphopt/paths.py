@@ -11,11 +11,11 @@ link): every path is compared after resolving links, and by inode where it exist
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from graphopt._digest import sha256
 from graphopt.errors import GraphoptError
 
 __all__ = ["NAME_MAX", "short_name", "check_name_fits", "check_no_aliases"]
@@ -32,7 +32,7 @@ def short_name(name: str) -> str:
     encoded = os.fsencode(name)
     if len(encoded) <= NAME_MAX - _SUFFIX_ROOM:
         return name
-    digest = hashlib.sha256(encoded).hexdigest()[:12]
+    digest = sha256(encoded).hexdigest()[:12]
     return os.fsdecode(encoded[: NAME_MAX - _SUFFIX_ROOM - 13]) + "~" + digest
 
 

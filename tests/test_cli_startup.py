@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +15,10 @@ import pytest
 import typer
 from conftest import run_cli
 
+import graphopt.pattern.native as native_module
 from graphopt.cli import app
 from graphopt.cli_command import plain_converter
+from graphopt.pattern.native import Value as NativeValue
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -116,6 +119,11 @@ NOT_FOR_OPTIMIZE = (
     "pydantic", "torch", "sympy", "rich", "scipy", "statistics", "graphopt.report.html", "graphopt.verify",
     "graphopt.passes.precision_plan", "graphopt.passes.weight_quant", "graphopt.passes.kv_buffer", "graphopt.quant.fp8_onnx",
     "graphopt.decisions", "onnx_ir.passes.common", "graphopt.report.sections",
+    # OpenSSL's libcrypto (graphopt._digest takes its digests from CPython's builtin modules);
+    # the rewrites' snapshots (only drawn in a written report).
+    "hashlib", "_hashlib", "graphopt.report.snapshot",
+    # The fast paths of big single-file models (a 245 KB model is read by onnx-ir's ordinary parse).
+    "graphopt.ir.fast_io", "graphopt.ir.fast_save", "graphopt.ir.protobuf_wire",
 )
 
 
@@ -211,3 +219,103 @@ def test_without_snapshots_the_same_model_and_report_but_the_drawings() -> None:
         (r.rule, r.node, r.matched) for stats in drawn_report.rules.values() for r in stats.rewrites
     ]
     assert isinstance(ir.serde.deserialize_model(plain), ir.Model)
+
+
+# ------------------------------------------------------------------ typer's work per run
+
+
+def test_command_annotations_are_objects_not_strings() -> None:
+    # typer compiles and evaluates string annotations (`from __future__ import annotations`)
+    # twice per command on every run: graphopt.cli's are evaluated once, at import.
+    import inspect
+
+    import graphopt.cli as cli
+
+    commands = [info.callback for info in app.registered_commands] + [app.registered_callback.callback]
+    assert len(commands) >= 8
+    for command in commands:
+        annotations = inspect.get_annotations(command)
+        strings = [name for name, annotation in annotations.items() if isinstance(annotation, str)]
+        assert not strings, (command.__name__, strings)
+    assert cli.optimize.__annotations__["model"].__metadata__  # typer's Argument, as written
+
+
+# ------------------------------------------------------------------ graphopt._digest
+
+
+@pytest.mark.parametrize("data", [b"", b"graphopt", bytes(range(256)) * 33])
+def test_digests_are_hashlibs(data: bytes) -> None:
+    import hashlib
+
+    from graphopt import _digest
+
+    assert _digest.sha256(data).hexdigest() == hashlib.sha256(data).hexdigest()
+    assert _digest.sha1(data).hexdigest() == hashlib.sha1(data).hexdigest()
+    key = _digest.sha256()
+    key.update(data)
+    key.update(b"more")
+    assert key.digest() == hashlib.sha256(data + b"more").digest()
+
+
+# ------------------------------------------------------------------ onnx_view's attributes
+
+
+@pytest.mark.parametrize(
+    "value",
+    [[1, 2, 3], (0, -1), [True, False], [1.5, 2.0], (0.0,), ["a", "b"], ("x",), 3, 2.5, "s", [1, 2.0], [], [float("nan")]],
+    ids=repr,
+)
+def test_new_node_attributes_are_onnx_irs(value: Any) -> None:
+    # The shortcut for lists must give the attribute onnx-ir's convert_attribute gives (or its error).
+    import onnx_ir as ir
+
+    from graphopt.ir.onnx_view import _attribute
+
+    def made(convert: Any) -> Any:
+        try:
+            attribute = convert("a", value)
+        except TypeError as error:
+            return ("error", str(error))
+        return (type(attribute), attribute.type, repr(attribute.value))
+
+    assert made(_attribute) == made(ir.convenience.convert_attribute)
+
+
+# ------------------------------------------------------------------ native helpers' declared fields
+
+
+def _typing_fields(cls: type) -> tuple[tuple[str, str], ...]:
+    import dataclasses
+    import typing
+
+    hints = typing.get_type_hints(cls, include_extras=True)
+    return tuple(
+        (f.name, str(meta[0]) if (meta := getattr(hints.get(f.name), "__metadata__", ())) else "any") for f in dataclasses.fields(cls)
+    )
+
+
+def test_declared_fields_as_typing_resolves_them() -> None:
+    # declared_fields resolves one-name annotations itself (typing.get_type_hints compiles each):
+    # every built-in helper's params and results, and the forms it leaves to typing.
+    from graphopt.api import builtin_rules
+    from graphopt.pattern import native
+
+    builtin_rules()
+    classes = {cls for fn in native.registered() for cls in (fn.params, fn.results) if cls is not None}
+    assert len(classes) >= 4
+    for cls in classes:
+        assert native.declared_fields(cls) == _typing_fields(cls), cls
+
+    assert native.declared_fields(_Derived) == _typing_fields(_Derived) == (("a", "value"), ("b", "attr"), ("c", "any"), ("d", "any"))
+
+
+@dataclass
+class _Base:
+    a: NativeValue
+    b: native_module.Attr  # an expression: typing's
+
+
+@dataclass
+class _Derived(_Base):
+    c: int = 0  # a builtin: not in the module
+    d: list[NativeValue] | None = None

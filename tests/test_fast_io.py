@@ -17,7 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import graphopt
 from graphopt.errors import ModelError
-from graphopt.ir import fast_io, fast_save
+from graphopt.ir import fast_io, fast_save, onnx_io
 from graphopt.ir.onnx_io import load_model, save_model
 
 F = TensorProto.FLOAT
@@ -27,7 +27,7 @@ RNG = np.random.default_rng(0)
 @pytest.fixture(autouse=True)
 def fast_path_for_small_models(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(fast_io, "ENABLED", True)
-    monkeypatch.setattr(fast_io, "MIN_MAPPED_FILE_BYTES", 0)
+    monkeypatch.setattr(onnx_io, "MIN_MAPPED_FILE_BYTES", 0)
     monkeypatch.setattr(fast_io, "MIN_MAPPED_TENSOR_BYTES", 16)
 
 
@@ -221,9 +221,9 @@ def test_mapped_arrays_are_views_of_the_file(tmp_path: Path) -> None:
 
 
 def test_fast_path_is_off_for_small_files_by_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(fast_io, "MIN_MAPPED_FILE_BYTES", 32 << 20)
+    monkeypatch.setattr(onnx_io, "MIN_MAPPED_FILE_BYTES", 32 << 20)
     path = write(zoo_model(), tmp_path / "zoo.onnx")
-    assert fast_io.map_model(path) is None
+    assert fast_io.map_model(path, min_file_bytes=onnx_io.MIN_MAPPED_FILE_BYTES) is None
     assert mapped_names(load_model(path)) == set()
 
 

@@ -355,7 +355,7 @@ def test_full_disk_in_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, p
         saved = tmp_path / "src" / "big.onnx"
         saved.parent.mkdir()
         onnx.save(_tiny_model(3.0), str(saved))
-        monkeypatch.setattr(fast_io, "MIN_MAPPED_FILE_BYTES", 1)
+        monkeypatch.setattr(onnx_io, "MIN_MAPPED_FILE_BYTES", 1)
         model = onnx_io.load_model(saved)
         assert any(isinstance(v.const_value, fast_io.MappedTensor) for v in model.graph.initializers.values())
     else:

@@ -50,6 +50,9 @@ def test_a_parsed_file_is_read_back_from_the_cache(tmp_path: Path, cache: Path, 
     again = pdll.parse_pdll_file(source)
     assert again == first
     assert [r.name for r in again.rules] == ["CollapseRelus"]
+    # Each rule's benefit and `first` choice come computed with it (the driver's set-up need not walk the rule again).
+    assert again.rules[0].__dict__.get("effective_benefit") == 2
+    assert "first_choice" in again.rules[0].__dict__ and again.rules[0].first_choice is None
 
 
 def test_an_edited_pattern_file_is_parsed_again(tmp_path: Path, cache: Path) -> None:

@@ -114,3 +114,31 @@ def test_no_provenance_when_turned_off() -> None:
     assert apply_rules(OnnxView(model), rules, get_target("onnx"), Report(target="onnx"), DriverOptions(provenance=False)) == 2
     assert all(not node.metadata_props for node in model.graph)
     np.testing.assert_equal(len(list(model.graph)), 4)
+
+
+def test_tag_new_nodes_reaches_subgraphs_and_functions() -> None:
+    # Nodes a pass adds inside an If branch and a function body are tagged; the ones there before are not.
+    import onnx_ir as ir
+
+    from graphopt.ir.provenance import PASS_KEY, tag_new_nodes
+
+    x = ir.Value(name="x", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape([2]))
+    cond = ir.Value(name="cond", type=ir.TensorType(ir.DataType.BOOL), shape=ir.Shape([]))
+    then_old = ir.Node("", "Relu", [x], name="then_relu")
+    then_graph = ir.Graph([], [then_old.outputs[0]], nodes=[then_old], name="then")
+    else_old = ir.Node("", "Neg", [x], name="else_neg")
+    else_graph = ir.Graph([], [else_old.outputs[0]], nodes=[else_old], name="else")
+    branch = ir.Node("", "If", [cond], attributes=[ir.AttrGraph("then_branch", then_graph), ir.AttrGraph("else_branch", else_graph)], name="if")
+    graph = ir.Graph([x, cond], [branch.outputs[0]], nodes=[branch], name="main", opset_imports={"": 17})
+    fx = ir.Value(name="fx")
+    body_old = ir.Node("", "Abs", [fx], name="abs")
+    function = ir.Function("local", "F", "", graph=ir.Graph([fx], [body_old.outputs[0]], nodes=[body_old], opset_imports={"": 17}), attributes=[])
+    model = ir.Model(graph, ir_version=8, functions=[function])
+    with tag_new_nodes(model, "demo"):
+        new_else = ir.Node("", "Identity", [else_old.outputs[0]], name="else_new")
+        else_graph.append(new_else)
+        new_body = ir.Node("", "Identity", [body_old.outputs[0]], name="body_new")
+        function.append(new_body)
+    assert new_else.metadata_props.get(PASS_KEY) == "demo"
+    assert new_body.metadata_props.get(PASS_KEY) == "demo"
+    assert all(PASS_KEY not in n.metadata_props for n in (then_old, else_old, body_old, branch))

@@ -72,7 +72,6 @@ from graphopt.ir.protobuf_wire import (
 
 __all__ = [
     "ENABLED",
-    "MIN_MAPPED_FILE_BYTES",
     "MIN_MAPPED_TENSOR_BYTES",
     "MappedTensor",
     "MappedModel",
@@ -81,8 +80,6 @@ __all__ = [
 
 #: Master switch (also the GRAPHOPT_FAST_IO environment variable): False = onnx-ir paths only.
 ENABLED = os.environ.get("GRAPHOPT_FAST_IO", "1").lower() not in ("0", "false", "no", "off")
-#: Single-file models smaller than this are loaded by onnx-ir's ordinary protobuf parse.
-MIN_MAPPED_FILE_BYTES = 32 << 20
 #: Initializers with less raw_data than this stay in the skeleton (parsing them is free).
 MIN_MAPPED_TENSOR_BYTES = 1024
 
@@ -197,13 +194,14 @@ class MappedModel:
 
 
 
-def map_model(path: str | os.PathLike[str], min_file_bytes: int | None = None) -> MappedModel | None:
+def map_model(path: str | os.PathLike[str], min_file_bytes: int = 1) -> MappedModel | None:
     """Memory-map a single-file model and build its skeleton; None when the ordinary
-    load is as good (small file, disabled, not protobuf, or an unusual layout).
-    OSError propagates; a skeleton that does not parse raises protobuf's DecodeError."""
+    load is as good (a file below `min_file_bytes`, disabled, not protobuf, or an unusual
+    layout). Which files are worth it is the caller's policy (graphopt.ir.onnx_io's
+    MIN_MAPPED_FILE_BYTES). OSError propagates; a skeleton that does not parse raises
+    protobuf's DecodeError."""
     path = Path(path)
-    threshold = MIN_MAPPED_FILE_BYTES if min_file_bytes is None else min_file_bytes
-    if not ENABLED or not _is_protobuf_path(path) or path.stat().st_size < max(threshold, 1):
+    if not ENABLED or not _is_protobuf_path(path) or path.stat().st_size < max(min_file_bytes, 1):
         return None
     source = _MappedFile(path)
     try:

@@ -26,22 +26,28 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import onnx
 import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
 from graphopt.errors import ModelError
-from graphopt.ir import fast_io, fast_save
 from graphopt.ir.proto_checks import MAX_MESSAGE_DEPTH_HINT, check_inference, check_proto_contents, tensor_protos
 from graphopt.paths import short_name
 
-__all__ = ["load_model", "save_model", "check_model", "remove_stale_staging", "data_file_names", "tensor_protos", "MAX_PROTOBUF_BYTES", "MIN_OPSET"]
+__all__ = ["load_model", "save_model", "check_model", "remove_stale_staging", "data_file_names", "tensor_protos", "MAX_PROTOBUF_BYTES", "MIN_OPSET", "MIN_MAPPED_FILE_BYTES"]
 
 MAX_PROTOBUF_BYTES = 2**31 - 1
 EXTERNAL_DATA_META = "graphopt.input_had_external_data"
 #: Oldest default-domain opset whose semantics the rules assume (BatchNormalization-7 onwards).
 MIN_OPSET = 7
+#: Single-file models from this size on are loaded through fast_io (weights memory-mapped, only a
+#: skeleton parsed); smaller ones by onnx-ir's ordinary protobuf parse, without importing fast_io
+#: or fast_save (with the wire format's module, ~3 ms of a small model's start-up).
+MIN_MAPPED_FILE_BYTES = 32 << 20
+#: Set on a model some of whose initializers fast_io memory-mapped: only then can fast_save reuse bytes.
+MAPPED_META = "graphopt.fast_io_mapped"
 
 
 def load_model(path: str | os.PathLike[str]) -> ir.Model:
@@ -55,7 +61,7 @@ def load_model(path: str | os.PathLike[str]) -> ir.Model:
         raise ModelError(f"{path}: file is empty")
     try:
         # Big single-file models: weights memory-mapped, only a skeleton is parsed (fast_io.py).
-        mapped = fast_io.map_model(path)
+        mapped = _map_big_model(path)
         proto = mapped.skeleton if mapped is not None else onnx.load(str(path), load_external_data=False)
     except (DecodeError, RuntimeError, ValueError, UnicodeDecodeError) as error:
         if "MaxDepth" in str(error) or "nested too deeply" in str(error).lower():
@@ -69,6 +75,7 @@ def load_model(path: str | os.PathLike[str]) -> ir.Model:
         model = ir.serde.deserialize_model(proto)
         if mapped is not None:
             mapped.attach(model)
+            model.meta[MAPPED_META] = True
     except Exception as error:  # onnx-ir rejects malformed content with assorted exceptions
         raise ModelError(f"{path}: malformed model: {_first_line(_root_cause(error))}") from None
     ir.external_data.set_base_dir(model.graph, str(path.parent))
@@ -77,6 +84,15 @@ def load_model(path: str | os.PathLike[str]) -> ir.Model:
     # Remembered so the output keeps the input's layout even if every external tensor was rewritten.
     model.meta[EXTERNAL_DATA_META] = _has_external(model)
     return model
+
+
+def _map_big_model(path: Path) -> Any:
+    """fast_io's skeleton of a big single-file model, or None (fast_io not imported for a small one)."""
+    if path.stat().st_size < max(MIN_MAPPED_FILE_BYTES, 1):
+        return None
+    from graphopt.ir import fast_io
+
+    return fast_io.map_model(path, min_file_bytes=MIN_MAPPED_FILE_BYTES)
 
 
 def _root_cause(error: BaseException) -> BaseException:
@@ -254,9 +270,11 @@ def save_model(
         staged = staging / path.name
         # fast_save reuses the input's bytes where it can (False: nothing written, use onnx-ir).
         if data_name:
+            from graphopt.ir import fast_save
+
             if not fast_save.save_with_external_data(model, staged, data_name):
                 ir.save(model, staged, external_data=data_name)
-        elif not fast_save.save_single_file(model, staged):
+        elif not (model.meta.get(MAPPED_META) and _fast_save_single_file(model, staged)):
             ir.save(model, staged)
         if reference is not None:
             from graphopt.ir.runtime_check import check_loads_in_onnxruntime
@@ -268,6 +286,13 @@ def save_model(
     finally:
         shutil.rmtree(staging, ignore_errors=True)
         _unlock(staging_lock)
+
+
+def _fast_save_single_file(model: ir.Model, staged: Path) -> bool:
+    """fast_save's single-file save, which copies the mapped initializers' bytes (False: nothing written)."""
+    from graphopt.ir import fast_save
+
+    return fast_save.save_single_file(model, staged)
 
 
 # ------------------------------------------------------------------ atomic output

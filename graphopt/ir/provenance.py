@@ -137,9 +137,25 @@ def removed_records(props: Mapping[str, str]) -> list[list[Any]]:
 
 
 def _all_nodes(model: ir.Model) -> Iterator[ir.Node]:
-    yield from ir.traversal.RecursiveGraphIterator(model.graph)
-    for function in model.functions.values():
-        yield from ir.traversal.RecursiveGraphIterator(function)
+    """Every node of the model, its functions and all their subgraphs, in no particular order.
+
+    Not onnx-ir's RecursiveGraphIterator: it checks each attribute against `ir.Attr`, whose
+    protocol metaclass makes that isinstance a Python call; twice per pass of a run, that was
+    ~2 ms of a small model's optimization."""
+    scopes: list[ir.Graph | ir.Function] = [model.graph, *model.functions.values()]
+    while scopes:
+        for node in scopes.pop():
+            yield node
+            for attr in node.attributes.values():
+                if attr.is_ref():  # a function body's reference to its caller's attribute: no graph of its own
+                    continue
+                if attr.type == _GRAPH:
+                    scopes.append(attr.value)
+                elif attr.type == _GRAPHS:
+                    scopes.extend(attr.value)
+
+
+_GRAPH, _GRAPHS = ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS
 
 
 @contextmanager

@@ -41,9 +41,11 @@ def _has_external(proto: onnx.ModelProto) -> bool:
 
 def _skeleton(path: Path) -> onnx.ModelProto:
     """The model at `path` without its weights: large or external initializers become graph inputs."""
-    from graphopt.ir import fast_io
+    mapped = None
+    if path.stat().st_size > _PARSE_LIMIT:  # fast_io is not imported for a small model
+        from graphopt.ir import fast_io
 
-    mapped = fast_io.map_model(path, min_file_bytes=_PARSE_LIMIT) if path.stat().st_size > _PARSE_LIMIT else None
+        mapped = fast_io.map_model(path, min_file_bytes=_PARSE_LIMIT)
     proto = mapped.skeleton if mapped is not None else onnx.load(str(path), load_external_data=False)
     cut = set(mapped.entries) if mapped is not None else set()
     graph = proto.graph

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,7 +38,6 @@ from graphopt.ops.targets import Target
 from graphopt.pattern.ir import Rule, required_ops
 from graphopt.pattern.native import RewriteDeclined, UserCodeExit
 from graphopt.report.model import NearMiss, Report, RewriteRecord
-from graphopt.report.snapshot import capture_snapshot
 
 __all__ = ["RuleSet", "DriverOptions", "Attempt", "RuleFailed", "apply_rules"]
 
@@ -204,7 +203,7 @@ def apply_rules(view: GraphView, rules: RuleSet, target: Target, report: Report,
                         continue
                     leaves = _leaf_producers(view, outcome)
                     # The matched nodes are erased by the commit: picture them first.
-                    before = capture_snapshot(view, outcome.nodes) if options.snapshots else None
+                    before = _snapshot(view, outcome.nodes) if options.snapshots else None
                     matched = list(dict.fromkeys(view.label(n) for n in outcome.nodes))
                     tried = tuple(view.label(n) for n in outcome.nodes) if options.observe is not None else ()
                     index = report.next_index()
@@ -227,7 +226,7 @@ def apply_rules(view: GraphView, rules: RuleSet, target: Target, report: Report,
                             added=[_op_name(view.op_key(n)) for n in planned.new_nodes],
                             matched=matched,
                             before=before,
-                            after=capture_snapshot(view, planned.new_nodes, [new for _, new in planned.replacements])
+                            after=_snapshot(view, planned.new_nodes, [new for _, new in planned.replacements])
                             if options.snapshots
                             else None,
                         )
@@ -420,3 +419,11 @@ def _attempt(
 ) -> Attempt:
     tried = labels if labels is not None else tuple(view.label(n) for n in nodes)
     return Attempt(rule.name, scope_label, tried[0] if tried else view.label(root), view.op_key(root)[1], tried, **outcome)
+
+
+def _snapshot(view: GraphView, nodes: Sequence[Any], passthrough: Iterable[Any] = ()) -> Any:
+    """The rewrite's picture for the HTML report; its module and classes are imported only when
+    snapshots are asked for (not by the command line without --report)."""
+    from graphopt.report.snapshot import capture_snapshot
+
+    return capture_snapshot(view, nodes, passthrough)

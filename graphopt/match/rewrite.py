@@ -18,7 +18,22 @@ import numpy as np
 
 from graphopt.ir.view import GraphView
 from graphopt.match.matcher import Match, MatchContext, OpBinding
-from graphopt.pattern.ir import Build, Call, Choose, Expr, FirstOf, Let, Lit, OpsetChoose, Ref, Replace, Rule, parse_op_key
+from graphopt.pattern.ir import (
+    EXPRESSION_HOLDERS,
+    Build,
+    Call,
+    Choose,
+    Expr,
+    FirstOf,
+    Let,
+    Lit,
+    OpsetChoose,
+    Ref,
+    Replace,
+    Rule,
+    field_names,
+    parse_op_key,
+)
 from graphopt.pattern.native import RewriteDeclined, call_native, lookup
 
 __all__ = ["PlannedRewrite", "plan_rewrite", "target_variants"]
@@ -155,25 +170,9 @@ def target_variants(rule: Rule) -> list[Rule]:
 
     The driver tries them one after another at a node: an option the target cannot run
     is refused like any rewrite, and the next one is tried. All keep the rule's name."""
-    found: list[FirstOf] = []
-
-    def find(e: object) -> None:
-        if found:
-            return
-        if isinstance(e, FirstOf):
-            found.append(e)
-        elif isinstance(e, _EXPRESSION_HOLDERS):  # where an expression, so a `first`, can be
-            for name in _field_names(type(e)):
-                value = getattr(e, name)
-                for item in value if isinstance(value, tuple) else (value,):
-                    for part in item if isinstance(item, tuple) else (item,):
-                        find(part)
-
-    for stmt in rule.body:
-        find(stmt)
-    if not found:
+    target = rule.first_choice  # cached on the rule (and in the pattern cache)
+    if target is None:
         return [rule]
-    target = found[0]
     variants: list[Rule] = []
     for option in target.options:
         body = tuple(_substitute(stmt, target, option) for stmt in rule.body)
@@ -181,26 +180,12 @@ def target_variants(rule: Rule) -> list[Rule]:
     return variants
 
 
-#: The IR's classes whose fields can hold an expression (`_substitute` rebuilds the same ones).
-_EXPRESSION_HOLDERS = (Build, Call, Choose, OpsetChoose, FirstOf, Let, Replace)
-_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
-
-
-def _field_names(kind: type) -> tuple[str, ...]:
-    """A dataclass's field names, looked up once per class (`dataclasses.fields` on every
-    node of every rule was most of the rule set's set-up)."""
-    names = _FIELD_NAMES.get(kind)
-    if names is None:
-        names = _FIELD_NAMES[kind] = tuple(f.name for f in dataclasses.fields(kind))
-    return names
-
-
 def _substitute(e: object, old: FirstOf, new: Expr) -> object:
     if e is old:
         return new
     if isinstance(e, tuple):
         return tuple(_substitute(x, old, new) for x in e)
-    if isinstance(e, _EXPRESSION_HOLDERS):
-        return dataclasses.replace(e, **{name: _substitute(getattr(e, name), old, new) for name in _field_names(type(e))})  # type: ignore[arg-type]
+    if isinstance(e, EXPRESSION_HOLDERS):
+        return dataclasses.replace(e, **{name: _substitute(getattr(e, name), old, new) for name in field_names(type(e))})  # type: ignore[arg-type]
     return e
 

@@ -14,7 +14,7 @@ A rule has two halves:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 
 __all__ = [
@@ -51,6 +51,9 @@ __all__ = [
     "required_ops",
     "op_key_text",
     "parse_op_key",
+    "EXPRESSION_HOLDERS",
+    "field_names",
+    "first_choice",
 ]
 
 
@@ -349,6 +352,12 @@ class Rule:
     def effective_benefit(self) -> int:
         return self.benefit if self.benefit is not None else default_benefit(self.root)
 
+    @cached_property  # also kept in the pattern cache's pickles (graphopt.pattern.pdll)
+    def first_choice(self) -> FirstOf | None:
+        """The rewrite's first `first { ... }` (statements in order, depth first), or None:
+        the driver tries the rule once per option of it (graphopt.match.rewrite.target_variants)."""
+        return first_choice(self.body)
+
     @property
     def root_keys(self) -> tuple[tuple[str, str], ...]:
         """Every (domain, op_type) the root matches: the driver tries the rule at nodes of each."""
@@ -436,6 +445,43 @@ def required_ops(node: MatchNode) -> tuple[frozenset[tuple[str, str]], ...]:
 
     walk(node)
     return tuple(needed)
+
+
+#: The IR's classes whose fields can hold an expression (so a `first`).
+EXPRESSION_HOLDERS = (Build, Call, Choose, OpsetChoose, FirstOf, Let, Replace)
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def field_names(kind: type) -> tuple[str, ...]:
+    """A dataclass's field names, looked up once per class (`dataclasses.fields` on every
+    node of every rule was most of the rule set's set-up)."""
+    names = _FIELD_NAMES.get(kind)
+    if names is None:
+        names = _FIELD_NAMES[kind] = tuple(f.name for f in fields(kind))
+    return names
+
+
+def first_choice(body: tuple[Statement, ...]) -> FirstOf | None:
+    """The first `first { ... }` in a rewrite's statements, depth first, or None."""
+
+    def find(e: object) -> FirstOf | None:
+        if isinstance(e, FirstOf):
+            return e
+        if isinstance(e, EXPRESSION_HOLDERS):
+            for name in field_names(type(e)):
+                value = getattr(e, name)
+                for item in value if isinstance(value, tuple) else (value,):
+                    for part in item if isinstance(item, tuple) else (item,):
+                        found = find(part)
+                        if found is not None:
+                            return found
+        return None
+
+    for stmt in body:
+        found = find(stmt)
+        if found is not None:
+            return found
+    return None
 
 
 def op_key_text(key: tuple[str, str]) -> str:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import difflib
 import functools
-import hashlib
 import importlib.util
 import inspect
 import os
@@ -26,6 +25,7 @@ from pathlib import Path
 
 import onnx
 
+from graphopt._digest import sha1
 from graphopt.errors import PatternError
 from graphopt.pattern.ir import NativeDecl, OpMatch, Rule, iter_match_nodes
 from graphopt.pattern.native import NativeFn, declared_fields, lookup
@@ -73,7 +73,7 @@ def load_patterns(path_or_dir: str | os.PathLike[str]) -> list[Rule]:
 
 def _module_name(path: Path) -> str:
     # Unique per file, stable across loads, never shadowing an importable module.
-    digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
+    digest = sha1(str(path.resolve()).encode()).hexdigest()[:12]
     stem = re.sub(r"\W", "_", path.stem)
     return f"graphopt_patterns_{digest}_{stem}"
 

@@ -9,7 +9,6 @@ line and a caret. Parsed files are cached on disk, keyed by their bytes.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import pickle
 import tempfile
@@ -17,6 +16,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from graphopt._digest import sha256
 from graphopt.errors import PatternError
 from graphopt.pattern.ir import PatternFile
 from graphopt.pattern.pdll_source import RESERVED_WORDS, check_value_constraint, format_error, is_name
@@ -70,6 +70,9 @@ def parse_pdll_file(path: str | Path) -> PatternFile:
             pass  # no cache yet, or one from another version: parse
     result = parse_pdll(text, str(p))
     if cached is not None:
+        for rule in result.rules:  # cached properties: computed once, kept in the pickle
+            rule.effective_benefit  # noqa: B018
+            rule.first_choice  # noqa: B018
         _write_cache(cached, result)
     return result
 
@@ -86,7 +89,7 @@ def _cache_path(data: bytes, path: Path) -> Path | None:
     if os.environ.get("GRAPHOPT_NO_CACHE") == "1" or front_end is None:
         return None
     root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "graphopt" / "patterns"
-    key = hashlib.sha256()
+    key = sha256()
     for part in (front_end, str(path).encode(), data):
         key.update(len(part).to_bytes(8, "little"))
         key.update(part)
@@ -115,7 +118,7 @@ _FRONT_END_FILES = ("pdll.lark", "pdll.py", "pdll_build.py", "pdll_rule_build.py
 
 @lru_cache(maxsize=1)
 def _front_end_digest() -> bytes | None:
-    key = hashlib.sha256()
+    key = sha256()
     for name in _FRONT_END_FILES:
         try:
             source = Path(__file__).with_name(name).read_bytes()

@@ -18,10 +18,14 @@ if TYPE_CHECKING:
     from graphopt.report.sections import (
         Alternative,
         DecisionRecord,
+        GraphSnapshot,
         Latency,
         LayoutSummary,
         PrecisionSummary,
         RangeKeep,
+        SnapshotEdge,
+        SnapshotNode,
+        SnapshotValue,
         Verification,
         WeightLayer,
         WeightQuantSummary,
@@ -64,7 +68,7 @@ _tiebreak = itertools.count()
 
 #: The optional sections' classes, in graphopt.report.sections: imported when first asked for here.
 _SECTIONS = frozenset({"Verification", "PrecisionSummary", "WeightLayer", "WeightQuantSummary", "LayoutSummary", "Alternative",
-                       "DecisionRecord", "RangeKeep", "Latency"})
+                       "DecisionRecord", "RangeKeep", "Latency", "SnapshotNode", "SnapshotValue", "SnapshotEdge", "GraphSnapshot"})
 
 
 def __getattr__(name: str) -> Any:
@@ -73,46 +77,6 @@ def __getattr__(name: str) -> Any:
 
         return getattr(sections, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-@dataclass
-class SnapshotNode:
-    """A node of a snapshot: its name (as `GraphView.label` gives it) and op type."""
-
-    name: str
-    op: str
-
-
-@dataclass
-class SnapshotValue:
-    """A value crossing a snapshot's boundary: read from outside, or used outside."""
-
-    name: str
-    dtype: str | None  # short name: f32, f16, i64, ... (None: unknown)
-    shape: list[int | str | None] | None  # symbolic dims as names (None: unknown rank)
-    const: bool = False  # an initializer or constant, not computed
-
-
-@dataclass
-class SnapshotEdge:
-    """A value flowing from `src` to `dst`: "n<k>" is nodes[k], "i<k>" inputs[k], "o<k>" outputs[k]."""
-
-    src: str
-    dst: str
-    dtype: str | None
-    shape: list[int | str | None] | None
-
-
-@dataclass
-class GraphSnapshot:
-    """A small picture of a subgraph: the nodes a rule matched (before) or inserted (after),
-    with the values entering and leaving it. Captured by graphopt.report.snapshot."""
-
-    nodes: list[SnapshotNode]
-    inputs: list[SnapshotValue]
-    outputs: list[SnapshotValue]
-    edges: list[SnapshotEdge]
-    truncated: int = 0  # nodes left out beyond the size cap
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """The report's optional sections: verification, precision conversion, weight quantization,
-layout, latency and the decisions' records.
+layout, latency, the decisions' records, and the rewrites' snapshots (only with a written report).
 
 Kept apart from graphopt.report.model (which re-exports them) because a default run fills
 none of them: their classes are not created on a small model's start-up (each dataclass
@@ -19,6 +19,10 @@ __all__ = [
     "DecisionRecord",
     "RangeKeep",
     "Latency",
+    "SnapshotNode",
+    "SnapshotValue",
+    "SnapshotEdge",
+    "GraphSnapshot",
 ]
 
 @dataclass
@@ -180,3 +184,43 @@ class Latency:
     after_ms: float | None = None
     provider: str = ""  # where it was measured, e.g. "CUDAExecutionProvider"
     runs: int = 0
+
+
+@dataclass
+class SnapshotNode:
+    """A node of a snapshot: its name (as `GraphView.label` gives it) and op type."""
+
+    name: str
+    op: str
+
+
+@dataclass
+class SnapshotValue:
+    """A value crossing a snapshot's boundary: read from outside, or used outside."""
+
+    name: str
+    dtype: str | None  # short name: f32, f16, i64, ... (None: unknown)
+    shape: list[int | str | None] | None  # symbolic dims as names (None: unknown rank)
+    const: bool = False  # an initializer or constant, not computed
+
+
+@dataclass
+class SnapshotEdge:
+    """A value flowing from `src` to `dst`: "n<k>" is nodes[k], "i<k>" inputs[k], "o<k>" outputs[k]."""
+
+    src: str
+    dst: str
+    dtype: str | None
+    shape: list[int | str | None] | None
+
+
+@dataclass
+class GraphSnapshot:
+    """A small picture of a subgraph: the nodes a rule matched (before) or inserted (after),
+    with the values entering and leaving it. Captured by graphopt.report.snapshot."""
+
+    nodes: list[SnapshotNode]
+    inputs: list[SnapshotValue]
+    outputs: list[SnapshotValue]
+    edges: list[SnapshotEdge]
+    truncated: int = 0  # nodes left out beyond the size cap

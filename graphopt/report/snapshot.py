@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from graphopt.ir.view import GraphView
-from graphopt.report.model import GraphSnapshot, SnapshotEdge, SnapshotNode, SnapshotValue
+from graphopt.report.sections import GraphSnapshot, SnapshotEdge, SnapshotNode, SnapshotValue
 
 __all__ = ["MAX_SNAPSHOT_NODES", "capture_snapshot"]
 
