@@ -351,6 +351,12 @@ def _lower_and_decide(model: ir.Model, target: Any, report: Report, options: Opt
         from graphopt.passes.dq_matmul_nbits import lower_dequantize_matmuls
 
         run_passes([("dq_matmul_nbits", lambda: lower_dequantize_matmuls(model, target))])
+    from graphopt.passes.fp8_qdq import fp8_note, guard_fp8_qdq
+
+    note = fp8_note(model, target.name)  # a float8 QDQ model (ModelOpt's fp8 export): why its Q/DQ stay
+    if note is not None:
+        report.warnings.append(note)
+        run_passes([("fp8_qdq", lambda: guard_fp8_qdq(model, target))])
     if decider is not None and decider.ep is not None:
         from graphopt.passes.fused_conv import decide_fused_convs
 
