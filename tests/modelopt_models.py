@@ -23,9 +23,8 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
-
 import qdq_models as qm
+from onnx import TensorProto, helper, numpy_helper
 
 SEED = 18
 

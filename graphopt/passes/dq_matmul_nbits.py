@@ -155,7 +155,7 @@ def _lower(model: ir.Model, chain: _Chain, level: int, target: Any, used: set[st
     for node in [chain.matmul, *chain.between, chain.dequantize]:
         detach_and_remove(model, node)
     for value in constants:  # the DequantizeLinear's initializers, now read by nobody
-        if value.name in graph.initializers and not value.uses() and not value.is_graph_output():
+        if value.name is not None and value.name in graph.initializers and not value.uses() and not value.is_graph_output():
             graph.initializers.pop(value.name)
     if old_name:
         result.name = old_name

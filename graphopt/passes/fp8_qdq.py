@@ -88,7 +88,7 @@ def _fold_weight_dequantize(model: ir.Model, dq: ir.Node) -> bool:
     constants = [v for v in dq.inputs if v is not None]
     detach_and_remove(model, dq)
     for v in constants:
-        if v.name in model.graph.initializers and not v.uses() and not v.is_graph_output():
+        if v.name is not None and v.name in model.graph.initializers and not v.uses() and not v.is_graph_output():
             model.graph.initializers.pop(v.name)
     return True
 
