@@ -347,7 +347,7 @@ def _lower_and_decide(model: ir.Model, target: Any, report: Report, options: Opt
         ("dce", lambda: passes.eliminate_dead_code(model)),
         ("lowering", lambda: lower_fused_ops(model, target)),
     ])
-    if target.name in ("ort-cpu", "ort-cuda"):  # another tool's blocked DequantizeLinear -> MatMul (int4 exports)
+    if target.name in ("ort-cpu", "ort-cuda", "onnx"):  # another tool's blocked DequantizeLinear -> MatMul (int4 exports)
         from graphopt.passes.dq_matmul_nbits import lower_dequantize_matmuls
 
         run_passes([("dq_matmul_nbits", lambda: lower_dequantize_matmuls(model, target))])

@@ -174,12 +174,34 @@ def test_int4_plain_form_matches_onnxruntimes_own_fusion(tmp_path: Path) -> None
     assert _rel(_run(tmp_path / "opt.onnx", feeds), _run(src, feeds)) == 0.0
 
 
-def test_int4_onnx_target_keeps_standard_ops(tmp_path: Path) -> None:
+@pytest.mark.parametrize("zero_point", [False, True])
+@pytest.mark.parametrize("variant", ["transpose", "cast"])
+def test_int4_onnx_target_writes_the_plain_form(tmp_path: Path, variant: str, zero_point: bool) -> None:
+    """Standard ops only; the Transpose or Cast folded into the DequantizeLinear (axis 0 of [K, N]),
+    which onnxruntime then fuses into MatMulNBits itself (it fuses none of the input's three)."""
     src = tmp_path / "int4.onnx"
-    mm.modelopt_int4_mlp(src, "transpose", False)
-    graphopt.optimize_file(src, tmp_path / "opt.onnx", target="onnx")
+    feeds = mm.modelopt_int4_mlp(src, variant, zero_point)
+    out = tmp_path / "opt.onnx"
+    report = graphopt.optimize_file(src, out, target="onnx")
+    ops = _ops(out)
+    assert report.pass_stats("dq_matmul_nbits").changes == 3
+    assert ops == collections.Counter({"DequantizeLinear": 3, "MatMul": 3, "Add": 3, "Relu": 2})
+    model = onnx.load(str(out))
+    assert not any(n.domain == "com.microsoft" for n in model.graph.node)
+    for node in (n for n in model.graph.node if n.op_type == "DequantizeLinear"):
+        assert {a.name: a.i for a in node.attribute} == {"axis": 0, "block_size": 64}
+    assert qm.ort_optimized_kernels(src, tmp_path / "s.ort.onnx")["MatMulNBits"] == 0
+    assert qm.ort_optimized_kernels(out, tmp_path / "o.ort.onnx")["MatMulNBits"] == 3
+    expected = _run(src, feeds, "ORT_DISABLE_ALL")
+    assert _rel(_run(out, feeds, "ORT_DISABLE_ALL"), expected) <= (1e-3 if variant == "cast" else 1e-6)
+
+
+def test_int4_onnx_target_leaves_the_plain_form(tmp_path: Path) -> None:
+    src = tmp_path / "int4.onnx"
+    mm.modelopt_int4_mlp(src, "plain", True)
+    report = graphopt.optimize_file(src, tmp_path / "opt.onnx", target="onnx")
+    assert report.pass_stats("dq_matmul_nbits").changes == 0
     assert _ops(tmp_path / "opt.onnx")["DequantizeLinear"] == 3
-    assert not any(n.domain == "com.microsoft" for n in onnx.load(str(tmp_path / "opt.onnx")).graph.node)
 
 
 def _edit(path: Path, change) -> None:  # noqa: ANN001

@@ -7,7 +7,10 @@ uint4, with or without zero point) feeding a MatMul. onnxruntime's own optimizer
 Transpose of a [N, K] weight blocked on axis 1, or a Cast (a float16 dequantized weight made
 float32) between the two, it leaves the DequantizeLinear running every inference and a float Gemm.
 
-On ort-cpu and ort-cuda (where the target's table has MatMulNBits for the activation's type)
+On the standard `onnx` target the Transpose or Cast is folded into the DequantizeLinear's constants
+instead (a [K, N] weight blocked on axis 0, scales in the activation's type): the plain form, which
+onnxruntime fuses when it loads the model. On ort-cpu and ort-cuda (where the target's table has
+MatMulNBits for the activation's type)
 `lower_dequantize_matmuls` writes each such MatMul as MatMulNBits directly, in every one of these
 forms: the quantized values, scales and zero points are moved into MatMulNBits' [N, k_blocks,
 block] layout (graphopt.quant.blockwise), a Cast's float16 scales become the activation's type
@@ -124,11 +127,22 @@ def _block_quantized(chain: _Chain, scale_dtype: np.dtype) -> BlockQuantized | N
     return BlockQuantized(unsigned, s_kn.T.astype(scale_dtype).copy(), zp, bits, block, k, symmetric)
 
 
+def _form(chain: _Chain, a: ir.Value, target: Any) -> str | None:
+    """MatMulNBits where the target has it; on the standard target the plain DQ(axis 0) -> MatMul form
+    (for a chain with a Transpose or Cast: the form onnxruntime fuses when it loads the model)."""
+    if target.name == "onnx":
+        return "DequantizeLinear" if chain.between else None
+    if target.why_not(MS_DOMAIN, "MatMulNBits", _FLOAT_TYPES[a.dtype], None) is not None:
+        return None
+    return "MatMulNBits"
+
+
 def _lower(model: ir.Model, chain: _Chain, level: int, target: Any, used: set[str]) -> bool:
     a = chain.matmul.inputs[0]
     if a is None or a.type is None or a.dtype not in _FLOAT_TYPES or a.shape is None or len(a.shape) < 2:
         return False
-    if target.why_not(MS_DOMAIN, "MatMulNBits", _FLOAT_TYPES[a.dtype], None) is not None:
+    form = _form(chain, a, target)
+    if form is None:
         return False
     quantized = _block_quantized(chain, a.dtype.numpy())
     if quantized is None:
@@ -144,7 +158,7 @@ def _lower(model: ir.Model, chain: _Chain, level: int, target: Any, used: set[st
         used.add(name)
         return name
 
-    made = emit("MatMulNBits", graph, a, quantized, fresh, level)
+    made = emit(form, graph, a, quantized, fresh, level)
     old = chain.matmul.outputs[0]
     result = made[-1].outputs[0]
     result.type, result.shape = old.type, old.shape
@@ -164,9 +178,10 @@ def _lower(model: ir.Model, chain: _Chain, level: int, target: Any, used: set[st
 
 def lower_dequantize_matmuls(model: ir.Model, target: Any, *, stats: Any = None) -> int:
     """Write each MatMul of a blocked DequantizeLinear weight (through a Transpose or Cast) as
-    com.microsoft.MatMulNBits where `target` has it; returns how many were lowered."""
+    com.microsoft.MatMulNBits where `target` has it, on the standard `onnx` target a Transpose or
+    Cast between them folded into the DequantizeLinear's constants; returns how many were rewritten."""
     started = time.perf_counter()
-    level = ACCURACY_LEVEL.get(target.name)
+    level = ACCURACY_LEVEL.get(target.name, 0 if target.name == "onnx" else None)
     lowered = 0
     if level is not None:
         graph = model.graph
