@@ -127,12 +127,12 @@ def _block_quantized(chain: _Chain, scale_dtype: np.dtype) -> BlockQuantized | N
     return BlockQuantized(unsigned, s_kn.T.astype(scale_dtype).copy(), zp, bits, block, k, symmetric)
 
 
-def _form(chain: _Chain, a: ir.Value, target: Any) -> str | None:
+def _form(chain: _Chain, dtype: str, target: Any) -> str | None:
     """MatMulNBits where the target has it; on the standard target the plain DQ(axis 0) -> MatMul form
     (for a chain with a Transpose or Cast: the form onnxruntime fuses when it loads the model)."""
     if target.name == "onnx":
         return "DequantizeLinear" if chain.between else None
-    if target.why_not(MS_DOMAIN, "MatMulNBits", _FLOAT_TYPES[a.dtype], None) is not None:
+    if target.why_not(MS_DOMAIN, "MatMulNBits", dtype, None) is not None:
         return None
     return "MatMulNBits"
 
@@ -141,7 +141,7 @@ def _lower(model: ir.Model, chain: _Chain, level: int, target: Any, used: set[st
     a = chain.matmul.inputs[0]
     if a is None or a.type is None or a.dtype not in _FLOAT_TYPES or a.shape is None or len(a.shape) < 2:
         return False
-    form = _form(chain, a, target)
+    form = _form(chain, _FLOAT_TYPES[a.dtype], target)
     if form is None:
         return False
     quantized = _block_quantized(chain, a.dtype.numpy())
