@@ -100,12 +100,15 @@ def _blockwise(w: np.ndarray, block: int, axis: int, zero_point: bool) -> tuple[
 
 
 def modelopt_int4_mlp(path: Path, variant: str = "plain", zero_point: bool = False, block: int = 64,
-                      dim: int = 128, layers: int = 3) -> dict[str, np.ndarray]:
+                      dim: int = 128, layers: int = 3, fp16: bool = False) -> dict[str, np.ndarray]:
     """ModelOpt's int4 weight-only form on an MLP of `layers` MatMul + bias Add (+ Relu), opset 21.
 
     variant: "plain" (DQ axis 0 -> MatMul), "awq" (a pre-quant-scale Mul on each MatMul's activation),
     "transpose" (a [N, K] weight blocked on axis 1 -> DQ -> Transpose -> MatMul), "cast" (float16
-    scales: DQ -> float16 -> Cast(float) -> MatMul)."""
+    scales: DQ -> float16 -> Cast(float) -> MatMul). fp16: the whole model in float16 (ModelOpt's default
+    high_precision_dtype: scales, biases and activations)."""
+    float_type = np.float16 if fp16 else np.float32
+    elem = TensorProto.FLOAT16 if fp16 else TensorProto.FLOAT
     rng = np.random.default_rng(SEED)
     inits: list[TensorProto] = []
     nodes: list[onnx.NodeProto] = []
@@ -115,7 +118,7 @@ def modelopt_int4_mlp(path: Path, variant: str = "plain", zero_point: bool = Fal
         transposed = variant == "transpose"
         stored = w.T if transposed else w
         q, scale, zp = _blockwise(stored, block, 1 if transposed else 0, zero_point)
-        if variant == "cast":
+        if variant == "cast" or fp16:
             scale = scale.astype(np.float16)
         inits += [_int4_tensor(f"w{i}_q", q, signed=not zero_point), numpy_helper.from_array(scale, f"w{i}_scale")]
         dq_inputs = [f"w{i}_q", f"w{i}_scale"]
@@ -133,18 +136,18 @@ def modelopt_int4_mlp(path: Path, variant: str = "plain", zero_point: bool = Fal
             weight = f"w{i}_f32"
         a = x
         if variant == "awq":
-            inits.append(numpy_helper.from_array((1.0 / rng.uniform(0.5, 2.0, (1, dim))).astype(np.float32), f"pqs{i}"))
+            inits.append(numpy_helper.from_array((1.0 / rng.uniform(0.5, 2.0, (1, dim))).astype(float_type), f"pqs{i}"))
             nodes.append(helper.make_node("Mul", [x, f"pqs{i}"], [f"x{i}_pqs"], name=f"fc{i}/pre_quant_scale_mul"))
             a = f"x{i}_pqs"
-        inits.append(numpy_helper.from_array((rng.standard_normal(dim) * 0.1).astype(np.float32), f"b{i}"))
+        inits.append(numpy_helper.from_array((rng.standard_normal(dim) * 0.1).astype(float_type), f"b{i}"))
         nodes += [helper.make_node("MatMul", [a, weight], [f"m{i}"], name=f"fc{i}/MatMul"),
                   helper.make_node("Add", [f"m{i}", f"b{i}"], [f"y{i}"], name=f"fc{i}/Add")]
         if i < layers - 1:
             nodes.append(helper.make_node("Relu", [f"y{i}"], [f"r{i}"], name=f"relu{i}"))
             x = f"r{i}"
-    graph = helper.make_graph(nodes, f"modelopt_int4_{variant}", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, dim])],
-                              [helper.make_tensor_value_info(f"y{layers - 1}", TensorProto.FLOAT, [1, 16, dim])], inits)
+    graph = helper.make_graph(nodes, f"modelopt_int4_{variant}", [helper.make_tensor_value_info("x", elem, [1, 16, dim])],
+                              [helper.make_tensor_value_info(f"y{layers - 1}", elem, [1, 16, dim])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
     model.ir_version = 10
     onnx.save(model, str(path))
-    return {"x": rng.standard_normal((1, 16, dim)).astype(np.float32)}
+    return {"x": rng.standard_normal((1, 16, dim)).astype(float_type)}

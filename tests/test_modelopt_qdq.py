@@ -284,3 +284,24 @@ def test_fp8_onnx_target_and_int8_keep_relu_in_place(int8_models, tmp_path: Path
     model = onnx.load(str(tmp_path / "int8.onnx"))
     users = {i: n for n in model.graph.node for i in n.input}
     assert all(users[n.output[0]].op_type == "QuantizeLinear" for n in model.graph.node if n.op_type == "Relu")
+
+
+@pytest.mark.parametrize("target", ["ort-cpu", "ort-cuda", "onnx"])
+def test_int4_float16_model(tmp_path: Path, target: str) -> None:
+    """ModelOpt's default: the model in float16 (scales, biases, activations). The Transpose form:
+    MatMulNBits with float16 scales on ort targets, the plain form on onnx (fused by onnxruntime)."""
+    src = tmp_path / "int4.onnx"
+    feeds = mm.modelopt_int4_mlp(src, "transpose", False, fp16=True)
+    out = tmp_path / "opt.onnx"
+    report = graphopt.optimize_file(src, out, target=target)
+    assert report.pass_stats("dq_matmul_nbits").changes == 3
+    model = onnx.load(str(out))
+    if target == "onnx":
+        assert _ops(out)["DequantizeLinear"] == 3
+    else:
+        nbits = [n for n in model.graph.node if n.op_type == "MatMulNBits"]
+        inits = {i.name: i for i in model.graph.initializer}
+        assert len(nbits) == 3 and all(inits[n.input[2]].data_type == TensorProto.FLOAT16 for n in nbits)
+    assert qm.ort_optimized_kernels(out, tmp_path / "o.ort.onnx")["MatMulNBits"] == 3
+    expected = _run(src, feeds, "ORT_DISABLE_ALL").astype(np.float32)
+    assert _rel(_run(out, feeds).astype(np.float32), expected) <= (3e-2 if target != "ort-cuda" else 2e-3)
