@@ -305,3 +305,21 @@ def test_int4_float16_model(tmp_path: Path, target: str) -> None:
     assert qm.ort_optimized_kernels(out, tmp_path / "o.ort.onnx")["MatMulNBits"] == 3
     expected = _run(src, feeds, "ORT_DISABLE_ALL").astype(np.float32)
     assert _rel(_run(out, feeds).astype(np.float32), expected) <= (3e-2 if target != "ort-cuda" else 2e-3)
+
+
+def test_blocked_int8_weight_is_not_lowered(tmp_path: Path) -> None:
+    """Negative case: a blocked int8 DequantizeLinear -> MatMul stays (8-bit MatMulNBits lost to the
+    unquantized MatMul in the weights decision's measurements)."""
+    rng = np.random.default_rng(5)
+    inits = [helper.make_tensor("q", TensorProto.INT8, [128, 32], rng.integers(-100, 100, 128 * 32).tolist()),
+             numpy_helper.from_array(np.full((2, 32), 0.01, np.float32), "s")]
+    nodes = [helper.make_node("DequantizeLinear", ["q", "s"], ["w"], axis=0, block_size=64),
+             helper.make_node("MatMul", ["x", "w"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 128])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 32])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    report = graphopt.optimize_file(tmp_path / "m.onnx", tmp_path / "o.onnx", target="ort-cpu")
+    assert report.pass_stats("dq_matmul_nbits").changes == 0
+    assert _ops(tmp_path / "o.onnx") == collections.Counter({"DequantizeLinear": 1, "MatMul": 1})

@@ -18,7 +18,7 @@ block] layout (graphopt.quant.blockwise), a Cast's float16 scales become the act
 zero point is 2^(bits-1), a signed weight's 0, so a signed weight with no zero point needs none.
 Left alone: a DequantizeLinear read by more than the one chain, block sizes other than powers of
 two >= 16, a K that is not a whole number of blocks, rank-1 activations, weights of other types
-than int4/uint4/int8/uint8. It runs after the rule sweeps (attention fusions see the MatMuls).
+than int4/uint4. It runs after the rule sweeps (attention fusions see the MatMuls).
 """
 
 from __future__ import annotations
@@ -40,7 +40,9 @@ __all__ = ["lower_dequantize_matmuls"]
 #: MatMulNBits' accuracy_level per target: what onnxruntime's own DQ -> MatMul fusion writes on the
 #: CPU (session.qdq_matmulnbits_accuracy_level, 4) and 0 on CUDA (graphopt.passes.weight_quant).
 ACCURACY_LEVEL = {"ort-cpu": 4, "ort-cuda": 0}
-_BITS = {ir.DataType.INT4: (4, True), ir.DataType.UINT4: (4, False), ir.DataType.INT8: (8, True), ir.DataType.UINT8: (8, False)}
+#: int4 only: 8-bit MatMulNBits measured slower than the unquantized MatMul at batch 1 on the H100
+#: (graphopt/passes/weight_quant_decision.py), so a blocked int8 weight stays as its exporter wrote it
+_BITS = {ir.DataType.INT4: (4, True), ir.DataType.UINT4: (4, False)}
 _FLOAT_TYPES = {ir.DataType.FLOAT: "f32", ir.DataType.FLOAT16: "f16", ir.DataType.BFLOAT16: "bf16"}
 
 
