@@ -24,9 +24,9 @@ its sources do it, modelopt/onnx/quantization/{int8,fp8,int4,ort_utils}.py):
 * ``-mo-fp8``   the same converted as ModelOpt's int8_to_fp8 does (scales x 448/127, float8e4m3fn zero
   points), opset 19
 * ``bert-mo-int4``  INT4 RTN weight-only: each MatMul weight a blocked DequantizeLinear (opset 21, axis 0,
-  block 128, int4, no zero point); ``-awq`` adds AWQ's pre-quant-scale Mul on each activation (scales
-  of 1 from random calibration-free data would be a no-op: seeded ones, folded into the weights
-  before quantizing, so the float function is kept); ``-t`` a [N, K] weight blocked on axis 1 and a
+  block 128, int4, no zero point); ``-awq`` adds AWQ's pre-quant-scale Mul on each activation (seeded
+  scales in [0.5, 2] instead of a calibration search, multiplied into the weight's rows before
+  quantizing, so the float function is unchanged); ``-t`` a [N, K] weight blocked on axis 1 and a
   Transpose before the MatMul (another exporter's form)
 
 Calibration reads random data (seeded). Each model directory holds ``model.onnx`` and
