@@ -15,6 +15,20 @@ the quantized variants onnxruntime.quantization makes:
 * ``-dyn``      quantize_dynamic (DynamicQuantizeLinear + MatMulInteger/ConvInteger, the QOperator form)
 * ``bert-int4-qdq``  MatMulNBitsQuantizer in QDQ mode: weight-only int4, DequantizeLinear with block_size 32
 
+and the forms NVIDIA ModelOpt's ONNX quantizers write (ModelOpt is not installed here: built the way
+its sources do it, modelopt/onnx/quantization/{int8,fp8,int4,ort_utils}.py):
+
+* ``-mo-int8``  quantize_static with ModelOpt's TensorRT-guided options: float weights followed by
+  QuantizeLinear -> DequantizeLinear (AddQDQPairToWeight), symmetric int8 activations, no bias and
+  no output quantization, per-channel Conv weights on axis 0
+* ``-mo-fp8``   the same converted as ModelOpt's int8_to_fp8 does (scales x 448/127, float8e4m3fn zero
+  points), opset 19
+* ``bert-mo-int4``  INT4 RTN weight-only: each MatMul weight a blocked DequantizeLinear (opset 21, axis 0,
+  block 128, int4, no zero point); ``-awq`` adds AWQ's pre-quant-scale Mul on each activation (seeded
+  scales in [0.5, 2] instead of a calibration search, multiplied into the weight's rows before
+  quantizing, so the float function is unchanged); ``-t`` a [N, K] weight blocked on axis 1 and a
+  Transpose before the MatMul (another exporter's form)
+
 Calibration reads random data (seeded). Each model directory holds ``model.onnx`` and
 ``inputs.npz`` (the feeds). The cache folder is ignored by git; tests build tiny versions
 of the same forms on the fly (tests/qdq_models.py).
@@ -169,6 +183,93 @@ def quantize_int4_qdq(src: Path, dst: Path, block_size: int = 32) -> None:
     quantizer.model.save_model_to_file(str(dst), use_external_data_format=False)
 
 
+#: ModelOpt's extra options for quantize_static (modelopt/onnx/quantization/ort_utils.py configure_ort, int8.py)
+MODELOPT_INT8_OPTIONS = {
+    "QuantizeBias": False, "ActivationSymmetric": True, "AddQDQPairToWeight": True, "DedicatedQDQPair": False,
+    "QDQOpTypePerChannelSupportToAxis": {"Conv": 0, "ConvTranspose": 1}, "ForceQuantizeNoInputCheck": True,
+    "QDQDisableWeightAdjustForInt32Bias": True,
+}
+#: ModelOpt's int8 op types (its default list, less BatchNormalization/ConvTranspose/Clip the exports lack)
+MODELOPT_INT8_OPS = ["Add", "AveragePool", "Conv", "Gemm", "GlobalAveragePool", "MatMul", "MaxPool", "Mul"]
+
+
+def quantize_modelopt_int8(src: Path, dst: Path, feeds: dict[str, np.ndarray]) -> None:
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+
+    options = dict(MODELOPT_INT8_OPTIONS, OpTypesToExcludeOutputQuantization=list(MODELOPT_INT8_OPS))
+    quantize_static(str(src), str(dst), RandomReader(feeds), quant_format=QuantFormat.QDQ, per_channel=True,
+                    activation_type=QuantType.QInt8, weight_type=QuantType.QInt8, op_types_to_quantize=MODELOPT_INT8_OPS,
+                    calibrate_method=CalibrationMethod.MinMax, extra_options=options)
+
+
+def quantize_modelopt_fp8(src: Path, dst: Path, feeds: dict[str, np.ndarray]) -> None:
+    """ModelOpt's fp8 path: its int8 model, then int8_to_fp8 (scales x 448/127, float8e4m3fn zero points), opset 19."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper, version_converter
+
+    quantize_modelopt_int8(src, dst, feeds)
+    model = version_converter.convert_version(onnx.load(str(dst)), 19)
+    inits = {i.name: i for i in model.graph.initializer}
+    done: set[str] = set()
+    for node in model.graph.node:
+        if node.op_type in ("QuantizeLinear", "DequantizeLinear") and len(node.input) > 2:
+            scale, zero = node.input[1], node.input[2]
+            if scale not in done:
+                array = numpy_helper.to_array(inits[scale])
+                inits[scale].CopyFrom(numpy_helper.from_array((array * 448.0 / 127.0).astype(array.dtype), scale))
+            if zero not in done:
+                dims = list(inits[zero].dims)
+                inits[zero].CopyFrom(helper.make_tensor(zero, TensorProto.FLOAT8E4M3FN, dims, bytes(int(np.prod(dims)) if dims else 1), raw=True))
+            done |= {scale, zero}
+    del model.graph.value_info[:]  # the int8 types the quantizer recorded
+    onnx.save(model, str(dst))
+
+
+def quantize_modelopt_int4(src: Path, dst: Path, variant: str = "plain", block_size: int = 128) -> None:
+    """ModelOpt's INT4 RTN form on every MatMul with a constant 2-D weight [K, N] (K a multiple of the block)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper, version_converter
+
+    from graphopt.quant.blockwise import quantize
+
+    model = version_converter.convert_version(onnx.load(str(src)), 21)
+    model.ir_version = 10
+    graph = model.graph
+    inits = {i.name: i for i in graph.initializer}
+    rng = np.random.default_rng(SEED)
+    nodes = []
+    for node in graph.node:
+        w = numpy_helper.to_array(inits[node.input[1]]) if node.op_type == "MatMul" and node.input[1] in inits else None
+        if w is None or w.ndim != 2 or w.dtype != np.float32 or w.shape[0] % block_size:
+            nodes.append(node)
+            continue
+        name = node.input[1]
+        if variant == "awq":  # x @ w == (x / s) @ (s[:, None] * w): the pre-quant scale, the weight scaled before quantizing
+            s = rng.uniform(0.5, 2.0, w.shape[0]).astype(np.float32)
+            w = w * s[:, None]
+            graph.initializer.append(numpy_helper.from_array((1.0 / s).reshape(1, -1), f"{name}_pre_quant_scale"))
+            nodes.append(helper.make_node("Mul", [node.input[0], f"{name}_pre_quant_scale"], [f"{name}_pqs_out"], name=f"{name}_pqs_mul"))
+            node.input[0] = f"{name}_pqs_out"
+        q = quantize(w, 4, block_size, symmetric=True)
+        signed = (q.q.astype(np.int32) - 8).reshape(q.n, -1).T          # [K, N], int4 values
+        scales = q.scales.T                                             # [K / block, N]
+        transposed = variant == "t"
+        if transposed:
+            signed, scales = signed.T, scales.T
+        graph.initializer.append(helper.make_tensor(f"{name}_int4", TensorProto.INT4, signed.shape, signed.flatten().tolist()))
+        graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(scales), f"{name}_scale"))
+        nodes.append(helper.make_node("DequantizeLinear", [f"{name}_int4", f"{name}_scale"], [f"{name}_dq"], axis=1 if transposed else 0,
+                                      block_size=block_size, name=f"{name}_DequantizeLinear"))
+        if transposed:
+            nodes.append(helper.make_node("Transpose", [f"{name}_dq"], [f"{name}_dq_t"], perm=[1, 0], name=f"{name}_Transpose"))
+        node.input[1] = f"{name}_dq_t" if transposed else f"{name}_dq"
+        graph.initializer.remove(inits[name])
+        nodes.append(node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    onnx.save(model, str(dst))
+
+
 #: name -> (float model, how to quantize it)
 QUANTIZED: dict[str, tuple[str, Callable[[Path, Path, dict[str, np.ndarray]], None]]] = {
     "resnet18-qdq-pc": ("resnet18", lambda s, d, f: quantize_static_qdq(s, d, f, per_channel=True, activation_int8=True)),
@@ -178,6 +279,13 @@ QUANTIZED: dict[str, tuple[str, Callable[[Path, Path, dict[str, np.ndarray]], No
     "bert-qdq-pt": ("bert", lambda s, d, f: quantize_static_qdq(s, d, f, per_channel=False, activation_int8=False)),
     "bert-dyn": ("bert", lambda s, d, f: quantize_dynamic_int8(s, d)),
     "bert-int4-qdq": ("bert", lambda s, d, f: quantize_int4_qdq(s, d)),
+    "resnet18-mo-int8": ("resnet18", quantize_modelopt_int8),
+    "resnet18-mo-fp8": ("resnet18", quantize_modelopt_fp8),
+    "bert-mo-int8": ("bert", quantize_modelopt_int8),
+    "bert-mo-fp8": ("bert", quantize_modelopt_fp8),
+    "bert-mo-int4": ("bert", lambda s, d, f: quantize_modelopt_int4(s, d)),
+    "bert-mo-int4-awq": ("bert", lambda s, d, f: quantize_modelopt_int4(s, d, "awq")),
+    "bert-mo-int4-t": ("bert", lambda s, d, f: quantize_modelopt_int4(s, d, "t")),
 }
 
 

@@ -259,6 +259,7 @@ def _quantize_weights(model: ir.Model, target: Any, report: Report, weight_plan:
 def _run_pipeline(model: ir.Model, rules: RuleSet, target: Any, report: Report, options: OptimizeOptions, plan: Any = None,
                   weight_plan: Any = None) -> None:
     from graphopt import passes
+    from graphopt.passes.qdq_weights import fold_weight_quantize
 
     say = options.progress or (lambda message: None)
 
@@ -308,6 +309,7 @@ def _run_pipeline(model: ir.Model, rules: RuleSet, target: Any, report: Report, 
             ("sliding_window_cache", uncrop_sliding_window_cache),
             ("inline_constant_ifs", lambda: passes.inline_constant_ifs(view)),
             ("cse", lambda: passes.eliminate_common_subexpressions(view)),
+            ("weight_quantize_folding", lambda: fold_weight_quantize(view)),  # a quantizer's Q -> DQ of a constant weight
             ("constant_folding", fold_constants),
             ("shape_refinement", refine_shapes),
         ],
@@ -345,6 +347,16 @@ def _lower_and_decide(model: ir.Model, target: Any, report: Report, options: Opt
         ("dce", lambda: passes.eliminate_dead_code(model)),
         ("lowering", lambda: lower_fused_ops(model, target)),
     ])
+    if target.name in ("ort-cpu", "ort-cuda", "onnx"):  # another tool's blocked DequantizeLinear -> MatMul (int4 exports)
+        from graphopt.passes.dq_matmul_nbits import lower_dequantize_matmuls
+
+        run_passes([("dq_matmul_nbits", lambda: lower_dequantize_matmuls(model, target))])
+    from graphopt.passes.fp8_qdq import fp8_note, guard_fp8_qdq
+
+    note = fp8_note(model, target.name)  # a float8 QDQ model (ModelOpt's fp8 export): why its Q/DQ stay
+    if note is not None:
+        report.warnings.append(note)
+        run_passes([("fp8_qdq", lambda: guard_fp8_qdq(model, target))])
     if decider is not None and decider.ep is not None:
         from graphopt.passes.fused_conv import decide_fused_convs
 
