@@ -45,6 +45,8 @@
 #                                              # max-autotune: the winner, both times, the block vs inductor alone, same code? (< 4 min);
 #                                              # "autotune-choices wq": int4 weights, graphopt::wq_linear's sites
 #   bash benchmarks/gpu_session.sh llm         # LLM prefill + greedy decode with a static KV cache (llm_decode.py), under 4 minutes
+#   bash benchmarks/gpu_session.sh bias-act [M,N] # issue 14: a GEMM's bias in BiasGelu or in the Gemm (ort_bias_act.py), CUDA and 4 CPU
+#                                              # threads, merged into the cost table, then the models it changes on the CPU provider
 #   bash benchmarks/gpu_session.sh norms cuda  # residual norms fused or not (ort_cpu_norms.py) on the CUDA provider; "norms cpu": 4 CPU threads
 #   bash benchmarks/gpu_session.sh wq kernels  # weight-only int8/int4 (issue 18): graphopt::wq_linear's Triton kernel compiled, against its reference
 #   bash benchmarks/gpu_session.sh wq bench    # the kernels at TinyLlama's linear shapes, M = 1, 8, 16: fp16 cuBLAS, graphopt int4/int8
@@ -212,6 +214,27 @@ norms)
     timeout 560 python3 benchmarks/ort_cpu_norms.py --threads 4 --rounds 15 --out "$OUT/ort_cpu_norms-cpu-4threads.json" > "$OUT/norms-cpu.log" 2>&1
     tail -160 "$OUT/norms-cpu.log"
   fi
+  ;;
+bias-act)
+  # issue 14: the bias_act decision's figures (ort_bias_act.py): the CUDA provider (f32, f16) and this host's CPU (4 threads,
+  # pinned), merged with the 2-core machine's into the cost table here; then ${2:-the models it changes} on the CPU provider
+  # against their original and the anchors (zoo_bench, control, pinned). Under 9 minutes.
+  lscpu | grep -m1 "Model name"
+  if python3 -c "import onnxruntime as o, sys; sys.exit('CUDAExecutionProvider' not in o.get_available_providers())"; then
+    timeout 150 python3 benchmarks/ort_bias_act.py --provider cuda --threads 1 --dtypes f32 f16 --rounds 10 \
+      --out "$OUT/ort_bias_act-cuda.json" > "$OUT/bias-act-cuda.log" 2>&1
+    tail -3 "$OUT/bias-act-cuda.log"
+  fi
+  timeout 200 taskset -c 0-3 python3 benchmarks/ort_bias_act.py --threads 4 --rounds 10 --out "$OUT/ort_bias_act-cpu-4threads.json" \
+    > "$OUT/bias-act-cpu.log" 2>&1
+  tail -3 "$OUT/bias-act-cpu.log"
+  python3 benchmarks/ort_bias_act.py --entries-from benchmarks/results/ort_bias_act-2026-11-28-cpu2core.json "$OUT/ort_bias_act-cpu-4threads.json" \
+    $(ls "$OUT"/ort_bias_act-cuda.json 2>/dev/null) --into graphopt/decisions/cost_table.json
+  cp graphopt/decisions/cost_table.json "$OUT/cost_table-merged.json"
+  models=${2:-bart-torchscript,beit-torchscript,bert-dynamo,bert-torchscript,convnext-dynamo,deberta-v2-torchscript,deit-torchscript,dinov2-dynamo,distilbert-dynamo,electra-dynamo,roberta-torchscript,swin-torchscript,vit-dynamo,wav2vec2-torchscript,whisper-decoder-dynamo,whisper-encoder-dynamo}
+  timeout 300 python3 benchmarks/zoo_bench.py --device cpu --threads 4 --jobs 12 --runs 10 --rounds 8 --warmup 3 --control --pin \
+    --models "$models" --out "$OUT/zoo_bench-bias-act-cpu.json" > "$OUT/zoo-bias-act-cpu.log" 2>&1
+  tail -45 "$OUT/zoo-bias-act-cpu.log"
   ;;
 torch)
   timeout 300 python3 benchmarks/torch_compile.py --models "${2:-llama,convnext}" --variants inductor,graphopt+inductor \

@@ -368,6 +368,11 @@ def _lower_and_decide(model: ir.Model, target: Any, report: Report, options: Opt
         say("decisions: SkipLayerNormalization")  # ort-cuda keeps the fused ops (graphopt/passes/skip_norm.py)
         run_passes([("skip_norm_decisions", lambda: decide_skip_norms(model, decider, target))])
     if target.name in ("ort-cpu", "ort-cuda"):
+        from graphopt.passes.bias_act import decide_bias_activations
+
+        say("decisions: bias activations")  # the bias in the Gemm or in BiasGelu (graphopt/passes/bias_act.py)
+        run_passes([("bias_act_decisions", lambda: decide_bias_activations(model, decider, target))])
+    if target.name in ("ort-cpu", "ort-cuda"):
         from graphopt.passes.pack_qkv import pack_qkv
 
         run_passes([("pack_qkv", lambda: pack_qkv(model))])  # GroupQueryAttention's q, k, v projections as one MatMul

@@ -14,7 +14,7 @@ import graphopt
 from graphopt.decisions import CostTable, Entry
 
 __all__ = ["make_model", "init", "optimize_with", "run", "assert_same_outputs", "rewrites", "op_types", "TensorProto", "helper",
-           "fused_conv_table", "FUSED_CONV_WINS", "skip_norm_table", "SKIP_NORM_WINS", "FUSED_WINS"]
+           "fused_conv_table", "FUSED_CONV_WINS", "skip_norm_table", "SKIP_NORM_WINS", "bias_act_table", "BIAS_ACT_WINS", "FUSED_WINS"]
 
 _RNG = np.random.default_rng(1234)
 
@@ -66,8 +66,22 @@ def skip_norm_table(fused_ms: float, unfused_ms: float, ops: Sequence[str] = ("S
 #: tests on ort-cpu optimize with, to see the rules' output (by default, on ort-cpu, the
 #: measured table splits them back into Add + norm).
 SKIP_NORM_WINS = skip_norm_table(0.5, 1.0)
-#: Both FusedConv and the residual norms predicted faster: the rules' output as they wrote it.
-FUSED_WINS = CostTable([*FUSED_CONV_WINS.entries, *SKIP_NORM_WINS.entries])
+
+
+def bias_act_table(fused_ms: float, unfused_ms: float, ops: Sequence[str] = ("BiasGelu", "FastGelu")) -> CostTable:
+    """A cost table in which every bias activation after a MatMul (`ops`, float32 and float16, any
+    shape) takes `fused_ms` as the com.microsoft op with the bias and `unfused_ms` as Add +
+    activation (onnxruntime's Gemm + activation) on both onnxruntime providers (graphopt/passes/bias_act.py)."""
+    return CostTable([
+        Entry(ep, "bias_act", op, dtype, {}, {"fused": fused_ms, "unfused": unfused_ms}, source="test")
+        for ep in ("CPUExecutionProvider", "CUDAExecutionProvider") for op in ops for dtype in ("f32", "f16")
+    ])
+
+
+#: The bias activations predicted faster everywhere (the rule's output as it wrote it).
+BIAS_ACT_WINS = bias_act_table(0.5, 1.0)
+#: FusedConv, the residual norms and the bias activations predicted faster: the rules' output as they wrote it.
+FUSED_WINS = CostTable([*FUSED_CONV_WINS.entries, *SKIP_NORM_WINS.entries, *BIAS_ACT_WINS.entries])
 
 
 def optimize_with(model: onnx.ModelProto, rules: Sequence[str] | None, target: str = "onnx", **kwargs):

@@ -30,7 +30,7 @@ def table(decision: str, dtype: str, times: dict[str, float], ep: str = "CUDAExe
 
 
 #: Each decision's candidates (the table's figures are per candidate).
-CANDIDATES = {"layout": {"nchw", "nhwc-add", "nhwc-kernel"}, "fused_conv": {"FusedConv", "Conv+activation"}, "skip_norm": {"fused", "unfused", "unfused-2d"},
+CANDIDATES = {"layout": {"nchw", "nhwc-add", "nhwc-kernel"}, "fused_conv": {"FusedConv", "Conv+activation"}, "skip_norm": {"fused", "unfused", "unfused-2d"}, "bias_act": {"fused", "unfused"},
               "precision": {"fp32", "fp32-nhwc", "fp16", "fp16-nhwc"}, "recurrent_precision": {"fp32", "fp16"},
               "weights": {"unquantized", "int4", "int8"}}
 

@@ -16,7 +16,7 @@ from typing import Any
 
 __all__ = [
     "OpClass", "CHANNEL_BUCKETS", "channel_bucket", "batch_buckets", "conv_kind", "conv_class", "conv_worlds",
-    "ROW_BUCKETS", "HIDDEN_BUCKETS", "bucket", "norm_class", "norm_worlds",
+    "ROW_BUCKETS", "HIDDEN_BUCKETS", "bucket", "norm_class", "norm_worlds", "bias_act_class", "bias_act_worlds",
     "RECURRENT_HIDDEN_BUCKETS", "SEQUENCE_BUCKETS", "recurrent_class", "recurrent_worlds",
 ]
 
@@ -136,15 +136,34 @@ def norm_worlds(op: str, dtype: str, shape: Sequence[Any], *, bias: bool, sum_us
     dimensions allow (all of them when any is symbolic); None when the hidden size is unknown."""
     if not shape or not isinstance(shape[-1], int):
         return None
+    return [[norm_class(op, dtype, label, int(shape[-1]), bias=bias, sum_used=sum_used)] for label in _row_labels(shape)]
+
+
+def _row_labels(shape: Sequence[Any]) -> list[str]:
+    """The ROW_BUCKETS labels of all but the last axis: one if known, every one if any is symbolic."""
     dims = list(shape[:-1])
     if all(isinstance(d, int) for d in dims):
         rows = 1
         for d in dims:
             rows *= int(d)
-        labels = [bucket(ROW_BUCKETS, rows)]
-    else:
-        labels = [label for _, _, label in ROW_BUCKETS]
-    return [[norm_class(op, dtype, label, int(shape[-1]), bias=bias, sum_used=sum_used)] for label in labels]
+        return [bucket(ROW_BUCKETS, rows)]
+    return [label for _, _, label in ROW_BUCKETS]
+
+
+# --------------------------------------------------------------------------- a GEMM's bias + activation
+def bias_act_class(op: str, dtype: str, rows: str, n: int) -> OpClass:
+    """The class of a bias activation `op` (BiasGelu, FastGelu) over a GEMM's [rows, N] output
+    (rows: a ROW_BUCKETS label; N bucketed as a norm's hidden size): benchmarks/ort_bias_act.py
+    measures rows 1, 16, 128, 1024, 4096 and N 64, 256, 768, 2048, 4096 with K = N / 4."""
+    return OpClass(op, dtype, (("rows", rows), ("n", bucket(HIDDEN_BUCKETS, n))))
+
+
+def bias_act_worlds(op: str, dtype: str, shape: Sequence[Any]) -> list[list[OpClass]] | None:
+    """The classes of one bias activation over `shape`, one world per row bucket its symbolic
+    dimensions allow; None when N (the last axis) is unknown."""
+    if not shape or not isinstance(shape[-1], int):
+        return None
+    return [[bias_act_class(op, dtype, label, int(shape[-1]))] for label in _row_labels(shape)]
 
 
 # --------------------------------------------------------------------------- recurrent ops
