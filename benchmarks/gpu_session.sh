@@ -359,7 +359,7 @@ train)
 train-dist)
   # the same under DDP and FSDP2 on every GPU of the machine (torchrun), BERT-base
   n=$(nvidia-smi -L | wc -l)
-  for wrap in ddp fsdp2; do
+  for wrap in ${3:-ddp fsdp2}; do
     timeout 270 torchrun --standalone --nproc_per_node "$n" benchmarks/torch_train.py --models "${2:-bert}" --wrap $wrap \
       --out "$OUT/torch_train-$wrap.json" > "$OUT/torch-train-$wrap.log" 2>&1
     tail -8 "$OUT/torch-train-$wrap.log"
