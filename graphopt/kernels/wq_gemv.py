@@ -20,10 +20,18 @@ one LOP3 (mask the value where it lies) and one FFMA:
 * the result is scaled back by ``2**E`` once per output (exact). Exact for |x| < 2**43 and
   |x * scale| > 2**-60 (fp16 activations always; bf16/fp32 beyond that range lose precision).
 
+With several rows (M = 2..16) the multiply-adds are M per value, so the per-word work of one row
+would cost M times: instead the value is multiplied by its block's scale once (the subnormal times
+``s * 2**100`` is ``q * s * 2**(shift - 49)``, normal and exact for 2**-77 < s < 2**27), shared by
+the rows, and each row's FFMA takes x scaled by ``2**(49 - shift)``; the zero point comes off per
+word and row. On CUDA cores this costs ~M FFMA a value, so at M = 16 the kernel is bound by
+arithmetic, not by the weights' bytes (compare with the tiled tl.dot kernel in the benchmark).
+
 Each program owns BLOCK_N output columns (rows of the packed weight) and all M rows of x (BLOCK_M
-= M rounded up to a power of two, masked): the unpacked weights are reused for every row. At one
-row the products accumulate per word slot and are reduced across threads once at the end; with
-several rows they are reduced per tile (the per-slot accumulators would not fit the registers).
+= M rounded up to a power of two, masked): the unpacked weights are reused for every row. The
+products accumulate per (row, column, word slot) in registers and are reduced across threads once,
+at the end (no shuffles in the K loop). Which thread holds which words is Triton's layout choice: the
+K loop's copies go through shared memory (num_stages), so loads stay 16 bytes wide whatever it picks.
 
 Split-K (SPLIT_K > 1, a config of the autotuner, offered only for shapes with few column tiles):
 each split stores fp32 partials; the last program to arrive at a tile (an atomic counter) adds
@@ -43,8 +51,6 @@ __all__ = ["GEMV_MAX_M", "DECODE_CONFIGS", "ONE_ROW_CONFIGS", "SPLIT_CONFIGS", "
 
 #: Up to this many rows wq_linear runs this kernel (more: wq_matmul's tiled kernels).
 GEMV_MAX_M = 16
-#: The power of two the accumulation is scaled by (see the module docstring).
-_E = 64
 
 
 @triton.jit
@@ -75,10 +81,7 @@ def _wq_gemv_kernel(
     per_split = tl.cdiv(tiles, SPLIT_K)
     first = pid_k * per_split
     last = tl.minimum(first + per_split, tiles)
-    if BLOCK_M == 1:
-        acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCKS, WPB), dtype=tl.float32)  # per word slot, reduced once at the end
-    else:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCKS, WPB), dtype=tl.float32)  # per word slot, reduced once at the end
     for t in tl.range(first, last, num_stages=STAGES):
         blk = t * BLOCKS + g  # [G]
         blk_ok = blk < KB
@@ -89,26 +92,30 @@ def _wq_gemv_kernel(
             zero = tl.load(z_ptr + cols[:, None] * stride_sn + blk[None, :], mask=blk_ok[None, :], other=0).to(tl.float32)
         else:
             zero = tl.full((BLOCK_N, BLOCKS), 1 << (BITS - 1), tl.float32)
-        zero = zero * 5.421010862427522e-20  # 2**-E: sum(x) is unscaled, the products carry 2**-E
         high = words >> 16  # the values at bits >= 16 (bit 23 would be the exponent's)
         k_first = wk * PER_WORD  # [G, WPB] k of each word's first value
         x_sum = tl.zeros((BLOCK_M, BLOCKS, WPB), dtype=tl.float32)
-        qx = tl.zeros((BLOCK_M, BLOCK_N, BLOCKS, WPB), dtype=tl.float32)
-        for i in tl.static_range(PER_WORD):
-            x_i, sub = _value(words, high, x_rows, k_first, row_ok, K, i, BITS)
-            x_sum += x_i
-            qx += sub[None, :, :, :] * (x_i * _x_factor(i, BITS))[:, None, :, :]
-        # sum((q - z) x) * s per word: the zero point and the scale broadcast over the block's words
-        qx -= zero[None, :, :, None] * x_sum[:, None, :, :]
         if BLOCK_M == 1:
-            acc += scale[None, :, :, None] * qx
+            # one row: an FFMA a value (q * x * 2**-E, x scaled by 2**(149 - E - shift)); zero point and scale once a word
+            qx = tl.zeros((BLOCK_M, BLOCK_N, BLOCKS, WPB), dtype=tl.float32)
+            for i in tl.static_range(PER_WORD):
+                x_i, sub = _value(words, high, x_rows, k_first, row_ok, K, i, BITS)
+                x_sum += x_i
+                qx += sub[None, :, :, :] * (x_i * _x_factor(i, BITS, 85))[:, None, :, :]
+            zero = zero * 5.421010862427522e-20  # 2**-E: sum(x) is unscaled, the products carry 2**-E
+            acc += scale[None, :, :, None] * (qx - zero[None, :, :, None] * x_sum[:, None, :, :])
         else:
-            acc += tl.sum(tl.sum(scale[None, :, :, None] * qx, axis=3), axis=2)
+            # several rows: the scale goes into the value once (q * s * 2**(shift - 49), normal and exact for
+            # 2**-77 < s < 2**27), shared by the rows: then one FFMA a value and row (x * 2**(49 - shift))
+            scale_up = scale * 1.2676506002282294e30  # 2**100
+            for i in tl.static_range(PER_WORD):
+                x_i, sub = _value(words, high, x_rows, k_first, row_ok, K, i, BITS)
+                x_sum += x_i
+                acc += (sub * scale_up[:, :, None])[None, :, :, :] * (x_i * _x_factor(i, BITS, 49))[:, None, :, :]
+            acc -= (zero * scale)[None, :, :, None] * x_sum[:, None, :, :]
+    result = tl.sum(tl.sum(acc, axis=3), axis=2)
     if BLOCK_M == 1:
-        result = tl.sum(tl.sum(acc, axis=3), axis=2)
-    else:
-        result = acc
-    result = result * 18446744073709551616.0  # 2**E
+        result = result * 18446744073709551616.0  # 2**E
     _store(result, b_ptr, out_ptr, part_ptr, lock_ptr, offs_m, offs_n, M, N, stride_om, pid_k, pid_n,
            HAS_BIAS, SPLIT_K, BLOCK_M, BLOCK_N)
 
@@ -128,11 +135,11 @@ def _value(words, high, x_rows, k_first, row_ok, K, VALUE: tl.constexpr, BITS: t
 
 
 @triton.jit
-def _x_factor(VALUE: tl.constexpr, BITS: tl.constexpr):
-    """2**(149 - shift - E) for value VALUE (its shift as in _value), built from its exponent bits (exact)."""
+def _x_factor(VALUE: tl.constexpr, BITS: tl.constexpr, POWER: tl.constexpr):
+    """2**(POWER - shift) for value VALUE (its shift as in _value), built from its exponent bits (exact)."""
     FROM_WORD: tl.constexpr = 20 // BITS + (BITS == 4)
     SHIFT: tl.constexpr = BITS * VALUE if VALUE < FROM_WORD else BITS * VALUE - 16
-    return tl.full((), (149 - SHIFT - 64 + 127) << 23, tl.int32).to(tl.float32, bitcast=True)
+    return tl.full((), (POWER - SHIFT + 127) << 23, tl.int32).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -176,7 +183,8 @@ ONE_ROW_CONFIGS = _configs([
 ])
 #: Several rows: fewer words a thread (a row's accumulators are per tile, the x values per row).
 DECODE_CONFIGS = _configs([
-    (16, 64, 1, 4, 2), (32, 32, 1, 4, 3), (32, 64, 1, 8, 2), (64, 32, 1, 8, 3), (16, 128, 1, 8, 2), (64, 16, 1, 4, 3),
+    (16, 32, 1, 4, 2), (32, 16, 1, 4, 3), (32, 32, 1, 8, 2), (64, 16, 1, 8, 3), (16, 64, 1, 8, 2), (16, 64, 1, 4, 3),
+    (64, 32, 1, 8, 2),
 ])
 #: Offered in addition where the columns alone leave SMs idle (splits_offered).
 SPLIT_CONFIGS = _configs([
