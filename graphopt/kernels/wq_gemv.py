@@ -47,7 +47,7 @@ from torch import Tensor
 
 from graphopt.kernels._triton import autotune_configs, next_power_of_2, tl, triton
 
-__all__ = ["GEMV_MAX_M", "DECODE_CONFIGS", "ONE_ROW_CONFIGS", "SPLIT_CONFIGS", "wq_gemv_triton", "splits_offered", "configs_for"]
+__all__ = ["GEMV_MAX_M", "DECODE_CONFIGS", "ONE_ROW_CONFIGS", "SPLIT_CONFIGS", "DECODE_SPLIT_CONFIGS", "wq_gemv_triton", "splits_offered", "configs_for"]
 
 #: Up to this many rows wq_linear runs this kernel (more: wq_matmul's tiled kernels).
 GEMV_MAX_M = 16
@@ -178,19 +178,21 @@ def _configs(entries: list[tuple[int, int, int, int, int]]) -> list[dict[str, in
 # 8 values a word, int8: 4). Threads spread over a tile's 16-byte chunks of K first, then over its
 # rows; each thread's rows share its x values (loaded, scaled, summed once a tile).
 ONE_ROW_CONFIGS = _configs([
-    (16, 256, 1, 4, 2), (16, 128, 1, 4, 3), (32, 128, 1, 4, 2), (32, 64, 1, 4, 3), (64, 64, 1, 4, 2),
-    (64, 64, 1, 8, 3), (32, 256, 1, 8, 2), (128, 32, 1, 8, 3),
+    (16, 256, 1, 4, 2), (32, 128, 1, 4, 2), (64, 64, 1, 4, 2), (64, 128, 1, 8, 2), (32, 256, 1, 8, 2), (16, 128, 1, 4, 3),
+    (32, 64, 1, 4, 3), (128, 32, 1, 8, 3),
 ])
-#: Several rows: fewer words a thread (a row's accumulators are per tile, the x values per row).
+#: Several rows: fewer words a thread (the accumulators are per row and word slot).
 DECODE_CONFIGS = _configs([
     (16, 32, 1, 4, 2), (32, 16, 1, 4, 3), (32, 32, 1, 8, 2), (64, 16, 1, 8, 3), (16, 64, 1, 8, 2), (16, 64, 1, 4, 3),
     (64, 32, 1, 8, 2),
 ])
-#: Offered in addition where the columns alone leave SMs idle (splits_offered).
+#: Offered in addition where the columns alone leave SMs idle or unevenly loaded (splits_offered): e.g. N = 2560
+#: at 16 columns a program is 160 programs on 132 SMs, two rounds for 28 of them; split 4 makes it 640.
 SPLIT_CONFIGS = _configs([
-    (16, 64, 2, 4, 2), (16, 64, 4, 4, 2), (32, 64, 4, 4, 2), (16, 32, 8, 4, 3), (32, 32, 8, 4, 2), (64, 32, 4, 8, 2),
+    (32, 128, 2, 4, 2), (16, 256, 2, 4, 2), (32, 64, 4, 4, 2), (16, 128, 4, 4, 2), (32, 32, 8, 4, 2),
 ])
-#: Under the interpreter: one small config (tests pass others explicitly).
+#: The same at several rows (small tiles).
+DECODE_SPLIT_CONFIGS = _configs([(16, 32, 2, 4, 2), (16, 32, 4, 4, 2), (32, 16, 4, 4, 2), (32, 32, 2, 8, 2)])
 _INTERPRETER = {"BLOCK_N": 8, "K_WORDS": 8, "SPLIT_K": 1, "STAGES": 1, "num_warps": 4, "num_stages": 1}
 _INTERPRETER_SPLIT = {**_INTERPRETER, "SPLIT_K": 2}
 _AUTOTUNE_KEY = ["M_KEY", "N", "K", "BITS", "QBLOCK", "HAS_ZEROS", "HAS_BIAS"]
@@ -205,7 +207,9 @@ def _bench(fn: Any, quantiles: Any = None) -> Any:
 
 def configs_for(m: int, split: bool) -> list[dict[str, int]]:
     """The autotuner's configs at m rows; the split-K ones too where `split`."""
-    return (ONE_ROW_CONFIGS if m == 1 else DECODE_CONFIGS) + (SPLIT_CONFIGS if split else [])
+    if m == 1:
+        return ONE_ROW_CONFIGS + (SPLIT_CONFIGS if split else [])
+    return DECODE_CONFIGS + (DECODE_SPLIT_CONFIGS if split else [])
 
 
 def _tuned(m_one: bool, split: bool) -> Any:
