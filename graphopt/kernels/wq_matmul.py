@@ -15,7 +15,9 @@ values are one contiguous row of bytes (N-major), so the kernel reads them as in
 (8 nibbles or 4 bytes each, little-endian: word j holds elements PER_WORD*j .. in order) in
 wide vector loads and unpacks them in registers with shifts.
 
-One Triton kernel, three regimes (each its own autotuner, keyed on the shape):
+wq_linear_triton runs graphopt.kernels.wq_gemv's decode GEMV up to wq_gemv.GEMV_MAX_M rows (16)
+and this module's kernel beyond; kernel="tiled" forces this one at any M (the kernel benchmark's
+old regime). This module's kernel has three regimes (each its own autotuner, keyed on the shape):
 
 * M = 1 (decode at batch 1): a GEMV bound by reading the packed weights. A program owns
   BLOCK_N output columns and walks its slice of K in BLOCK_K tiles, multiplying the integer
