@@ -226,3 +226,21 @@ def test_decode_gemv_is_exact_over_the_activation_range(magnitude: float, bits: 
     got = wq_linear_triton(x, packed, scales, zeros, None, bits, 32, 256, config=gcfg(8, 8))
     want = wq_linear_reference(x.double(), packed, scales.double(), zeros, None, bits, 32, 256)
     torch.testing.assert_close(got.double(), want, atol=1e-5 * magnitude, rtol=1e-5)
+
+
+def test_decode_gemv_remembers_the_autotuners_pick_and_launches_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After the autotuner ran on real tensors, the shape's pick is in CHOSEN and later calls launch it
+    directly (what inductor's trace of the op then sees: one config, no counter buffer unless it splits)."""
+    _, packed, scales, _ = quantized(160, 36, 4, 32, True, F32, seed=14)
+    x = torch.randn(3, 160, generator=torch.Generator().manual_seed(15)).to(DEVICE)
+    key = (3, 36, 160, 4, 32, False, False, F32, str(DEVICE))
+    wq_gemv.CHOSEN.pop(key, None)
+    first = wq_linear_triton(x, packed, scales, None, None, 4, 32, 160)
+    picked = wq_gemv.CHOSEN[key]
+    assert {"BLOCK_N", "K_WORDS", "SPLIT_K", "num_warps", "num_stages"} <= set(picked)
+    assert picked in [dict(c) for c in wq_gemv.configs_for(3, True)] or _triton.INTERPRET
+    monkeypatch.setattr(wq_gemv, "_TUNED", {})  # the next call must not reach an autotuner
+    monkeypatch.setitem(wq_gemv.CHOSEN, key, {**picked, "BLOCK_N": 4, "SPLIT_K": 2})  # a config no autotuner offers
+    again = wq_linear_triton(x, packed, scales, None, None, 4, 32, 160)
+    torch.testing.assert_close(again, first, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(first, wq_linear_reference(x, packed, scales, None, None, 4, 32, 160), atol=1e-4, rtol=1e-4)

@@ -47,7 +47,7 @@ from torch import Tensor
 
 from graphopt.kernels._triton import autotune_configs, next_power_of_2, tl, triton
 
-__all__ = ["GEMV_MAX_M", "DECODE_CONFIGS", "ONE_ROW_CONFIGS", "SPLIT_CONFIGS", "DECODE_SPLIT_CONFIGS", "wq_gemv_triton", "splits_offered", "configs_for"]
+__all__ = ["GEMV_MAX_M", "DECODE_CONFIGS", "ONE_ROW_CONFIGS", "SPLIT_CONFIGS", "DECODE_SPLIT_CONFIGS", "wq_gemv_triton", "splits_offered", "configs_for", "CHOSEN"]
 
 #: Up to this many rows wq_linear runs this kernel (more: wq_matmul's tiled kernels).
 GEMV_MAX_M = 16
@@ -233,12 +233,22 @@ def splits_offered(n: int, device: torch.device) -> bool:
     return -(-n // 16) < 2 * _multiprocessors(device)
 
 
+#: The autotuner's pick per (M, N, K, bits, block, zero points?, bias?, x dtype, device), once it ran on real tensors.
+CHOSEN: dict[tuple[Any, ...], dict[str, int]] = {}
+
+
 def wq_gemv_triton(x: Tensor, packed: Tensor, scales: Tensor, zeros: Tensor | None, bias: Tensor | None,
                    bits: int, block_size: int, k: int, config: dict[str, int] | None = None) -> Tensor:
     """The decode kernel on x [..., K] with at most GEMV_MAX_M rows (CUDA tensors, or CPU ones under
     TRITON_INTERPRET=1); `config` forces a launch config (BLOCK_N, K_WORDS, SPLIT_K, num_warps,
     num_stages: tests and the kernel benchmark), None autotunes per shape. Checks are the caller's
-    (wq_matmul.check_wq_linear)."""
+    (wq_matmul.check_wq_linear).
+
+    The autotuner's pick for a shape is remembered (`CHOSEN`) once it has run on real tensors (the
+    compile-time timing of fx_weight_quant calls the op eagerly); later calls, and the trace inductor
+    makes of this op, launch that config directly: no autotuner in the compiled graph, and no zeroed
+    counter buffer (a memset launch per call) unless the pick splits K."""
+    from torch._subclasses.fake_tensor import is_fake
     from torch.library import wrap_triton
 
     n, k_blocks = packed.shape[0], packed.shape[1]
@@ -254,7 +264,11 @@ def wq_gemv_triton(x: Tensor, packed: Tensor, scales: Tensor, zeros: Tensor | No
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if n == 0:
         return out.reshape(*x.shape[:-1], n)
-    split = splits_offered(n, x.device) if config is None else config["SPLIT_K"] > 1
+    key = (m, n, k, bits, block_size, zeros is not None, bias is not None, x.dtype, str(x.device))
+    if config is None:
+        config = CHOSEN.get(key)
+    tune = config is None
+    split = splits_offered(n, x.device) if tune else config["SPLIT_K"] > 1
     if split:
         offered = [c.kwargs for c in _TUNED[(m == 1, True)].configs] if config is None else [config]
         max_split = max(c["SPLIT_K"] for c in offered)
@@ -270,11 +284,15 @@ def wq_gemv_triton(x: Tensor, packed: Tensor, scales: Tensor, zeros: Tensor | No
     def grid(launch: dict[str, Any]) -> tuple[int, int]:
         return (triton.cdiv(n, launch["BLOCK_N"]), launch["SPLIT_K"])
 
-    if config is not None:
+    if not tune:
         launch = dict(config)
         launch.setdefault("STAGES", launch.get("num_stages", 1))
         wrap_triton(_wq_gemv_kernel)[grid(launch)](*args, **meta, **launch)
     else:
-        wrap_triton(_TUNED[(m == 1, split)])[grid](*args, **meta)
+        tuner = _TUNED[(m == 1, split)]
+        wrap_triton(tuner)[grid](*args, **meta)
+        best = getattr(tuner, "best_config", None)
+        if best is not None and not is_fake(x):  # ran (and tuned) on real tensors
+            CHOSEN[key] = {**best.kwargs, "num_warps": best.num_warps, "num_stages": best.num_stages}
     return out.reshape(*x.shape[:-1], n)
 
