@@ -267,8 +267,7 @@ def wq_gemv_triton(x: Tensor, packed: Tensor, scales: Tensor, zeros: Tensor | No
     key = (m, n, k, bits, block_size, zeros is not None, bias is not None, x.dtype, str(x.device))
     if config is None:
         config = CHOSEN.get(key)
-    tune = config is None
-    split = splits_offered(n, x.device) if tune else config["SPLIT_K"] > 1
+    split = splits_offered(n, x.device) if config is None else config["SPLIT_K"] > 1
     if split:
         offered = [c.kwargs for c in _TUNED[(m == 1, True)].configs] if config is None else [config]
         max_split = max(c["SPLIT_K"] for c in offered)
@@ -284,7 +283,7 @@ def wq_gemv_triton(x: Tensor, packed: Tensor, scales: Tensor, zeros: Tensor | No
     def grid(launch: dict[str, Any]) -> tuple[int, int]:
         return (triton.cdiv(n, launch["BLOCK_N"]), launch["SPLIT_K"])
 
-    if not tune:
+    if config is not None:
         launch = dict(config)
         launch.setdefault("STAGES", launch.get("num_stages", 1))
         wrap_triton(_wq_gemv_kernel)[grid(launch)](*args, **meta, **launch)
