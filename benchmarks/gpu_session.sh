@@ -49,9 +49,11 @@
 #                                              # threads, merged into the cost table, then the models it changes on the CPU provider
 #   bash benchmarks/gpu_session.sh norms cuda  # residual norms fused or not (ort_cpu_norms.py) on the CUDA provider; "norms cpu": 4 CPU threads
 #   bash benchmarks/gpu_session.sh wq kernels  # weight-only int8/int4 (issue 18): graphopt::wq_linear's Triton kernel compiled, against its reference
-#   bash benchmarks/gpu_session.sh wq bench    # the kernels at TinyLlama's linear shapes, M = 1, 8, 16: fp16 cuBLAS, graphopt int4/int8
-#                                              # (every autotune config and the autotuner's pick), _weight_int4pack_mm; GB/s (< 3 min)
-#   bash benchmarks/gpu_session.sh wq ro       # TinyLlama decode at batch 1: fp16 / int8 / int4 (graphopt + inductor CUDA graphs), torchao int4 if importable
+#   bash benchmarks/gpu_session.sh wq bench    # the kernels at TinyLlama's decode shapes (qkv, gate/up packed; down; o), M = 1, 8, 16: fp16 cuBLAS,
+#                                              # graphopt int4/int8 (the decode GEMV, its configs swept at M = 1) against the old tiled kernel
+#                                              # (autotuned), _weight_int4pack_mm; CUDA-graph replays over 160 MB of weights; GB/s (< 3 min)
+#   bash benchmarks/gpu_session.sh wq ro       # TinyLlama decode at batch 1: fp16 / int4 / int8 (graphopt + inductor CUDA graphs), torchao int4 if importable;
+#                                              # prints int4/fp16 and int8/fp16 (< 5 min: weights quantized on the GPU, no variant started after 200 s)
 #   bash benchmarks/gpu_session.sh wq cg       # the same without inductor (graphopt's graph replayed as one CUDA graph)
 #   bash benchmarks/gpu_session.sh fp8         # FP8 GEMMs (issue 18): TinyLlama-shaped bf16 vs precision="fp8", decode (batch 1) and a
 #                                              # 2048-token prefill, and _scaled_mm vs bf16 mm per GEMM shape at M=1,16,2048 (fp8_bench.py)
@@ -261,16 +263,17 @@ wq)
     tail -15 "$OUT/wq_kernels.log"
     ;;
   bench)
-    timeout 200 python3 benchmarks/wq_kernel_bench.py --budget-s 140 --block-size "${3:-32}" --out "$OUT/wq_kernel_bench.json" \
+    timeout 200 python3 benchmarks/wq_kernel_bench.py --budget-s 140 --configs m1 --block-size "${3:-32}" --out "$OUT/wq_kernel_bench.json" \
       > "$OUT/wq_kernel_bench.log" 2>&1
-    tail -64 "$OUT/wq_kernel_bench.log"
+    tail -40 "$OUT/wq_kernel_bench.log"
     ;;
   ro|cg)
-    if [ "${2:-ro}" = ro ]; then variants=eager,graphopt-ro,graphopt-int8-ro,graphopt-int4-ro,torchao-int4-ro
-    else variants=eager,graphopt-cg,graphopt-int8-cg,graphopt-int4-cg; fi
-    timeout 570 python3 benchmarks/llm_decode.py --variants "$variants" --batches 1 --new-tokens 64 --block-size "${3:-32}" \
-      --budget-s 420 --out "$OUT/llm_decode-wq-${2:-ro}.json" > "$OUT/llm_decode-wq-${2:-ro}.log" 2>&1
-    tail -14 "$OUT/llm_decode-wq-${2:-ro}.log"
+    # < 5 min: int4 before int8 (the issue's main goal); no variant starts after 200 s (the JSON is written after each)
+    if [ "${2:-ro}" = ro ]; then variants=eager,graphopt-ro,graphopt-int4-ro,graphopt-int8-ro,torchao-int4-ro
+    else variants=eager,graphopt-cg,graphopt-int4-cg,graphopt-int8-cg; fi
+    timeout 295 python3 benchmarks/llm_decode.py --variants "$variants" --batches 1 --new-tokens 64 --block-size "${3:-32}" \
+      --budget-s 200 --out "$OUT/llm_decode-wq-${2:-ro}.json" > "$OUT/llm_decode-wq-${2:-ro}.log" 2>&1
+    tail -15 "$OUT/llm_decode-wq-${2:-ro}.log"
     ;;
   *) echo "wq takes kernels, bench, ro or cg" >&2; exit 2 ;;
   esac

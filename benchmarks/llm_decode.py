@@ -461,6 +461,7 @@ def table(results: list[dict[str, Any]], gpu: str) -> str:
         lines.append(f"{e['batch']:5d} {e['variant']:16s} {e['decode_ms']:10.3f} {e['tokens_per_s']:9.0f} {limit} {e['prefill_ms']:11.2f} "
                      f"{e['first_generation_s']:9.1f} {agree}  {tokens}")
     lines.append("decode ms: median over every timed step; of limit: (weights + KV bytes per step / bandwidth) / decode ms.")
+    lines += speedups(results)
     for e in results:
         prof = e.get("decode_profile")
         if not prof:
@@ -470,6 +471,24 @@ def table(results: list[dict[str, Any]], gpu: str) -> str:
         for k in prof["kernels"]:
             lines.append(f"  {k['us_per_step']:8.1f} us  x{k['launches_per_step']:5.1f}  {k['name'][:110]}")
     return "\n".join(lines)
+
+
+def _fp16_baseline(variant: str) -> str:
+    """The fp16 variant a weight-quantized one is compared with: same compile mode."""
+    return "graphopt-cg" if variant.endswith("-cg") else "graphopt-ro"
+
+
+def speedups(results: list[dict[str, Any]]) -> list[str]:
+    """Per batch: each weight-quantized variant's decode speed over fp16's in the same mode (fp16 ms / its ms)."""
+    lines = []
+    for batch in dict.fromkeys(e["batch"] for e in results):
+        timed = {e["variant"]: e for e in results if e["batch"] == batch and "decode_ms" in e}
+        pairs = [(v, _fp16_baseline(v)) for v in timed if v in WQ_VARIANTS and _fp16_baseline(v) in timed]
+        if pairs:
+            lines.append(f"batch {batch}, decode speed over fp16 (its ms / the variant's): " + ", ".join(
+                f"{v.replace('graphopt-', '').replace('-ro', '').replace('-cg', ' (cg)')}/fp16 "
+                f"{timed[base]['decode_ms'] / timed[v]['decode_ms']:.2f}x" for v, base in pairs))
+    return lines
 
 
 def environment(device: str) -> dict[str, Any]:

@@ -7,17 +7,18 @@ on --rotate-mb of distinct weight copies (so the weights come from HBM, as in a 
 not from the 50 MB L2), the graph's time divided by the calls:
 
   fp16        torch.mm on fp16 weights (cuBLAS)
-  int4, int8  graphopt::wq_linear's Triton kernel (graphopt.kernels.wq_matmul), blocks of
-              --block-size, symmetric: every config of the M regime's autotuner (GEMV configs
-              at M = 1, dot tiles at M > 1; split-K as the launcher picks it, and unsplit too
-              where it splits), the best reported with its config, and the autotuner's own pick
-              ("auto", timed the same way)
+  int4, int8  graphopt::wq_linear as it runs now (wq_matmul.wq_linear_triton), blocks of
+              --block-size, symmetric: at M <= 16 the decode GEMV (graphopt.kernels.wq_gemv):
+              the autotuner's own pick ("auto") and, with --configs all (or m1: at M = 1 only),
+              every config it offers for the shape, the best reported with its config
+  int4-old,   the tiled kernel of graphopt.kernels.wq_matmul forced (kernel="tiled": its M = 1
+  int8-old    GEMV and M <= 16 dot configs, autotuned): the regime the decode GEMV replaces
   int4pack    torch._weight_int4pack_mm (tinygemm; bf16 activations, the form graphopt casts to)
 
 GB/s counts the bytes of the weight as the form stores it (packed values and scales; fp16 2NK);
 "x fp16" is fp16's time over the form's (> 1: faster).
 
-    python benchmarks/wq_kernel_bench.py                          # all shapes, M = 1, 8, 16 (CUDA)
+    python benchmarks/wq_kernel_bench.py                          # TinyLlama's shapes, M = 1, 8, 16 (CUDA)
     python benchmarks/wq_kernel_bench.py --configs auto           # only the autotuned pick (faster)
     TRITON_INTERPRET=1 python benchmarks/wq_kernel_bench.py --device cpu --shapes 64x128 --rows 1,3
                                                                   # a smoke test of the code paths (host clock)
@@ -39,8 +40,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-#: (name, N, K) of TinyLlama-1.1B's linears (k/v alone; q|k|v and gate|up packed are --shapes 2560x2048,11264x2048).
-SHAPES = (("q/o", 2048, 2048), ("k/v", 256, 2048), ("gate/up", 5632, 2048), ("down", 2048, 5632), ("lm_head", 32000, 2048))
+#: (name, N, K) of TinyLlama-1.1B's linears as its decode runs them (q|k|v and gate|up packed by graphopt's
+#: fx passes); the unpacked ones and the LM head (kept fp16) through --shapes, e.g. 256x2048,5632x2048,32000x2048.
+SHAPES = (("qkv", 2560, 2048), ("gate/up", 11264, 2048), ("down", 2048, 5632), ("o", 2048, 2048))
 ROWS = (1, 8, 16)
 L2_BYTES = 50 << 20
 
@@ -151,7 +153,7 @@ def _gemm_calls(shape: Shape, form: str, x: Any, **launch: Any) -> list[Callable
         elif form == "int4pack":
             calls.append(lambda t=tensors: torch._weight_int4pack_mm(xb, t[0], BLOCK_SIZE[0], t[1]))
         else:
-            bits = int(form[3:])
+            bits = int(form[3:4])
             calls.append(lambda t=tensors, b=bits: wq_linear_triton(x, t[0], t[1], None, None, b, BLOCK_SIZE[0], shape.k, **launch))
     return calls
 
@@ -162,6 +164,8 @@ BLOCK_SIZE = [32]  # set from --block-size (the calls read it)
 def _config_name(config: dict[str, int] | None, split: int | None) -> str:
     if config is None:
         return "auto"
+    if "K_WORDS" in config:
+        return f"N{config['BLOCK_N']}xKW{config['K_WORDS']} split{config['SPLIT_K']} w{config['num_warps']} s{config['num_stages']}"
     name = f"M{config['BLOCK_M']}xN{config['BLOCK_N']}xK{config['BLOCK_K']} w{config['num_warps']} s{config['num_stages']}"
     return name + (f" split{split}" if split is not None else "")
 
@@ -191,30 +195,31 @@ def bench_shape(name: str, shape: Shape, m: int, args: argparse.Namespace, deadl
             record("int4pack", "tinygemm", _time_calls(calls, shape.device, args.replays))
         except Exception as error:  # noqa: BLE001 - a form that cannot run is reported, not fatal
             rows.append({"shape": name, "M": m, "form": "int4pack", "error": f"{type(error).__name__}: {error}"[:200]})
-    regime = wq_matmul.regime(m)
-    configs = {"gemv": wq_matmul.GEMV_CONFIGS, "small": wq_matmul.SMALL_M_CONFIGS, "prefill": wq_matmul.PREFILL_CONFIGS}[regime]
-    split = wq_matmul.split_for(m, shape.n, -(-shape.k // args.block_size) * args.block_size, shape.device)
+    from graphopt.kernels import wq_gemv
+
     reference = {f"int{bits}": wq_matmul.wq_linear_reference(x, *shape.forms[f"int{bits}"][0], None, None, bits, args.block_size, shape.k)
                  for bits in args.bits}
+    sweep = args.configs == "all" or (args.configs == "m1" and m == 1)
     for bits in args.bits:
         form = f"int{bits}"
-        launches: list[tuple[dict[str, int] | None, int | None]] = [(None, None)]
-        if args.configs == "all" and time.monotonic() < deadline:
-            launches += [(c, s) for c in configs for s in ({split, 1} if split > 1 else {None})]
-        for config, split_k in launches:
-            if config is not None and config["BLOCK_M"] == 1 and m != 1:
-                continue
+        # (form label, launch keywords): the op's own pick, the old regime's, then the decode GEMV's configs
+        launches: list[tuple[str, dict[str, Any]]] = [(form, {}), (f"{form}-old", {"kernel": "tiled"})]
+        if m <= wq_gemv.GEMV_MAX_M and sweep and time.monotonic() < deadline:
+            launches += [(form, {"config": c}) for c in wq_gemv.configs_for(m, wq_gemv.splits_offered(shape.n, shape.device))]
+        for label, launch in launches:
+            config = launch.get("config")
             try:
-                calls = _gemm_calls(shape, form, x, config=config, split_k=split_k)
+                calls = _gemm_calls(shape, form, x, **launch)
                 error = _relative_error(calls[0](), reference[form])
                 if error > 1e-2:  # a wrong kernel's speed means nothing
                     raise ValueError(f"output differs from the reference by {error:.2e} (relative)")
                 ms = _time_calls(calls, shape.device, args.replays)
             except Exception as error:  # noqa: BLE001 - a config that fails to compile, run or check is reported
-                rows.append({"shape": name, "M": m, "form": form, "config": _config_name(config, split_k),
+                rows.append({"shape": name, "M": m, "form": label, "config": _config_name(config, None),
                              "error": f"{type(error).__name__}: {error}"[:200]})
                 continue
-            record(form, _config_name(config, split_k), ms)
+            shape.bytes.setdefault(label, shape.bytes[form])
+            record(label, _config_name(config, None), ms)
     for row in rows:
         if "ms" in row:
             row["x fp16"] = fp16["ms"] / row["ms"]
@@ -236,6 +241,24 @@ def summary(rows: list[dict[str, Any]]) -> list[str]:
     return lines + [f"error: {e}" for e in errors[:12]]
 
 
+def comparison(rows: list[dict[str, Any]]) -> list[str]:
+    """Per (shape, M): fp16's time, then each form's best time as "us (x fp16, GB/s)"; new against old."""
+    forms = [f for f in ("int4", "int4-old", "int8", "int8-old", "int4pack") if any(r.get("form") == f and "ms" in r for r in rows)]
+    lines = [f"{'shape':8s} {'M':>3s} {'fp16 us':>8s}  " + "  ".join(f"{f:>20s}" for f in forms) + "  int4 new/old  int8 new/old"]
+    for shape, m in dict.fromkeys((r["shape"], r["M"]) for r in rows if "ms" in r):
+        best: dict[str, dict[str, Any]] = {}
+        for r in rows:
+            if (r["shape"], r["M"]) == (shape, m) and "ms" in r and (r["form"] not in best or r["ms"] < best[r["form"]]["ms"]):
+                best[r["form"]] = r
+        if "fp16" not in best:
+            continue
+        cells = [f"{best[f]['ms'] * 1e3:6.1f} ({best[f]['x fp16']:4.2f}x,{best[f]['GB/s']:5.0f})" if f in best else f"{'-':>20s}" for f in forms]
+        speedups = [f"{best[f'int{b}-old']['ms'] / best[f'int{b}']['ms']:12.2f}" if f"int{b}" in best and f"int{b}-old" in best else f"{'-':>12s}"
+                    for b in (4, 8)]
+        lines.append(f"{shape:8s} {m:3d} {best['fp16']['ms'] * 1e3:8.1f}  " + "  ".join(cells) + "  " + "  ".join(speedups))
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
@@ -243,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", default=",".join(map(str, ROWS)), help="M values (default 1,8,16)")
     parser.add_argument("--bits", default="4,8")
     parser.add_argument("--block-size", type=int, default=32)
-    parser.add_argument("--configs", default="all", choices=("all", "auto"))
+    parser.add_argument("--configs", default="all", choices=("all", "m1", "auto"),
+                        help="sweep the decode GEMV's configs at every M (all), at M = 1 only (m1), or time only the autotuners' picks")
     parser.add_argument("--rotate-mb", type=int, default=160, help="weight bytes each timed graph cycles through (> the L2)")
     parser.add_argument("--replays", type=int, default=5)
     parser.add_argument("--budget-s", type=float, default=150.0, help="no new (shape, M) starts after this; configs sweeps stop earlier")
@@ -275,22 +299,22 @@ def main(argv: list[str] | None = None) -> int:
     print(" | ".join(f"{k}: {v}" for k, v in header.items()), flush=True)
     start = time.monotonic()
     results: list[dict[str, Any]] = []
-    for name, n, k in shapes:
-        if time.monotonic() - start > args.budget_s:
-            print(f"budget: {name} and later shapes not measured", flush=True)
-            break
-        shape = Shape(n, k, args)
-        for m in rows_m:
+    # M outer: every shape at one row (the decode goal) before batch 8 and 16; the weights built once
+    built = {name: Shape(n, k, args) for name, n, k in shapes}
+    for m in rows_m:
+        for name, shape in built.items():
+            if time.monotonic() - start > args.budget_s:
+                print(f"budget: {name} at M={m} not measured", flush=True)
+                results.append({"shape": name, "M": m, "form": "-", "error": "not started: past the budget"})
+                continue
             # the config sweep stops at 70% of the budget: the auto pick and the baselines still run
             rows = bench_shape(name, shape, m, args, deadline=start + 0.7 * args.budget_s)
             results += rows
             print("\n".join(summary(rows)[1:]), flush=True)
-        del shape
-        if args.device == "cuda":
-            torch.cuda.empty_cache()
     table = summary(results)
     print(f"\n{gpu}, torch {torch.__version__}, triton {triton.__version__}, block {args.block_size}, "
           f"{time.monotonic() - start:.0f} s\n" + "\n".join(table))
+    print("\nus (x fp16, GB/s of the weight as stored), best config of each form:\n" + "\n".join(comparison(results)))
     out = Path(args.out or os.environ.get("OUT", ".")) if (args.out or os.environ.get("OUT")) else None
     if out is not None:
         path = out / "wq_kernel_bench.json" if out.suffix != ".json" else out

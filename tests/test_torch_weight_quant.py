@@ -278,3 +278,29 @@ def test_tinygemm_operands_mean_the_blockwise_weight(symmetric: bool) -> None:
     got = torch._weight_int4pack_mm_for_cpu(x, torch._convert_weight_to_int4pack_for_cpu(flat, 2), group, scales_and_zeros.to(torch.bfloat16))
     want = x.float() @ torch.from_numpy(blockwise.dequantize(q))
     torch.testing.assert_close(got.float(), want, atol=0.3, rtol=0.02)  # bf16 scales and output
+
+
+@pytest.mark.parametrize("bits,block,symmetric", [(4, 32, True), (4, 64, False), (8, 32, True), (8, 128, False)])
+def test_quantizing_on_the_device_gives_numpys_values(bits: int, block: int, symmetric: bool) -> None:
+    """A CUDA weight is quantized by torch ops on the GPU (fx_weight_quant_forms._quantize_on_device):
+    the same q, scales and zero points as graphopt.quant.blockwise (the ONNX path's numpy), here run
+    on CPU tensors; K not a multiple of the block, an all-zero block, exact ties (x.5 steps)."""
+    import numpy as np
+
+    from graphopt.quant import blockwise
+
+    gen = torch.Generator().manual_seed(bits * block)
+    weight = torch.randn(block * 3 + 8, 20, generator=gen)  # [K, N], K padded in the last block
+    weight[:block, 0] = 0.0  # a zero block: scale 1
+    weight[:block, 1] = torch.arange(block, dtype=torch.float32) * 0.25 - 2.0  # steps that round half to even
+    q, scales, zero_points = fx_weight_quant_forms.blockwise_quantize_torch(weight, bits, block, symmetric)
+    want = blockwise.quantize(weight.numpy(), bits, block, symmetric)
+    assert np.array_equal(q.numpy(), want.q) and np.array_equal(scales.numpy(), want.scales)
+    assert np.array_equal(zero_points.numpy(), want.zero_points)
+    on_device = fx_weight_quant_forms._quantize_on_device(weight.half(), bits, block, {4: 20.0, 8: 35.0}[bits])
+    on_host = fx_weight_quant_forms.quantize_weight(weight.half(), bits, block, {4: 20.0, 8: 35.0}[bits])
+    assert torch.equal(on_device.packed, on_host.packed) and torch.equal(on_device.scales, on_host.scales)
+    assert (on_device.zeros is None) == (on_host.zeros is None)
+    assert on_device.snr_db == pytest.approx(on_host.snr_db, abs=1e-3)
+    assert on_device.weight_snr_db == pytest.approx(on_host.weight_snr_db, abs=1e-6)
+    assert np.array_equal(on_device.blocks.q, on_host.blocks.q) and on_device.blocks.symmetric == on_host.blocks.symmetric

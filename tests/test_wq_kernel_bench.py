@@ -1,7 +1,8 @@
 """benchmarks/wq_kernel_bench.py without a GPU: the table reports each form's best config and the
-autotuner's pick; bad arguments are a usage error; a smoke run in Triton's interpreter times every
-config of both regimes and checks each one's output against the reference (a wrong config would
-be an error row). (The timed run is the GPU's: `bash benchmarks/gpu_session.sh wq bench`.)"""
+autotuner's pick, and the comparison new (decode GEMV) against old (tiled kernel) and fp16; bad
+arguments are a usage error; a smoke run in Triton's interpreter times every config of the decode
+GEMV, the old kernel's pick, and checks each one's output against the reference (a wrong config
+would be an error row). (The timed run is the GPU's: `bash benchmarks/gpu_session.sh wq bench`.)"""
 
 from __future__ import annotations
 
@@ -46,11 +47,22 @@ def test_interpreter_smoke_run_checks_every_config(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     results = json.loads((tmp_path / "bench.json").read_text())["results"]
     assert not [r for r in results if "error" in r]
-    from graphopt.kernels.wq_matmul import GEMV_CONFIGS, SMALL_M_CONFIGS
+    from graphopt.kernels.wq_gemv import configs_for
 
     timed = {(r["M"], r["form"], r["config"]) for r in results}
     for bits in (4, 8):
         assert (1, f"int{bits}", "auto") in timed and (3, f"int{bits}", "auto") in timed
-        assert sum(m == 1 and form == f"int{bits}" for m, form, _ in timed) == len(GEMV_CONFIGS) + 1
-        assert sum(m == 3 and form == f"int{bits}" for m, form, _ in timed) == len(SMALL_M_CONFIGS) + 1
+        assert (1, f"int{bits}-old", "auto") in timed and (3, f"int{bits}-old", "auto") in timed
+        # 24 columns: few tiles, so the split-K configs are offered too
+        assert sum(m == 1 and form == f"int{bits}" for m, form, _ in timed) == len(configs_for(1, True)) + 1
+        assert sum(m == 3 and form == f"int{bits}" for m, form, _ in timed) == len(configs_for(3, True)) + 1
     assert {(1, "fp16", "cuBLAS"), (3, "fp16", "cuBLAS")} <= timed
+
+
+def test_comparison_puts_new_against_old_and_fp16() -> None:
+    rows = [_row("fp16", "cuBLAS", 0.010), _row("int4", "auto", 0.005), _row("int4", "N64xKW64 split1 w4 s2", 0.004),
+            _row("int4-old", "auto", 0.008), _row("int8", "auto", 0.006)]
+    header, line = wq_kernel_bench.comparison(rows)
+    assert header.split()[4:7] == ["int4", "int4-old", "int8"] and "int8-old" not in header
+    assert line.startswith("q/o        1     10.0") and "4.0 (2.50x" in line and "8.0 (1.25x" in line
+    assert line.split()[-2:] == ["2.00", "-"]  # int4 new/old: 8 us / 4 us; int8 has no old timing

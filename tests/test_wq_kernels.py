@@ -78,3 +78,23 @@ def test_the_gemv_compiles_for_sm90_with_16_byte_weight_loads_and_no_spills(bits
     config = next(c for c in GEMV_CONFIGS if (c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"]) == (1, 16, 512) and c["num_warps"] == 4)
     result = compile_config(config, bits, 32, 1, 90)
     assert result["local_bytes"] == 0 and result["weight_copy_bytes"] == 16, result
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_the_decode_gemv_compiles_for_sm90_without_spills_flush_to_zero_or_narrow_copies(bits: int) -> None:
+    """Offline: wq_gemv's kernel at one row and at 16 (a config of each list): 16-byte weight copies,
+    nothing spilled, and no .ftz arithmetic in the PTX (its products are subnormals: flushed, they
+    would be zeros). The K loop's instructions per weight value are bounded (~3 at one row: one mask
+    and one FFMA a value, the rest per word or per x value; a regression to an int->float conversion
+    or a layout shuffle per value shows here)."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from wq_offline_compile import compile_decode_config
+
+    from graphopt.kernels.wq_gemv import DECODE_CONFIGS, ONE_ROW_CONFIGS
+
+    one_row = next(c for c in ONE_ROW_CONFIGS if (c["BLOCK_N"], c["K_WORDS"], c["num_warps"]) == (64, 64, 4))
+    result = compile_decode_config(one_row, bits, 32, 1, 90)
+    assert result["local_bytes"] == 0 and result["weight_copy_bytes"] == 16 and not result["flushes_subnormals"], result
+    assert result["loop_per_value"] < (3.4 if bits == 4 else 4.5), result
+    rows16 = compile_decode_config(DECODE_CONFIGS[0], bits, 64, 16, 90, zeros=True)
+    assert rows16["local_bytes"] == 0 and not rows16["flushes_subnormals"], rows16

@@ -25,7 +25,7 @@ DEVICE = torch.device(os.environ.get("GRAPHOPT_KERNELS_DEVICE", "cpu"))
 if os.environ.get("TRITON_INTERPRET") != "1" and DEVICE.type != "cuda":
     raise RuntimeError("run this file with TRITON_INTERPRET=1 (tests/test_wq_kernels.py does) or GRAPHOPT_KERNELS_DEVICE=cuda")
 
-from graphopt.kernels import _triton  # noqa: E402
+from graphopt.kernels import _triton, wq_gemv  # noqa: E402
 from graphopt.kernels.wq_matmul import (  # noqa: E402
     GEMV_CONFIGS,
     PREFILL_CONFIGS,
@@ -54,6 +54,11 @@ def cfg(bm: int, bn: int, bk: int) -> dict[str, int]:
     return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "STAGES": 1, "num_warps": 4, "num_stages": 1}
 
 
+def gcfg(bn: int, k_words: int, split: int = 1) -> dict[str, int]:
+    """A launch config of the decode GEMV (graphopt.kernels.wq_gemv)."""
+    return {"BLOCK_N": bn, "K_WORDS": k_words, "SPLIT_K": split, "STAGES": 1, "num_warps": 4, "num_stages": 1}
+
+
 # name: (M, K, N, block, symmetric, bias, dtype, split_k, config); each runs at 4 and 8 bits
 SHAPES = {
     # M = 1, the GEMV: K tile smaller than, equal to, larger than the block; K not a multiple of the tile
@@ -73,6 +78,22 @@ SHAPES = {
     "m5_auto_zero_points": (5, 200, 33, 32, False, True, F32, None, None),
     "m16_dot_fp16": (16, 256, 48, 128, True, True, F16, 1, cfg(16, 32, 64)),
     "m16_dot_split4": (16, 384, 24, 32, True, False, F32, 4, cfg(16, 16, 32)),
+    # M <= 16, the decode GEMV (wq_gemv): a K tile of 1 or several blocks (int8 block 128 is 32 words: a tile of
+    # 8 words still covers one block), K not a multiple of the block or the tile, zero points, split-K even and
+    # uneven, rows 1 to 16 (a power of two and not), columns not a multiple of the tile
+    "decode_m1_tile_spans_blocks": (1, 256, 40, 32, True, False, F32, None, gcfg(16, 16)),
+    "decode_m1_zero_points_bias_k_not_multiple": (1, 200, 33, 32, False, True, F32, None, gcfg(8, 8)),
+    "decode_m1_block64_fp16": (1, 320, 24, 64, True, True, F16, None, gcfg(16, 32)),
+    "decode_m1_block128_zero_points_tile_in_block": (1, 500, 20, 128, False, False, F32, None, gcfg(8, 8)),
+    "decode_m1_block16": (1, 96, 24, 16, True, True, F32, None, gcfg(8, 4)),
+    "decode_m1_split3_uneven": (1, 700, 24, 32, True, True, F32, None, gcfg(8, 8, 3)),
+    "decode_m1_split2_zero_points_fp16": (1, 512, 40, 64, False, False, F16, None, gcfg(16, 16, 2)),
+    "decode_m3_zero_points_bias": (3, 200, 33, 32, False, True, F32, None, gcfg(16, 8)),
+    "decode_m5_split4_block128": (5, 450, 20, 128, True, True, F32, None, gcfg(8, 16, 4)),
+    "decode_m8_fp16_block64": (8, 256, 48, 64, True, False, F16, None, gcfg(16, 16)),
+    "decode_m16_zero_points_fp16": (16, 160, 24, 32, False, True, F16, None, gcfg(8, 8)),
+    "decode_m16_split2": (16, 384, 24, 32, True, False, F32, None, gcfg(8, 16, 2)),
+    "decode_m7_auto": (7, 192, 40, 32, False, True, F32, None, None),
     # M > 16: the prefill tiles (several row tiles)
     "m64_prefill": (64, 160, 24, 32, False, False, F32, 1, cfg(32, 16, 32)),
     "m64_prefill_fp16_tile_spans_blocks": (64, 128, 50, 32, True, True, F16, 1, cfg(16, 32, 64)),
@@ -89,7 +110,15 @@ if DEVICE.type == "cuda":  # compiled only: the interpreter's bf16 dot is wrong;
         "int4_m1_narrow_split_gpu": (1, 2048, 256, 4, 32, True, True, F16, None, None),
         "int4_tiled_m256_fp16": (256, 2048, 1024, 4, 128, True, True, F16, None, None),
         "int8_m16_fp16_gpu": (16, 2048, 2048, 8, 64, True, False, F16, None, None),
+        "int4_decode_m1_bf16_block128_zero_points": (1, 2048, 11264, 4, 128, False, True, BF16, None, None),
+        "int8_decode_m4_bf16_block32": (4, 5632, 2048, 8, 32, True, False, BF16, None, None),
+        "int4_decode_m16_fp16_down": (16, 5632, 2048, 4, 32, True, False, F16, None, None),
     })
+    for i, config in enumerate(wq_gemv.configs_for(1, True)):
+        for bits in (4, 8):
+            CASES[f"int{bits}_gpu_decode_config{i}_m1"] = (1, 2048 - 96, 320, bits, 32, bits == 4, True, F16, None, config)
+    for i, config in enumerate(wq_gemv.configs_for(2, False)):
+        CASES[f"int4_gpu_decode_config{i}_m12"] = (12, 2048 - 96, 320, 4, 64, False, True, F16, None, config)
     for i, config in enumerate(GEMV_CONFIGS + SMALL_M_CONFIGS + PREFILL_CONFIGS):
         m = 1 if config["BLOCK_M"] == 1 else 8 if config in SMALL_M_CONFIGS else 100
         for bits in (4, 8):
@@ -155,3 +184,63 @@ def test_packed_weight_not_word_aligned_is_copied() -> None:
     x = torch.randn(1, 64, generator=torch.Generator().manual_seed(8)).to(DEVICE)
     torch.testing.assert_close(wq_linear_triton(x, shifted, scales, None, None, 4, 32, 64),
                                wq_linear_reference(x, packed, scales, None, None, 4, 32, 64), atol=1e-4, rtol=1e-4)
+
+
+def test_small_m_runs_the_decode_gemv_and_tiled_forces_the_old_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Up to GEMV_MAX_M rows wq_linear launches wq_gemv's kernel; kernel="tiled" (and more rows) the tiled one."""
+    _, packed, scales, _ = quantized(64, 24, 4, 32, True, F32, seed=9)
+    calls: list[int] = []
+    real = wq_gemv.wq_gemv_triton
+
+    def counting(x, *args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(x.reshape(-1, x.shape[-1]).shape[0])
+        return real(x, *args, **kwargs)
+
+    monkeypatch.setattr(wq_gemv, "wq_gemv_triton", counting)
+    for m in (1, wq_gemv.GEMV_MAX_M, wq_gemv.GEMV_MAX_M + 1):
+        x = torch.randn(m, 64, generator=torch.Generator().manual_seed(m)).to(DEVICE)
+        want = wq_linear_reference(x, packed, scales, None, None, 4, 32, 64)
+        torch.testing.assert_close(wq_linear_triton(x, packed, scales, None, None, 4, 32, 64), want, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(wq_linear_triton(x, packed, scales, None, None, 4, 32, 64, kernel="tiled"), want, atol=1e-4, rtol=1e-4)
+    assert calls == [1, wq_gemv.GEMV_MAX_M]
+    with pytest.raises(ValueError, match="1 to 16 rows"):
+        wq_gemv.wq_gemv_triton(torch.zeros(17, 64, device=DEVICE), packed, scales, None, None, 4, 32, 64)
+
+
+def test_decode_gemv_split_is_deterministic_and_resets_its_counters() -> None:
+    _, packed, scales, zeros = quantized(768, 40, 4, 32, False, F32, seed=10)
+    x = torch.randn(2, 768, generator=torch.Generator().manual_seed(11)).to(DEVICE)
+    split = [wq_linear_triton(x, packed, scales, zeros, None, 4, 32, 768, config=gcfg(16, 8, 4)) for _ in range(2)]
+    unsplit = wq_linear_triton(x, packed, scales, zeros, None, 4, 32, 768, config=gcfg(16, 8, 1))
+    assert torch.equal(split[0], split[1])
+    torch.testing.assert_close(split[0], unsplit, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("magnitude", [1e-4, 1.0, 3e4])
+@pytest.mark.parametrize("bits", [4, 8])
+def test_decode_gemv_is_exact_over_the_activation_range(magnitude: float, bits: int) -> None:
+    """The subnormal products carry 2**-64 (wq_gemv's docstring): fp16 activations from 1e-4 to 3e4
+    (and fp32 ones) match the fp32 reference to fp32 rounding, not just to a loose tolerance."""
+    _, packed, scales, zeros = quantized(256, 24, bits, 32, False, F32, seed=12)
+    x = torch.randn(1, 256, generator=torch.Generator().manual_seed(13)).to(DEVICE) * magnitude
+    got = wq_linear_triton(x, packed, scales, zeros, None, bits, 32, 256, config=gcfg(8, 8))
+    want = wq_linear_reference(x.double(), packed, scales.double(), zeros, None, bits, 32, 256)
+    torch.testing.assert_close(got.double(), want, atol=1e-5 * magnitude, rtol=1e-5)
+
+
+def test_decode_gemv_remembers_the_autotuners_pick_and_launches_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After the autotuner ran on real tensors, the shape's pick is in CHOSEN and later calls launch it
+    directly (what inductor's trace of the op then sees: one config, no counter buffer unless it splits)."""
+    _, packed, scales, _ = quantized(160, 36, 4, 32, True, F32, seed=14)
+    x = torch.randn(3, 160, generator=torch.Generator().manual_seed(15)).to(DEVICE)
+    key = (3, 36, 160, 4, 32, False, False, F32, str(DEVICE))
+    wq_gemv.CHOSEN.pop(key, None)
+    first = wq_linear_triton(x, packed, scales, None, None, 4, 32, 160)
+    picked = wq_gemv.CHOSEN[key]
+    assert {"BLOCK_N", "K_WORDS", "SPLIT_K", "num_warps", "num_stages"} <= set(picked)
+    assert picked in [dict(c) for c in wq_gemv.configs_for(3, True)] or _triton.INTERPRET
+    monkeypatch.setattr(wq_gemv, "_TUNED", {})  # the next call must not reach an autotuner
+    monkeypatch.setitem(wq_gemv.CHOSEN, key, {**picked, "BLOCK_N": 4, "SPLIT_K": 2})  # a config no autotuner offers
+    again = wq_linear_triton(x, packed, scales, None, None, 4, 32, 160)
+    torch.testing.assert_close(again, first, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(first, wq_linear_reference(x, packed, scales, None, None, 4, 32, 160), atol=1e-4, rtol=1e-4)

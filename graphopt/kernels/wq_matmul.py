@@ -15,7 +15,9 @@ values are one contiguous row of bytes (N-major), so the kernel reads them as in
 (8 nibbles or 4 bytes each, little-endian: word j holds elements PER_WORD*j .. in order) in
 wide vector loads and unpacks them in registers with shifts.
 
-One Triton kernel, three regimes (each its own autotuner, keyed on the shape):
+wq_linear_triton runs graphopt.kernels.wq_gemv's decode GEMV up to wq_gemv.GEMV_MAX_M rows (16)
+and this module's kernel beyond; kernel="tiled" forces this one at any M (the kernel benchmark's
+old regime). This module's kernel has three regimes (each its own autotuner, keyed on the shape):
 
 * M = 1 (decode at batch 1): a GEMV bound by reading the packed weights. A program owns
   BLOCK_N output columns and walks its slice of K in BLOCK_K tiles, multiplying the integer
@@ -321,18 +323,26 @@ def split_for(m: int, n: int, k_padded: int, device: torch.device) -> int:
 
 def wq_linear_triton(x: Tensor, packed: Tensor, scales: Tensor, zeros: Tensor | None, bias: Tensor | None,
                      bits: int, block_size: int, k: int, split_k: int | None = None,
-                     config: dict[str, int] | None = None) -> Tensor:
-    """Launch the Triton kernel (CUDA tensors, or CPU tensors under TRITON_INTERPRET=1).
-    `split_k` forces a split and `config` a launch config (BLOCK_M/N/K, num_warps, num_stages:
-    tests and the kernel benchmark); None picks them (the split from the shape, the tiles by
-    autotuning keyed on the shape)."""
+                     config: dict[str, int] | None = None, kernel: str = "auto") -> Tensor:
+    """Launch a Triton kernel (CUDA tensors, or CPU tensors under TRITON_INTERPRET=1): up to
+    wq_gemv.GEMV_MAX_M rows the decode GEMV (graphopt.kernels.wq_gemv), else the tiled kernel here.
+    `kernel` "tiled" forces this module's kernel at any M (its M = 1 GEMV and M <= 16 dot configs:
+    the kernel benchmark's old regime). `split_k` forces a split and `config` a launch config of the
+    chosen kernel (tests and the kernel benchmark; a config with K_WORDS is the decode GEMV's);
+    None picks them (the split from the shape, the tiles by autotuning keyed on the shape)."""
     from torch.library import wrap_triton
+
+    from graphopt.kernels.wq_gemv import GEMV_MAX_M, wq_gemv_triton
 
     check_wq_linear(x, packed, scales, zeros, bias, bits, block_size, k)
     n, k_blocks = packed.shape[0], packed.shape[1]
     k_padded = k_blocks * block_size
     x2d = x.reshape(-1, k)
     m = x2d.shape[0]
+    if kernel not in ("auto", "tiled"):
+        raise ValueError(f"graphopt::wq_linear: kernel is auto or tiled, not {kernel!r}")
+    if kernel == "auto" and 1 <= m <= GEMV_MAX_M and split_k is None and (config is None or "K_WORDS" in config):
+        return wq_gemv_triton(x, packed, scales, zeros, bias, bits, block_size, k, config=config)
     if packed.stride(2) != 1 or packed.stride(1) != packed.shape[2] or packed.stride(0) % 4 or packed.storage_offset() % 4:
         packed = packed.contiguous()  # the kernel reads each row as int32 words
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
