@@ -51,6 +51,10 @@
 #                                              # (every autotune config and the autotuner's pick), _weight_int4pack_mm; GB/s (< 3 min)
 #   bash benchmarks/gpu_session.sh wq ro       # TinyLlama decode at batch 1: fp16 / int8 / int4 (graphopt + inductor CUDA graphs), torchao int4 if importable
 #   bash benchmarks/gpu_session.sh wq cg       # the same without inductor (graphopt's graph replayed as one CUDA graph)
+#   bash benchmarks/gpu_session.sh gemv        # issue 17: graphopt::gemv_linear's Triton GEMV against cuBLAS (F.linear) at TinyLlama's
+#                                              # decode shapes, M = 1, 4, 8, 16 fp16 and M = 1 bf16: every autotune config and the pick,
+#                                              # CUDA graphs over rotating weights and do_bench, GB/s (gemv_bench.py; < 4 min)
+#   bash benchmarks/gpu_session.sh gemv kernels  # the kernel compiled against torch, every config (tests/gemv_interpreter_cases.py)
 #   bash benchmarks/gpu_session.sh fp8         # FP8 GEMMs (issue 18): TinyLlama-shaped bf16 vs precision="fp8", decode (batch 1) and a
 #                                              # 2048-token prefill, and _scaled_mm vs bf16 mm per GEMM shape at M=1,16,2048 (fp8_bench.py)
 #   bash benchmarks/gpu_session.sh accuracy    # issue 18 item 4: TinyLlama-shaped, random weights, fp16 reference: bf16 / int8 / int4 /
@@ -251,6 +255,18 @@ wq)
     ;;
   *) echo "wq takes kernels, bench, ro or cg" >&2; exit 2 ;;
   esac
+  ;;
+gemv)
+  if [ "${2:-}" = kernels ]; then
+    GRAPHOPT_KERNELS_DEVICE=cuda timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gemv_interpreter_cases.py \
+      > "$OUT/gemv_kernels.log" 2>&1
+    tail -15 "$OUT/gemv_kernels.log"
+    exit 0
+  fi
+  timeout 230 python3 benchmarks/gemv_bench.py --budget-s 150 --out "$OUT/gemv_bench.json" > "$OUT/gemv_bench.log" 2>&1
+  echo "exit $?"
+  head -2 "$OUT/gemv_bench.log"
+  sed -n '/^shape /,$p' "$OUT/gemv_bench.log" | tail -40
   ;;
 decode-window)
   timeout 120 python3 benchmarks/decode_window_bench.py --out "$OUT/decode_window_bench.json" > "$OUT/decode_window_bench.log" 2>&1
