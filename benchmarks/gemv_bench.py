@@ -163,7 +163,9 @@ def bench_shape(name: str, shape: Shape, m: int, args: argparse.Namespace, deadl
     launches: list[tuple[dict[str, int] | None, int | None]] = [(None, None)]
     if args.configs == "all" and time.monotonic() < deadline:
         configs = gemv.CONFIGS[gemv.regime(m)]
-        launches += [(c, s) for c in configs for s in ({split, 1} if split > 1 else {None})]
+        # --splits auto: the launcher's split (and unsplit where it splits); else each config at every split listed
+        splits: list[int | None] = (sorted({split, 1}) if split > 1 else [None]) if args.splits == "auto" else args.split_list
+        launches += [(c, s) for c in configs for s in splits]
     for config, split_k in launches:
         try:
             calls = _calls(shape, "triton", x, args.calls, config=config, split_k=split_k)
@@ -216,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", default=",".join(map(str, ROWS)), help="M values in fp16 (default 1,4,8,16)")
     parser.add_argument("--bf16-rows", default="1", help="M values in bf16 (default 1; '' for none)")
     parser.add_argument("--configs", default="all", choices=("all", "auto"))
+    parser.add_argument("--splits", default="auto", help="split-K per config: 'auto' (the launcher's pick) or a list, e.g. 1,2,4")
     parser.add_argument("--calls", type=int, default=200, help="calls captured in one CUDA graph")
     parser.add_argument("--rotate-mb", type=int, default=200, help="weight bytes each graph cycles through (> the L2)")
     parser.add_argument("--replays", type=int, default=5)
@@ -227,6 +230,9 @@ def main(argv: list[str] | None = None) -> int:
         shapes = _parse_shapes(args.shapes) if args.shapes else list(SHAPES)
         fp16_rows = [int(v) for v in args.rows.split(",") if v]
         bf16_rows = [int(v) for v in args.bf16_rows.split(",") if v]
+        args.split_list = [] if args.splits == "auto" else [int(v) for v in args.splits.split(",") if v]
+        if args.splits != "auto" and (not args.split_list or min(args.split_list) < 1):
+            raise ValueError("--splits takes 'auto' or positive ints")
         if any(m < 1 for m in fp16_rows + bf16_rows) or args.calls < 2 or args.replays < 1:
             raise ValueError("rows >= 1, calls >= 2, replays >= 1")
     except ValueError as error:

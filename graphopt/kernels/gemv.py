@@ -184,10 +184,11 @@ CONFIGS = {
         (0, 4, 1024, 8, 2), (0, 8, 256, 4, 3), (0, 8, 512, 8, 2), (0, 16, 256, 8, 2), (1, 16, 256, 4, 3),
     ]),
     # M = 2..16: the sum path (its BLOCK_M the next power of two of M) against tensor-core dot tiles
+    # (at N = 2048 a dot tile of 16 rows leaves one program per SM: deep pipelines keep its loads in flight)
     "small": _configs([
         (0, 1, 512, 4, 3), (0, 2, 256, 4, 3), (0, 2, 512, 4, 3), (0, 4, 256, 4, 3), (0, 8, 256, 8, 2),
-        (1, 16, 256, 4, 3), (1, 16, 512, 4, 3), (1, 16, 512, 8, 2), (1, 32, 256, 4, 3), (1, 32, 512, 8, 3),
-        (1, 64, 256, 8, 3),
+        (1, 16, 256, 4, 3), (1, 16, 256, 4, 5), (1, 16, 512, 4, 4), (1, 16, 512, 8, 3), (1, 32, 256, 4, 4),
+        (1, 32, 512, 8, 3), (1, 64, 256, 8, 3),
     ]),
     # M > 16: still correct, tuned only for the dot tiles (the graph path sends such rows to inductor's GEMM)
     "many": _configs([(1, 32, 128, 4, 3), (1, 64, 128, 4, 3), (1, 64, 64, 4, 4), (1, 128, 64, 8, 3)]),
