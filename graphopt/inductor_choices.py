@@ -29,7 +29,7 @@ user's device, and the report says per site which won, by how much. Two kinds of
   0-element tensor there (that API passes the tensors by position).
 
 * **decode GEMMs** (few rows, a constant weight; written by graphopt.passes.fx_gemv where
-  ``options={"gemv": True}``, in any inductor mode) as ``graphopt::tuned_gemv_linear``, through the same
+  ``options={"gemv": True}``, where inductor replays CUDA graphs) as ``graphopt::tuned_gemv_linear``, through the same
   custom-op autotuning: graphopt::gemv_linear (the op itself, called as an extern kernel) against
   ``linear_by_inductor``, torch's linear, which inductor lowers as it lowers any linear (its extern cuBLAS
   mm, or in max-autotune its GEMM autotuner's pick) and inlines where it wins. An absent bias is a

@@ -272,6 +272,9 @@ def _gemv_sites(opts: TorchOptions, training: bool, report: Report) -> bool:
     why = None
     if not opts.inductor:
         why = "it needs inductor (its autotuner times the kernel against inductor's GEMM)"
+    elif not opts.cuda_graphs():
+        why = ("it needs inductor's CUDA graphs (mode 'reduce-overhead' or 'max-autotune'): without them the op's Python "
+               "dispatch costs more than a decode GEMM takes")
     elif training:
         why = "inference only"
     elif opts.kernels == "none":

@@ -87,7 +87,7 @@ class TorchOptions:
     #: default: on an H100 (benchmarks/RESULTS.md, 2026-11-28) graphopt::linear_act lost every site (0.08-0.22x
     #: inductor's best GEMM), so the sites would only add their timing to the compile.
     autotune_kernels: bool = False
-    #: With inductor, in any mode: GEMMs of few rows (decode: M <= 16 when compiled) with a constant fp16/bf16 weight on
+    #: With inductor replaying CUDA graphs (mode "reduce-overhead" / "max-autotune"): GEMMs of few rows (decode: M <= 16 when compiled) with a constant fp16/bf16 weight on
     #: CUDA are offered to inductor's autotuner as graphopt::gemv_linear (graphopt/passes/fx_gemv.py), timed there against
     #: inductor's own lowering of the same linear, kept only where faster. Off by default: it adds that timing to the
     #: compile, and its kernel's gain is not yet measured end to end (benchmarks/gemv_bench.py, llm_decode.py).

@@ -89,7 +89,7 @@ def _compile(model: nn.Module, x: torch.Tensor, **options: Any) -> tuple[torch.T
 
     torch._dynamo.reset()
     with torch.no_grad():
-        out, codes = run_and_get_code(torch.compile(model, backend="graphopt", options=options), x)
+        out, codes = run_and_get_code(torch.compile(model, backend="graphopt", options={"mode": "reduce-overhead", **options}), x)
     return out, codes[-1] if codes else ""
 
 
@@ -194,7 +194,7 @@ def test_a_packed_weight_is_transposed_once(monkeypatch: pytest.MonkeyPatch, fre
     assert torch.equal(weight, torch.cat([model.q.weight, model.k.weight, model.v.weight]))
 
 
-@pytest.mark.parametrize("case", ["rows_above_16", "fp32", "option_off", "not_cuda", "symbolic_rows", "no_inductor"])
+@pytest.mark.parametrize("case", ["rows_above_16", "fp32", "option_off", "not_cuda", "symbolic_rows", "no_inductor", "no_cuda_graphs"])
 def test_gemms_not_offered(monkeypatch: pytest.MonkeyPatch, fresh_inductor: None, case: str) -> None:
     if case != "not_cuda":
         monkeypatch.setattr(fx_gemv, "OFFER_OFF_CUDA", True)
@@ -206,11 +206,13 @@ def test_gemms_not_offered(monkeypatch: pytest.MonkeyPatch, fresh_inductor: None
     options: dict[str, Any] = {"gemv": case != "option_off"}
     if case == "no_inductor":
         options["inductor"] = False
+    if case == "no_cuda_graphs":
+        options["mode"] = "default"
     if case == "symbolic_rows":
         torch._dynamo.reset()
         torch._dynamo.mark_dynamic(x, 1)
         with torch.no_grad():
-            out = torch.compile(model, backend="graphopt", options=options)(x)
+            out = torch.compile(model, backend="graphopt", options={"mode": "reduce-overhead", **options})(x)
     else:
         out, _ = _compile(model, x, **options)
     torch.testing.assert_close(out, model(x), atol=2e-3, rtol=2e-3)
@@ -221,6 +223,8 @@ def test_gemms_not_offered(monkeypatch: pytest.MonkeyPatch, fresh_inductor: None
     assert report is not None
     if case == "no_inductor":
         assert any("gemv: no graphopt::gemv_linear site written: it needs inductor" in w for w in report.warnings)
+    elif case == "no_cuda_graphs":
+        assert any("gemv: no graphopt::gemv_linear site written: it needs inductor's CUDA graphs" in w for w in report.warnings)
     else:
         assert not any(w.startswith("gemv:") for w in report.warnings)
 
@@ -264,7 +268,7 @@ def test_a_llama_decode_step_offers_every_gemm_and_prefill_none(monkeypatch: pyt
     expected, expected_logits = greedy(model.forward)
     torch._dynamo.reset()
     torch_backend.clear_reports()
-    got, logits = greedy(torch.compile(model.forward, backend="graphopt", fullgraph=True, options={"gemv": True}))
+    got, logits = greedy(torch.compile(model.forward, backend="graphopt", fullgraph=True, options={"mode": "reduce-overhead", "gemv": True}))
     torch.testing.assert_close(logits.float(), expected_logits.float(), atol=2e-2, rtol=2e-2)
     assert torch.equal(got, expected), (got, expected)
     prefill, decode = handed[0], handed[-1]

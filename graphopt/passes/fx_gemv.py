@@ -1,4 +1,4 @@
-"""Decode GEMMs offered to graphopt::gemv_linear (`options={"gemv": True}`, issue 17).
+"""Decode GEMMs offered to graphopt::gemv_linear (`options={"gemv": True}` where inductor replays CUDA graphs, issue 17).
 
 A GEMM of few rows (decode: tokens x batch <= `MAX_ROWS`, known when the graph is compiled) with
 a constant weight streams that weight from memory; graphopt.kernels.gemv is built for that. This
