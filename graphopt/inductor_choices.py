@@ -344,7 +344,37 @@ def _register_wq_autotuning() -> str | None:
 
 def _register_gemv_autotuning() -> str | None:
     """graphopt::tuned_gemv_linear through inductor's custom-op autotuning; None, or why it is not there."""
-    return _register_autotuning(tuned_gemv_linear, torch.ops.graphopt.tuned_gemv_linear.default, linear_by_inductor, _GEMV_SELECT, {})
+    op = torch.ops.graphopt.tuned_gemv_linear.default
+    why = _register_autotuning(tuned_gemv_linear, op, linear_by_inductor, _GEMV_SELECT, {})
+    if why is None:
+        _fallback_at_every_site(op, _GEMV_SELECT)
+    return why
+
+
+def _fallback_at_every_site(op: Any, name: str) -> None:
+    """Older inductors (torch 2.10's custom-op autotuning) register a site op's fallback choice, graphopt's kernel, as
+    ``extern_kernels.<name>_fallback_default`` once and skip it wherever that name exists: every later site would time
+    inductor's side alone. gemv_linear's fallback takes tensors only (no per-site arguments baked in), so the name is
+    removed before each site is lowered and every site gets its own; newer inductors (one reused choice per op, another
+    name) are untouched."""
+    from torch._inductor import lowering
+    from torch._inductor.kernel import custom_op as inductor_custom_op
+    from torch._inductor.select_algorithm import extern_kernels
+
+    stale = f"{name}_fallback_default"
+    tables = [t for t in (getattr(inductor_custom_op, "user_lowerings", None), getattr(lowering, "lowerings", None))
+              if isinstance(t, dict) and op in t]
+    if not tables:
+        return
+    table = tables[0]
+    inner = table[op]
+
+    def lower(*args: Any, **kwargs: Any) -> Any:
+        if hasattr(extern_kernels, stale):
+            delattr(extern_kernels, stale)
+        return inner(*args, **kwargs)
+
+    table[op] = lower
 
 
 def _register_autotuning(site: Any, op: Any, inductors_side: Any, name: str, input_gen_fns: dict[str, Any]) -> str | None:

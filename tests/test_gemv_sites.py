@@ -170,6 +170,27 @@ def test_inductor_keeps_the_faster_side_per_site(monkeypatch: pytest.MonkeyPatch
     assert code.count("torch.ops.graphopt.tuned_gemv_linear.default(") == (2 if graphopt_wins else 0)
 
 
+def test_every_site_gets_graphopts_kernel_as_a_choice(monkeypatch: pytest.MonkeyPatch, fresh_inductor: None,
+                                                      cpu_sites: None) -> None:
+    """An older inductor skips the fallback choice where extern_kernels already has its name (registered at the first
+    site): the name is removed before each gemv site is lowered."""
+    from torch._inductor.select_algorithm import extern_kernels
+
+    stale = "graphopt_gemv_linear_fallback_default"
+    placeholder = lambda *args: None  # noqa: E731
+    setattr(extern_kernels, stale, placeholder)
+    seen = _timed(monkeypatch, graphopt_ms=1.0, inductor_ms=2.0)
+    model = Mlp().eval().to(F16)
+    try:
+        _compile(model, torch.randn(1, 3, 64, dtype=F16), gemv=True)
+        assert getattr(extern_kernels, stale, None) is not placeholder
+    finally:
+        if getattr(extern_kernels, stale, None) is placeholder:
+            delattr(extern_kernels, stale)
+    assert sum(name.endswith("_fallback") or name.endswith("_fallback_default") for name in seen) == 2  # one per site
+    assert len(_gemv_decisions()) == 2
+
+
 def test_a_tie_keeps_inductor(monkeypatch: pytest.MonkeyPatch, fresh_inductor: None, cpu_sites: None) -> None:
     _timed(monkeypatch, graphopt_ms=2.0, inductor_ms=2.0)
     model = nn.Linear(32, 16).eval().to(F16)
