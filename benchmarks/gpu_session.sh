@@ -55,6 +55,12 @@
 #   bash benchmarks/gpu_session.sh wq ro       # TinyLlama decode at batch 1: fp16 / int4 / int8 (graphopt + inductor CUDA graphs), torchao int4 if importable;
 #                                              # prints int4/fp16 and int8/fp16 (< 5 min: weights quantized on the GPU, no variant started after 200 s)
 #   bash benchmarks/gpu_session.sh wq cg       # the same without inductor (graphopt's graph replayed as one CUDA graph)
+#   bash benchmarks/gpu_session.sh gemv        # issue 17: graphopt::gemv_linear's Triton GEMV against cuBLAS (F.linear) at TinyLlama's
+#                                              # decode shapes, M = 1, 4, 8, 16 fp16 and M = 1 bf16: every autotune config and the pick,
+#                                              # CUDA graphs over rotating weights and do_bench, GB/s (gemv_bench.py; < 4 min)
+#   bash benchmarks/gpu_session.sh gemv kernels  # the kernel compiled against torch, every config (tests/gemv_interpreter_cases.py)
+#   bash benchmarks/gpu_session.sh gemv ro     # TinyLlama decode at batch 1: eager (tokens), graphopt-ro, graphopt-gemv-ro (options gemv=True:
+#                                              # the decode GEMMs offered to inductor's autotuner as graphopt::gemv_linear) (< 5 min)
 #   bash benchmarks/gpu_session.sh fp8         # FP8 GEMMs (issue 18): TinyLlama-shaped bf16 vs precision="fp8", decode (batch 1) and a
 #                                              # 2048-token prefill, and _scaled_mm vs bf16 mm per GEMM shape at M=1,16,2048 (fp8_bench.py)
 #   bash benchmarks/gpu_session.sh accuracy    # issue 18 item 4: TinyLlama-shaped, random weights, fp16 reference: bf16 / int8 / int4 /
@@ -277,6 +283,26 @@ wq)
     ;;
   *) echo "wq takes kernels, bench, ro or cg" >&2; exit 2 ;;
   esac
+  ;;
+gemv)
+  if [ "${2:-}" = kernels ]; then
+    GRAPHOPT_KERNELS_DEVICE=cuda timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gemv_interpreter_cases.py \
+      > "$OUT/gemv_kernels.log" 2>&1
+    tail -15 "$OUT/gemv_kernels.log"
+    exit 0
+  fi
+  if [ "${2:-}" = ro ]; then
+    timeout 295 python3 benchmarks/llm_decode.py --variants eager,graphopt-ro,graphopt-gemv-ro --batches 1 --new-tokens 64 \
+      --budget-s 150 --out "$OUT/llm_decode-gemv-ro.json" > "$OUT/llm_decode-gemv-ro.log" 2>&1
+    echo "exit $?"
+    grep "gemv_kernels\|^batch" "$OUT/llm_decode-gemv-ro.log" | tail -4
+    tail -8 "$OUT/llm_decode-gemv-ro.log"
+    exit 0
+  fi
+  timeout 230 python3 benchmarks/gemv_bench.py --budget-s 150 --out "$OUT/gemv_bench.json" > "$OUT/gemv_bench.log" 2>&1
+  echo "exit $?"
+  head -2 "$OUT/gemv_bench.log"
+  sed -n '/^shape /,$p' "$OUT/gemv_bench.log" | tail -40
   ;;
 decode-window)
   timeout 120 python3 benchmarks/decode_window_bench.py --out "$OUT/decode_window_bench.json" > "$OUT/decode_window_bench.log" 2>&1

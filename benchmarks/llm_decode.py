@@ -18,6 +18,10 @@ the same process behind its own torch._dynamo.reset():
                 (graphopt's Triton kernel, dequantize + matmul, torch._weight_int4pack_mm, or the
                 fp16 matmul) is timed at compile time; the report's "weights" decisions are kept
                 in the JSON (per-layer SNR and the winning form)
+  graphopt-gemv-ro  graphopt-ro with options={"gemv": True}: the decode graph's GEMMs (M <= 16) offered to inductor's
+                autotuner as graphopt::gemv_linear (graphopt/passes/fx_gemv.py), each kept where it timed faster than
+                inductor's GEMM; the report's per-site "kernel" decisions are kept in the JSON ("gemv_sites": the
+                winner per site, "gemv_kernels": how many each side won per graph)
   torchao-int4-ro  torchao's int4 weight-only (group --block-size, bf16: its tinygemm kernel's
                 type) + inductor reduce-overhead; skipped where torchao is not importable
 
@@ -81,6 +85,8 @@ VARIANTS = ("eager", "inductor-ro", "graphopt", "graphopt-ro", "graphopt-cg")
 FAMILIES = ("llama", "llama3", "qwen2", "mistral", "phi3", "gemma")  # tests/llm_families.py
 #: Weight-only quantized variants (issue 18): not in the default set (their compile quantizes the model).
 WQ_VARIANTS = ("graphopt-int8-ro", "graphopt-int4-ro", "graphopt-int8-cg", "graphopt-int4-cg", "torchao-int4-ro")
+#: graphopt's decode GEMV offered to inductor's autotuner (issue 17): not in the default set.
+GEMV_VARIANTS = ("graphopt-gemv-ro",)
 #: memory bandwidth by GPU name (bytes/s, the vendor's figure); others use the measured copy.
 SPEC_BANDWIDTH = (("H200", 4.8e12), ("H100 PCIe", 2.0e12), ("H100", 3.35e12), ("A100-SXM4-80GB", 2.039e12), ("A100", 1.555e12))
 
@@ -297,6 +303,9 @@ def compiled_forward(model: Any, variant: str, block_size: int = 32) -> tuple[Ca
         return torch.compile(model.forward, backend="graphopt", fullgraph=True, dynamic=False), False
     if variant == "graphopt-ro":
         return torch.compile(model.forward, backend="graphopt", mode="reduce-overhead", fullgraph=True, dynamic=False), True
+    if variant == "graphopt-gemv-ro":
+        return torch.compile(model.forward, backend="graphopt", options={"mode": "reduce-overhead", "gemv": True},
+                             fullgraph=True, dynamic=False), True
     if variant == "graphopt-cg":
         return torch.compile(model.forward, backend="graphopt", options={"inductor": False, "mode": "reduce-overhead"},
                              fullgraph=True, dynamic=False), False
@@ -399,6 +408,14 @@ def run_variant(model: Any, variant: str, batch: int, args: argparse.Namespace, 
         weights = [{"graph": i, "site": d.site, "chosen": d.chosen, "reason": d.reason,
                     "measured_ms": {a.candidate: a.measured_ms for a in d.alternatives}}
                    for i, r in enumerate(reports) for d in r.decisions if d.kind == "weights"]
+        kernels = [{"graph": i, "site": d.site, "chosen": d.chosen, "reason": d.reason,
+                    "measured_ms": {a.candidate: a.measured_ms for a in d.alternatives}}
+                   for i, r in enumerate(reports) for d in r.decisions
+                   if d.kind == "kernel" and any(a.candidate == "graphopt::gemv_linear" for a in d.alternatives)]
+        if kernels:
+            entry["gemv_sites"] = kernels
+            entry["gemv_kernels"] = {f"graph {i}": dict(sorted(Counter(k["chosen"] for k in kernels if k["graph"] == i).items()))
+                                     for i in range(len(reports))}
         if weights:
             entry["weights"] = weights
             entry["weight_forms"] = {f"graph {i}": dict(sorted(Counter(w["chosen"] for w in weights if w["graph"] == i).items()))
@@ -521,7 +538,7 @@ def write_json(data: dict[str, Any], out: str, tiny: bool, family: str = "llama"
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--variants", default=None, help=f"comma-separated: {', '.join(VARIANTS + WQ_VARIANTS)} "
+    parser.add_argument("--variants", default=None, help=f"comma-separated: {', '.join(VARIANTS + WQ_VARIANTS + GEMV_VARIANTS)} "
                         "(default: the first five; eager,graphopt-cg with --tiny)")
     parser.add_argument("--block-size", type=int, default=32, choices=(32, 64, 128), help="quantization block of the int8/int4 variants")
     parser.add_argument("--batches", default=None, help="comma-separated batch sizes (default 1,8; 1,2 with --tiny)")
@@ -551,9 +568,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error("--device cuda, but torch sees no CUDA device")
     variants = [v for v in (args.variants or ("eager,graphopt-cg" if args.tiny else ",".join(VARIANTS))).split(",") if v]
-    unknown = [v for v in variants if v not in VARIANTS + WQ_VARIANTS]
+    unknown = [v for v in variants if v not in VARIANTS + WQ_VARIANTS + GEMV_VARIANTS]
     if unknown:
-        parser.error(f"unknown variant: {', '.join(unknown)} (known: {', '.join(VARIANTS + WQ_VARIANTS)})")
+        parser.error(f"unknown variant: {', '.join(unknown)} (known: {', '.join(VARIANTS + WQ_VARIANTS + GEMV_VARIANTS)})")
     try:
         batches = [int(b) for b in (args.batches or ("1,2" if args.tiny else "1,8")).split(",") if b]
     except ValueError:
@@ -600,7 +617,7 @@ def main(argv: list[str] | None = None) -> int:
                 reference = entry
                 entry["min_top2_gap"] = float(entry["gaps"].min())
             results.append(entry)
-            short = {k: entry[k] for k in ("decode_ms", "tokens_per_s", "prefill_ms", "tokens_equal", "token_agreement", "weight_forms",
+            short = {k: entry[k] for k in ("decode_ms", "tokens_per_s", "prefill_ms", "tokens_equal", "token_agreement", "weight_forms", "gemv_kernels",
                                            "decode_attention_windows", "status") if k in entry}
             print(f"batch {batch} {variant}: {short}", flush=True)
             if out:  # after every variant: a run stopped by a time limit keeps what it measured

@@ -28,6 +28,13 @@ user's device, and the report says per site which won, by how much. Two kinds of
   neighbours), timed against graphopt's kernel on the packed weight. An absent zero point or bias is a
   0-element tensor there (that API passes the tensors by position).
 
+* **decode GEMMs** (few rows, a constant weight; written by graphopt.passes.fx_gemv where
+  ``options={"gemv": True}``, where inductor replays CUDA graphs) as ``graphopt::tuned_gemv_linear``, through the same
+  custom-op autotuning: graphopt::gemv_linear (the op itself, called as an extern kernel) against
+  ``linear_by_inductor``, torch's linear, which inductor lowers as it lowers any linear (its extern cuBLAS
+  mm, or in max-autotune its GEMM autotuner's pick) and inlines where it wins. An absent bias is a
+  0-element tensor there.
+
 Where this torch's inductor lacks an API used here, `problem()` says which, and the backend keeps the
 static policy with a report warning.
 """
@@ -46,8 +53,9 @@ from torch.library import custom_op
 
 from graphopt.report.model import Alternative, DecisionRecord, Report
 
-__all__ = ["TUNED_OPS", "ACTIVATIONS", "WQ_PROBLEM", "problem", "install", "inductor_autotunes", "recording", "SiteOutcome",
-           "uses_autotune_sites", "wq_sites", "dequant_then_linear", "collecting_gemm_timings"]
+__all__ = ["TUNED_OPS", "ACTIVATIONS", "WQ_PROBLEM", "GEMV_PROBLEM", "problem", "install", "inductor_autotunes", "recording",
+           "SiteOutcome", "uses_autotune_sites", "wq_sites", "gemv_sites", "dequant_then_linear", "linear_by_inductor",
+           "collecting_gemm_timings"]
 
 aten = torch.ops.aten
 
@@ -99,15 +107,37 @@ def dequant_then_linear(x: Tensor, packed: Tensor, scales: Tensor, zeros: Tensor
     return wq_linear_reference(x, packed, scales, _present(zeros), _present(bias), bits, block_size, k)
 
 
-#: The site ops: graphopt's kernel where it won (tuned_linear_act), or offered to inductor's autotuner (tuned_wq_linear).
-TUNED_OPS = ("graphopt::tuned_linear_act", "graphopt::tuned_wq_linear")
+@custom_op("graphopt::tuned_gemv_linear", mutates_args=())
+def tuned_gemv_linear(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """graphopt::gemv_linear as a site inductor autotunes; bias a 0-element tensor where absent."""
+    return torch.ops.graphopt.gemv_linear(x, weight, _present(bias))
+
+
+@tuned_gemv_linear.register_fake
+def _tuned_gemv_linear_fake(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    from graphopt.kernels.gemv import gemv_linear_fake
+
+    return gemv_linear_fake(x, weight, _present(bias))
+
+
+def linear_by_inductor(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """inductor's side of a gemv_linear site: torch's linear, lowered by inductor as it lowers any linear."""
+    return torch.nn.functional.linear(x, weight, _present(bias))
+
+
+#: The site ops: graphopt's kernel where it won (tuned_linear_act), or offered to inductor's autotuner (tuned_wq_linear,
+#: tuned_gemv_linear).
+TUNED_OPS = ("graphopt::tuned_linear_act", "graphopt::tuned_wq_linear", "graphopt::tuned_gemv_linear")
 _WQ_SELECT = "graphopt_wq_linear"  # the name of its select_algorithm calls
+_GEMV_SELECT = "graphopt_gemv_linear"
 
 
 def uses_autotune_sites(gm: torch.fx.GraphModule) -> bool:
-    """Whether the graph holds a site inductor autotunes as it lowers it (graphopt::tuned_wq_linear: its
-    compile then records decisions; the linear_act sites were decided before, graphopt.inductor_sites)."""
-    return any(n.op == "call_function" and n.target is torch.ops.graphopt.tuned_wq_linear.default for n in gm.graph.nodes)
+    """Whether the graph holds a site inductor autotunes as it lowers it (graphopt::tuned_wq_linear,
+    graphopt::tuned_gemv_linear: its compile then records decisions; the linear_act sites were decided before,
+    graphopt.inductor_sites)."""
+    autotuned = (torch.ops.graphopt.tuned_wq_linear.default, torch.ops.graphopt.tuned_gemv_linear.default)
+    return any(n.op == "call_function" and n.target in autotuned for n in gm.graph.nodes)
 
 
 # --------------------------------------------------------------------------- can this inductor do it
@@ -173,7 +203,7 @@ def recording(report: Report) -> Iterator[None]:
     finally:
         _STATE.report = previous
     if not any(d.kind == "kernel" for d in report.decisions[before:]):
-        report.warnings.append("autotune choices: no wq_linear site was lowered by inductor in this compile "
+        report.warnings.append("autotune choices: no wq_linear / gemv_linear site was lowered by inductor in this compile "
                                "(its FX graph cache served the compiled code?): no per-site decision recorded")
 
 
@@ -199,6 +229,9 @@ def _feedback(timings: dict[Any, float], name: str, input_nodes: Any, choices: A
     """select_algorithm's feedback hook: the times of every choice of a select call."""
     if str(name).startswith(_WQ_SELECT):
         _wq_feedback(timings, input_nodes)
+        return
+    if str(name).startswith(_GEMV_SELECT):
+        _gemv_feedback(timings, input_nodes)
         return
     collected = getattr(_STATE, "gemm_timings", None)
     if collected is not None:
@@ -250,6 +283,27 @@ def _wq_feedback(timings: dict[Any, float], input_nodes: Any) -> None:
     _record(outcome)
 
 
+def _gemv_feedback(timings: dict[Any, float], input_nodes: Any) -> None:
+    """A gemv_linear site's select call: graphopt's kernel (the fallback choice) against inductor's lowering of
+    the linear; the fastest wins (threshold 1.0: a tie goes to the first choice timed, inductor's)."""
+    from torch._inductor.virtualized import V
+
+    node = getattr(V.graph, "current_node", None)
+    x, weight = list(input_nodes)[:2]
+    site = (f"{getattr(node, 'name', 'gemv_linear')} [{'x'.join(str(s) for s in x.get_size())} @ "
+            f"{'x'.join(str(s) for s in weight.get_size())}^T]")
+    outcome = SiteOutcome(site)
+    for choice, ms in timings.items():
+        if getattr(getattr(choice, "choice", None), "use_fallback_kernel", False):
+            outcome.graphopt_ms = float(ms)
+        else:
+            label = "linear" + ("" if not outcome.times_ms else f" #{len(outcome.times_ms) + 1}")
+            outcome.times_ms[label] = float(ms)
+    if outcome.graphopt_ms is not None and outcome.times_ms:
+        outcome.winner = "graphopt" if outcome.graphopt_ms < min(outcome.times_ms.values()) else "inductor"
+    _record(outcome, kernel="graphopt::gemv_linear")
+
+
 def _record(outcome: SiteOutcome, failure: str | None = None, kernel: str = "graphopt::wq_linear") -> None:
     report = _report()
     if report is None:
@@ -284,14 +338,55 @@ def _random_bytes(fake: Tensor) -> Tensor:
 
 def _register_wq_autotuning() -> str | None:
     """graphopt::tuned_wq_linear through inductor's custom-op autotuning; None, or why it is not there."""
-    op = torch.ops.graphopt.tuned_wq_linear.default
+    return _register_autotuning(tuned_wq_linear, torch.ops.graphopt.tuned_wq_linear.default, dequant_then_linear, _WQ_SELECT,
+                                {"packed": _random_bytes, "zeros": _random_bytes})
+
+
+def _register_gemv_autotuning() -> str | None:
+    """graphopt::tuned_gemv_linear through inductor's custom-op autotuning; None, or why it is not there."""
+    op = torch.ops.graphopt.tuned_gemv_linear.default
+    why = _register_autotuning(tuned_gemv_linear, op, linear_by_inductor, _GEMV_SELECT, {})
+    if why is None:
+        _fallback_at_every_site(op, _GEMV_SELECT)
+    return why
+
+
+def _fallback_at_every_site(op: Any, name: str) -> None:
+    """Older inductors (torch 2.10's custom-op autotuning) register a site op's fallback choice, graphopt's kernel, as
+    ``extern_kernels.<name>_fallback_default`` once and skip it wherever that name exists: every later site would time
+    inductor's side alone. gemv_linear's fallback takes tensors only (no per-site arguments baked in), so the name is
+    removed before each site is lowered and every site gets its own; newer inductors (one reused choice per op, another
+    name) are untouched."""
+    from torch._inductor import lowering
+    from torch._inductor.kernel import custom_op as inductor_custom_op
+    from torch._inductor.select_algorithm import extern_kernels
+
+    stale = f"{name}_fallback_default"
+    tables = [t for t in (getattr(inductor_custom_op, "user_lowerings", None), getattr(lowering, "lowerings", None))
+              if isinstance(t, dict) and op in t]
+    if not tables:
+        return
+    table = tables[0]
+    inner = table[op]
+
+    def lower(*args: Any, **kwargs: Any) -> Any:
+        if hasattr(extern_kernels, stale):
+            delattr(extern_kernels, stale)
+        return inner(*args, **kwargs)
+
+    table[op] = lower
+
+
+def _register_autotuning(site: Any, op: Any, inductors_side: Any, name: str, input_gen_fns: dict[str, Any]) -> str | None:
+    """A site op through inductor's custom-op autotuning: graphopt's kernel (the op, its fallback choice) against
+    `inductors_side` compiled by inductor; None, or why it is not there."""
     try:
         from torch._inductor.kernel import custom_op as inductor_custom_op
 
         def register(**extra: Any) -> None:
             inductor_custom_op.register_custom_op_autotuning(
-                tuned_wq_linear, configs=[inductor_custom_op.CustomOpConfig(dequant_then_linear)], name=_WQ_SELECT,
-                input_gen_fns={"packed": _random_bytes, "zeros": _random_bytes}, **extra)
+                site, configs=[inductor_custom_op.CustomOpConfig(inductors_side)], name=name,
+                input_gen_fns=input_gen_fns or None, **extra)
 
         register()
     except Exception as error:  # noqa: BLE001 - an inductor without that API: the site op is not written
@@ -317,11 +412,18 @@ def _register_wq_autotuning() -> str | None:
 
 #: After install(): "" where the wq_linear site is registered, else why not (its static form then stays).
 WQ_PROBLEM: list[str] = []
+#: After install(): "" where the gemv_linear site is registered, else why not (no site is then written).
+GEMV_PROBLEM: list[str] = []
 
 
 def wq_sites() -> bool:
     """Whether install() registered the wq_linear site (fx_weight_quant then writes it)."""
     return bool(_INSTALLED) and WQ_PROBLEM == [""]
+
+
+def gemv_sites() -> bool:
+    """Whether install() registered the gemv_linear site (graphopt.passes.fx_gemv then writes it)."""
+    return bool(_INSTALLED) and GEMV_PROBLEM == [""]
 
 
 def install() -> str | None:
@@ -339,6 +441,7 @@ def install() -> str | None:
 
     register_lowering(torch.ops.graphopt.tuned_linear_act.default, type_promotion_kind=None)(_lower_tuned_linear_act)
     WQ_PROBLEM.append(_register_wq_autotuning() or "")
+    GEMV_PROBLEM.append(_register_gemv_autotuning() or "")
     select_algorithm.add_feedback_saver(_feedback)
     _INSTALLED.append(True)
     return None

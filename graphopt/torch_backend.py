@@ -168,7 +168,8 @@ def graphopt_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, optio
         aten_gm = trace_to_aten(gm, fake_inputs, fake_mode)
         report.times_s["trace"] = time.perf_counter() - started
         frozen = _freeze_module_state(aten_gm, gm, example_inputs) if opts.freeze and not training else []
-        optimize_fx(aten_gm, fake_mode, rules, target, report, opts, autotune=_autotune_sites(opts, training, report))
+        optimize_fx(aten_gm, fake_mode, rules, target, report, opts, autotune=_autotune_sites(opts, training, report),
+                    gemv=_gemv_sites(opts, training, report))
     except GraphoptError:
         raise
     except Exception as error:  # a graphopt bug must not take the user's model down with it
@@ -263,6 +264,33 @@ def _wq_sites(report: Report) -> bool:
     return False
 
 
+def _gemv_sites(opts: TorchOptions, training: bool, report: Report) -> bool:
+    """Whether decode GEMMs go to inductor's autotuner as graphopt::gemv_linear sites (options gemv=True; a
+    warning says why not where they cannot)."""
+    if not opts.gemv:
+        return False
+    why = None
+    if not opts.inductor:
+        why = "it needs inductor (its autotuner times the kernel against inductor's GEMM)"
+    elif not opts.cuda_graphs():
+        why = ("it needs inductor's CUDA graphs (mode 'reduce-overhead' or 'max-autotune'): without them the op's Python "
+               "dispatch costs more than a decode GEMM takes")
+    elif training:
+        why = "inference only"
+    elif opts.kernels == "none":
+        why = "kernels='none'"
+    else:
+        from graphopt import inductor_choices
+
+        why = inductor_choices.install()
+        if why is None and not inductor_choices.gemv_sites():
+            why = inductor_choices.GEMV_PROBLEM[0] if inductor_choices.GEMV_PROBLEM else "not installed"
+    if why is not None:
+        report.warnings.append(f"gemv: no graphopt::gemv_linear site written: {why}")
+        return False
+    return True
+
+
 @contextlib.contextmanager
 def _recording_choices(gm: fx.GraphModule, opts: TorchOptions, report: Report) -> Iterator[None]:
     """Around inductor's compile of a graph with autotune sites: their decisions go to `report`."""
@@ -293,7 +321,7 @@ def _carry_input_sources(aten_gm: fx.GraphModule, dynamo_gm: fx.GraphModule, kep
 
 
 #: Passes whose changes inductor would not make itself (the rest, folding and dead code, it does).
-_PASSES_INDUCTOR_LACKS = ("layout", "pad_gemms", "unrepeat_kv", "pack_projections", "weight_quant", "fp8_matmuls")
+_PASSES_INDUCTOR_LACKS = ("layout", "pad_gemms", "unrepeat_kv", "pack_projections", "weight_quant", "fp8_matmuls", "gemv_sites")
 
 
 #: Rules whose rewrites inductor makes itself: views, reshapes and transposes are free in its
@@ -394,22 +422,23 @@ def _wants_channels_last(gm: fx.GraphModule, layout: str) -> bool:
 
 
 def optimize_fx(gm: fx.GraphModule, fake_mode: Any, rules: RuleSet, target: Any, report: Report, opts: TorchOptions | None = None,
-                autotune: bool = False) -> None:
+                autotune: bool = False, gemv: bool = False) -> None:
     """Rewrite an ATen FX graph in place: the rules, constant folding, lowering to torch ops.
     `autotune`: inductor autotunes; graphopt's GEMM kernels are timed against inductor's compiled code for
-    their sites as the rules plan them, and written only where they win (graphopt.inductor_sites)."""
+    their sites as the rules plan them, and written only where they win (graphopt.inductor_sites).
+    `gemv`: GEMMs of few rows become graphopt::gemv_linear sites for inductor's autotuner (graphopt.passes.fx_gemv)."""
     opts = opts or TorchOptions()
     if not (autotune and opts.weights is None):
-        _optimize_fx(gm, fake_mode, rules, target, report, opts, autotune)
+        _optimize_fx(gm, fake_mode, rules, target, report, opts, autotune, gemv)
         return
     from graphopt import inductor_sites
 
     with inductor_sites.deciding(report, opts.mode, opts.cuda_graphs()):
-        _optimize_fx(gm, fake_mode, rules, target, report, opts, autotune)
+        _optimize_fx(gm, fake_mode, rules, target, report, opts, autotune, gemv)
 
 
 def _optimize_fx(gm: fx.GraphModule, fake_mode: Any, rules: RuleSet, target: Any, report: Report, opts: TorchOptions,
-                 autotune: bool) -> None:
+                 autotune: bool, gemv: bool = False) -> None:
     started = time.perf_counter()
     # inductor compiles the graph: rules refuse ATen forms it cannot fuse into; where it autotunes, the GEMM
     # sites are decided by timing (FxBuilder.autotune)
@@ -464,6 +493,10 @@ def _optimize_fx(gm: fx.GraphModule, fake_mode: Any, rules: RuleSet, target: Any
     ])
     if opts.precision == "fp8":
         _fp8(pipeline, gm, new_constant, fake_mode, opts, report)
+    if gemv:  # last of the GEMM passes: what packing, quantization and FP8 left as plain GEMMs
+        from graphopt.passes import fx_gemv
+
+        pipeline.run_pass("gemv_sites", lambda: fx_gemv.offer_gemv_sites(gm, new_constant, fake_mode))
     pipeline.run_pass("dce", lambda: fx_passes.remove_dead_code(gm))
     if not opts.inductor:  # inductor re-inplaces on its own; the graph run as it is must not copy a KV cache per step
         pipeline.run_pass("reinplace_input_writes", lambda: reinplace_input_writes(gm))

@@ -87,6 +87,11 @@ class TorchOptions:
     #: default: on an H100 (benchmarks/RESULTS.md, 2026-11-28) graphopt::linear_act lost every site (0.08-0.22x
     #: inductor's best GEMM), so the sites would only add their timing to the compile.
     autotune_kernels: bool = False
+    #: With inductor replaying CUDA graphs (mode "reduce-overhead" / "max-autotune"): GEMMs of few rows (decode: M <= 16 when compiled) with a constant fp16/bf16 weight on
+    #: CUDA are offered to inductor's autotuner as graphopt::gemv_linear (graphopt/passes/fx_gemv.py), timed there against
+    #: inductor's own lowering of the same linear, kept only where faster. Off by default: it adds that timing to the
+    #: compile, and its kernel's gain is not yet measured end to end (benchmarks/gemv_bench.py, llm_decode.py).
+    gemv: bool = False
 
     def cuda_graphs(self) -> bool:
         """Whether the compiled graph replays as CUDA graphs (inductor's, or CudaGraphReplay without it)."""
@@ -128,7 +133,7 @@ class TorchOptions:
                 value = None if value is None else list(value)
             elif key == "precision" and value not in _PRECISIONS:
                 raise GraphoptError(f"graphopt option 'precision' takes 'fp8' or None, not {value!r}")
-            elif key in ("inductor", "freeze", "trace", "strict", "tune", "autotune_kernels") and not isinstance(value, bool):
+            elif key in ("inductor", "freeze", "trace", "strict", "tune", "autotune_kernels", "gemv") and not isinstance(value, bool):
                 raise GraphoptError(f"graphopt option '{key}' takes True or False, not {value!r}")
             elif key == "kernels" and value not in ("auto", "all", "none"):
                 raise GraphoptError(f"graphopt option 'kernels' takes 'auto', 'all' or 'none', not {value!r}")

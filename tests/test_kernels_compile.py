@@ -26,6 +26,8 @@ from triton.runtime.jit import JITFunction
 from graphopt.kernels import _triton
 from graphopt.kernels.attention import attention_triton
 from graphopt.kernels.gates import geglu_triton, swiglu_triton
+from graphopt.kernels.gemv import CONFIGS as GEMV_CONFIGS
+from graphopt.kernels.gemv import gemv_linear_triton
 from graphopt.kernels.matmul import linear_act_triton
 from graphopt.kernels.norms import layer_norm_triton, rms_norm_triton
 from graphopt.kernels.rotary import rotary_triton
@@ -56,6 +58,13 @@ VARIANTS: dict[str, Callable[[], Any]] = {
     "rms_norm_bf16_4096": lambda: rms_norm_triton(_t(8, 4096, dtype=BF16), None, _t(4096, dtype=BF16), 1e-6),
     "swiglu_fp16": lambda: swiglu_triton(_t(4, 1100), _t(4, 1100)),
     "geglu_bf16_both_forms": lambda: (geglu_triton(_t(4, 64, dtype=BF16), _t(4, 64, dtype=BF16)), geglu_triton(_t(4, 64, dtype=BF16), _t(4, 64, dtype=BF16), True)),
+    # graphopt::gemv_linear: the sum path (3-D accumulator; a sum per K tile at 16 rows), the dot path, split-K's reduce
+    "gemv_fp16_m1_bias": lambda: gemv_linear_triton(_t(1, 2048), _t(2560, 2048), _t(2560)),
+    "gemv_bf16_m16_sum_per_tile": lambda: gemv_linear_triton(_t(16, 2048, dtype=BF16), _t(2048, 2048, dtype=BF16), None,
+                                                             config=GEMV_CONFIGS["small"][3]),
+    "gemv_bf16_m8_dot_split3_bias": lambda: gemv_linear_triton(_t(8, 2048, dtype=BF16), _t(64, 2048, dtype=BF16), _t(64, dtype=BF16),
+                                                               split_k=3, config=GEMV_CONFIGS["small"][6]),
+    "gemv_fp16_m40_dot": lambda: gemv_linear_triton(_t(40, 512), _t(256, 512), None),
     "rotary_fp16_both_forms": lambda: (
         rotary_triton(_t(1, 8, 16, 128), _t(1, 16, 128, dtype=F32), _t(1, 16, 128, dtype=F32)),
         rotary_triton(_t(1, 8, 16, 128), _t(1, 16, 64, dtype=F32), _t(1, 16, 64, dtype=F32), True),

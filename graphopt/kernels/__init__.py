@@ -14,6 +14,7 @@ Importing this package registers the ops (it needs torch; triton is optional):
 | ``swiglu(gate, up)`` / ``geglu(gate, up, approximate=False)`` | act(gate) * up | ``gates`` |
 | ``rotary(x, cos, sin, interleaved=False)`` | HF rotary embedding | ``rotary`` |
 | ``wq_linear(x, packed, scales, zeros, bias, bits, block_size, k)`` | x @ dequant(W) + bias, int4/int8 weights | ``wq_matmul`` |
+| ``gemv_linear(x, weight, bias=None)`` | x @ weight^T + bias, few rows of x (decode GEMV) | ``gemv`` |
 | ``conv_relu(x, w, bias, z, stride, padding, dilation, groups)`` | relu(conv2d(x, w, bias) + z) | ``conv`` |
 
 CUDA tensors run the Triton kernels (conv_relu: cuDNN's fused convolution); other devices

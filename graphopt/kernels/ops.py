@@ -10,6 +10,7 @@ Importing this module (``import graphopt.kernels``) registers the ops once per p
 it needs torch, not triton.
 """
 
+import torch
 from torch import Tensor
 from torch.library import custom_op, triton_op
 
@@ -18,12 +19,14 @@ from graphopt.kernels.attention import attention_fake, attention_reference, atte
 from graphopt.kernels.conv import conv_relu_cudnn, conv_relu_fake, conv_relu_reference, uses_cudnn
 from graphopt.kernels.decode_attention import decode_attention_fake, decode_attention_reference, decode_attention_triton
 from graphopt.kernels.gates import gate_fake, geglu_reference, geglu_triton, swiglu_reference, swiglu_triton
+from graphopt.kernels.gemv import gemv_linear_fake, gemv_linear_reference, gemv_linear_triton
 from graphopt.kernels.matmul import linear_act_fake, linear_act_reference, linear_act_triton
 from graphopt.kernels.norms import layer_norm_reference, layer_norm_triton, norm_fake, rms_norm_reference, rms_norm_triton
 from graphopt.kernels.rotary import rotary_fake, rotary_reference, rotary_triton
 from graphopt.kernels.wq_matmul import wq_linear_fake, wq_linear_reference, wq_linear_triton
 
-__all__ = ["attention", "decode_attention", "linear_act", "layer_norm", "rms_norm", "swiglu", "geglu", "rotary", "conv_relu", "wq_linear"]
+__all__ = ["attention", "decode_attention", "linear_act", "layer_norm", "rms_norm", "swiglu", "geglu", "rotary", "conv_relu", "wq_linear",
+           "gemv_linear"]
 
 
 @triton_op("graphopt::attention", mutates_args=())
@@ -101,6 +104,14 @@ def wq_linear(x: Tensor, packed: Tensor, scales: Tensor, zeros: Tensor | None, b
     return wq_linear_reference(x, packed, scales, zeros, bias, bits, block_size, k)
 
 
+@triton_op("graphopt::gemv_linear", mutates_args=())
+def gemv_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """x @ weight^T + bias for few rows of x (decode), weight [N, K] as nn.Linear's (see graphopt.kernels.gemv)."""
+    if x.dtype in (torch.float16, torch.bfloat16) and use_triton(x, weight, bias):
+        return gemv_linear_triton(x, weight, bias)
+    return gemv_linear_reference(x, weight, bias)
+
+
 @custom_op("graphopt::conv_relu", mutates_args=())
 def conv_relu(x: Tensor, w: Tensor, bias: Tensor | None, z: Tensor | None, stride: list[int], padding: list[int],
               dilation: list[int], groups: int) -> Tensor:
@@ -123,6 +134,7 @@ swiglu.register_kernel("cpu")(swiglu_reference)
 geglu.register_kernel("cpu")(geglu_reference)
 rotary.register_kernel("cpu")(rotary_reference)
 wq_linear.register_kernel("cpu")(wq_linear_reference)
+gemv_linear.register_kernel("cpu")(gemv_linear_reference)
 
 
 # Fake kernels: output shapes only; triton_op would otherwise trace the implementation.
@@ -133,6 +145,7 @@ swiglu.register_fake(lambda gate, up: gate_fake("swiglu", gate, up))
 geglu.register_fake(lambda gate, up, approximate=False: gate_fake("geglu", gate, up))
 rotary.register_fake(rotary_fake)
 wq_linear.register_fake(wq_linear_fake)
+gemv_linear.register_fake(gemv_linear_fake)
 
 
 @layer_norm.register_fake
