@@ -197,6 +197,9 @@ def test_small_m_runs_the_decode_gemv_and_tiled_forces_the_old_kernel(monkeypatc
         return real(x, *args, **kwargs)
 
     monkeypatch.setattr(wq_gemv, "wq_gemv_triton", counting)
+    from graphopt.kernels import wq_matmul
+
+    monkeypatch.setattr(wq_matmul, "_decode_kernel", lambda *args: "gemv")  # the routing, not the measured choice (below)
     for m in (1, wq_gemv.GEMV_MAX_M, wq_gemv.GEMV_MAX_M + 1):
         x = torch.randn(m, 64, generator=torch.Generator().manual_seed(m)).to(DEVICE)
         want = wq_linear_reference(x, packed, scales, None, None, 4, 32, 64)
@@ -205,6 +208,40 @@ def test_small_m_runs_the_decode_gemv_and_tiled_forces_the_old_kernel(monkeypatc
     assert calls == [1, wq_gemv.GEMV_MAX_M]
     with pytest.raises(ValueError, match="1 to 16 rows"):
         wq_gemv.wq_gemv_triton(torch.zeros(17, 64, device=DEVICE), packed, scales, None, None, 4, 32, 64)
+
+
+def test_a_decode_shape_runs_the_kernel_measured_faster(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Up to GEMV_MAX_M rows the kernel is a measured verdict per shape (DECODE_KERNEL): the GEMV
+    where it was faster, the tiled kernel where that was; off CUDA (nothing to time) the GEMV, not remembered."""
+    from graphopt.kernels import wq_matmul
+
+    _, packed, scales, _ = quantized(64, 24, 4, 32, True, F32, seed=12)
+    calls: list[str] = []
+    real = wq_gemv.wq_gemv_triton
+
+    def counting(x, *args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append("gemv")
+        return real(x, *args, **kwargs)
+
+    monkeypatch.setattr(wq_gemv, "wq_gemv_triton", counting)
+    monkeypatch.setattr(wq_matmul, "DECODE_KERNEL", {})
+    x = torch.randn(2, 64, generator=torch.Generator().manual_seed(13)).to(DEVICE)
+    want = wq_linear_reference(x, packed, scales, None, None, 4, 32, 64)
+    key = (2, 24, 64, 4, 32, False, False, x.dtype, str(x.device))
+    wq_matmul.DECODE_KERNEL[key] = "tiled"
+    torch.testing.assert_close(wq_linear_triton(x, packed, scales, None, None, 4, 32, 64), want, atol=1e-4, rtol=1e-4)
+    assert calls == []
+    wq_matmul.DECODE_KERNEL[key] = "gemv"
+    torch.testing.assert_close(wq_linear_triton(x, packed, scales, None, None, 4, 32, 64), want, atol=1e-4, rtol=1e-4)
+    assert calls == ["gemv"]
+    if DEVICE.type != "cuda":
+        wq_matmul.DECODE_KERNEL.clear()
+        wq_linear_triton(x, packed, scales, None, None, 4, 32, 64)
+        assert calls == ["gemv", "gemv"] and wq_matmul.DECODE_KERNEL == {}
+    else:  # timed once, both kernels run, the verdict remembered
+        wq_matmul.DECODE_KERNEL.clear()
+        wq_linear_triton(x, packed, scales, None, None, 4, 32, 64)
+        assert wq_matmul.DECODE_KERNEL[key] in ("gemv", "tiled")
 
 
 def test_decode_gemv_split_is_deterministic_and_resets_its_counters() -> None:

@@ -37,6 +37,7 @@ one launch, no second reduction kernel.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -321,13 +322,43 @@ def split_for(m: int, n: int, k_padded: int, device: torch.device) -> int:
     return max(1, min(8, -(-sms // tiles), k_padded // 512))
 
 
+#: Per decode shape (M <= wq_gemv.GEMV_MAX_M, N, K, bits, block, zero points?, bias?, x dtype, device):
+#: the kernel measured faster on real CUDA tensors, "gemv" (graphopt.kernels.wq_gemv) or "tiled" (this
+#: module's). Neither wins everywhere: on an H200 at M = 1 the GEMV took TinyLlama's o_proj in 5.0 us
+#: against 11.0, its qkv in 6.6 against 4.2 (benchmarks/RESULTS.md, session 8).
+DECODE_KERNEL: dict[tuple[Any, ...], str] = {}
+
+
+def _decode_kernel(x: Tensor, packed: Tensor, scales: Tensor, zeros: Tensor | None, bias: Tensor | None,
+                   bits: int, block_size: int, k: int) -> str:
+    """Which kernel runs this decode shape: the remembered verdict; else, on real CUDA tensors and
+    outside a CUDA-graph capture, both timed (each autotuned first; GPU time of a CUDA-graph replay,
+    L2 flushed: fx_weight_quant_forms' clock) and the faster remembered; else the GEMV."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    m = x.numel() // k if k else 0
+    key = (m, packed.shape[0], k, bits, block_size, zeros is not None, bias is not None, x.dtype, str(x.device))
+    found = DECODE_KERNEL.get(key)
+    if found is not None:
+        return found
+    if is_fake(x) or x.device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+        return "gemv"
+    from graphopt.passes.fx_weight_quant_forms import gpu_time_ms
+
+    times = {kernel: gpu_time_ms(functools.partial(wq_linear_triton, x, packed, scales, zeros, bias, bits, block_size, k, kernel=kernel))
+             for kernel in ("gemv", "tiled")}
+    DECODE_KERNEL[key] = min(times, key=lambda kernel: times[kernel])
+    return DECODE_KERNEL[key]
+
+
 def wq_linear_triton(x: Tensor, packed: Tensor, scales: Tensor, zeros: Tensor | None, bias: Tensor | None,
                      bits: int, block_size: int, k: int, split_k: int | None = None,
                      config: dict[str, int] | None = None, kernel: str = "auto") -> Tensor:
     """Launch a Triton kernel (CUDA tensors, or CPU tensors under TRITON_INTERPRET=1): up to
-    wq_gemv.GEMV_MAX_M rows the decode GEMV (graphopt.kernels.wq_gemv), else the tiled kernel here.
+    wq_gemv.GEMV_MAX_M rows the decode GEMV (graphopt.kernels.wq_gemv) or the tiled kernel here,
+    whichever was measured faster for the shape (`DECODE_KERNEL`), else the tiled kernel.
     `kernel` "tiled" forces this module's kernel at any M (its M = 1 GEMV and M <= 16 dot configs:
-    the kernel benchmark's old regime). `split_k` forces a split and `config` a launch config of the
+    the kernel benchmark's old regime), "gemv" the decode GEMV. `split_k` forces a split and `config` a launch config of the
     chosen kernel (tests and the kernel benchmark; a config with K_WORDS is the decode GEMV's);
     None picks them (the split from the shape, the tiles by autotuning keyed on the shape)."""
     from torch.library import wrap_triton
@@ -339,9 +370,12 @@ def wq_linear_triton(x: Tensor, packed: Tensor, scales: Tensor, zeros: Tensor | 
     k_padded = k_blocks * block_size
     x2d = x.reshape(-1, k)
     m = x2d.shape[0]
-    if kernel not in ("auto", "tiled"):
-        raise ValueError(f"graphopt::wq_linear: kernel is auto or tiled, not {kernel!r}")
-    if kernel == "auto" and 1 <= m <= GEMV_MAX_M and split_k is None and (config is None or "K_WORDS" in config):
+    if kernel not in ("auto", "tiled", "gemv"):
+        raise ValueError(f"graphopt::wq_linear: kernel is auto, tiled or gemv, not {kernel!r}")
+    if kernel == "auto" and 1 <= m <= GEMV_MAX_M and split_k is None:
+        kernel = "gemv" if config is not None and "K_WORDS" in config else "tiled" if config is not None else \
+            _decode_kernel(x, packed, scales, zeros, bias, bits, block_size, k)
+    if kernel == "gemv":
         return wq_gemv_triton(x, packed, scales, zeros, bias, bits, block_size, k, config=config)
     if packed.stride(2) != 1 or packed.stride(1) != packed.shape[2] or packed.stride(0) % 4 or packed.storage_offset() % 4:
         packed = packed.contiguous()  # the kernel reads each row as int32 words

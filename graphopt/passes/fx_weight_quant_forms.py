@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from graphopt.kernels.wq_matmul import wq_linear_reference
 from graphopt.quant import blockwise
 
-__all__ = ["Quantized", "quantize_weight", "dequant_linear", "int4pack_linear", "int4pack_weight", "Candidate", "fastest", "TIMER", "release_timing_buffers"]
+__all__ = ["Quantized", "quantize_weight", "dequant_linear", "int4pack_linear", "int4pack_weight", "Candidate", "fastest", "TIMER", "release_timing_buffers", "gpu_time_ms"]
 
 #: Rows of random x the accuracy budget is measured with.
 SNR_ROWS = 64
@@ -207,7 +207,7 @@ def release_timing_buffers() -> None:
     _FLUSH.clear()
 
 
-def _time_ms(fn: Callable[[], Any], runs: int = 20, warmup: int = 3) -> float:
+def gpu_time_ms(fn: Callable[[], Any], runs: int = 20, warmup: int = 3) -> float:
     """Median milliseconds of one call: on CUDA the replay of a CUDA graph of it (the GPU's time,
     as a decode step replayed by CUDA graphs pays it, without the Python dispatch) after the L2
     is flushed (the flush also keeps the GPU busy while the replay is queued, so no host time is
@@ -248,7 +248,7 @@ def _time_ms(fn: Callable[[], Any], runs: int = 20, warmup: int = 3) -> float:
 
 
 def _default_timer(name: str, fn: Callable[[], Any]) -> float:
-    return _time_ms(fn)
+    return gpu_time_ms(fn)
 
 
 #: How a candidate is timed: (candidate name, thunk) -> milliseconds (tests replace it).
