@@ -47,6 +47,8 @@
 #   bash benchmarks/gpu_session.sh llm         # LLM prefill + greedy decode with a static KV cache (llm_decode.py), under 4 minutes
 #   bash benchmarks/gpu_session.sh bias-act [M,N] # issue 14: a GEMM's bias in BiasGelu or in the Gemm (ort_bias_act.py), CUDA and 4 CPU
 #                                              # threads, merged into the cost table, then the models it changes on the CPU provider
+#   bash benchmarks/gpu_session.sh decode-all [VARIANTS]  # issues 17/18: decode at batch 1, the anchor, graphopt fp16 (with and without
+#                                              # its decode GEMV), int4, int8 (llm_decode.py, < 9.5 min)
 #   bash benchmarks/gpu_session.sh norms cuda  # residual norms fused or not (ort_cpu_norms.py) on the CUDA provider; "norms cpu": 4 CPU threads
 #   bash benchmarks/gpu_session.sh wq kernels  # weight-only int8/int4 (issue 18): graphopt::wq_linear's Triton kernel compiled, against its reference
 #   bash benchmarks/gpu_session.sh wq bench    # the kernels at TinyLlama's decode shapes (qkv, gate/up packed; down; o), M = 1, 8, 16: fp16 cuBLAS,
@@ -283,6 +285,14 @@ wq)
     ;;
   *) echo "wq takes kernels, bench, ro or cg" >&2; exit 2 ;;
   esac
+  ;;
+decode-all)
+  # issues 17 and 18 in one call (< 9.5 min): TinyLlama-1.1B shape, batch 1, 64 greedy tokens: the compiled static-cache
+  # anchor (inductor reduce-overhead), graphopt-ro, graphopt with its decode GEMV offered to inductor, int4 and int8
+  timeout 570 python3 benchmarks/llm_decode.py --variants "${2:-eager,inductor-ro,graphopt-ro,graphopt-gemv-ro,graphopt-int4-ro,graphopt-int8-ro}" \
+    --batches 1 --new-tokens 64 --block-size 32 --budget-s 430 --out "$OUT/llm_decode-all.json" > "$OUT/llm_decode-all.log" 2>&1
+  echo "exit $?"
+  tail -22 "$OUT/llm_decode-all.log"
   ;;
 gemv)
   if [ "${2:-}" = kernels ]; then
