@@ -399,15 +399,29 @@ def _register_autotuning(site: Any, op: Any, inductors_side: Any, name: str, inp
         try:
             register(benchmark_with_cudagraphs=True)
         except TypeError:  # an older API without it: timed as called
-            table[op] = plain
+            table[op] = realizing_inputs(plain)
             return None
         replayed = table[op]
         def lower(x: Any, *args: Any, **kwargs: Any) -> Any:
             on_cuda = getattr(x.get_device(), "type", "") == "cuda"
             return (replayed if on_cuda and _replays_cuda_graphs() else plain)(x, *args, **kwargs)
 
-        table[op] = lower
+        table[op] = realizing_inputs(lower)
     return None
+
+
+def realizing_inputs(lowering: Any) -> Any:
+    """`lowering` with its tensor arguments realized first: inductor's custom-op autotuning reads each input's
+    strides, which an input still fused into its producer (a Pointwise: the RMSNorm before a decode GEMM) does not
+    have yet (torch 2.11: NotImplementedError: Pointwise, on TinyLlama's q/k/v site)."""
+    def lower(*args: Any, **kwargs: Any) -> Any:
+        for arg in args:
+            realize = getattr(arg, "realize", None)
+            if callable(realize):
+                realize()
+        return lowering(*args, **kwargs)
+
+    return lower
 
 
 #: After install(): "" where the wq_linear site is registered, else why not (its static form then stays).

@@ -191,6 +191,51 @@ def test_every_site_gets_graphopts_kernel_as_a_choice(monkeypatch: pytest.Monkey
     assert len(_gemv_decisions()) == 2
 
 
+class NormedLinear(nn.Module):
+    """An RMSNorm feeding a linear, as every decoder layer's q/k/v: inductor fuses the norm into a Pointwise that
+    the GEMM site reads unrealized (on torch 2.11 the custom-op autotuning then failed reading its strides)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(64))
+        self.proj = nn.Linear(64, 48, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        normed = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-5)).to(x.dtype) * self.weight
+        return self.proj(normed)
+
+
+@pytest.mark.parametrize("graphopt_wins", [True, False])
+def test_a_site_reading_a_fused_norm_compiles(monkeypatch: pytest.MonkeyPatch, fresh_inductor: None, cpu_sites: None,
+                                              graphopt_wins: bool) -> None:
+    _timed(monkeypatch, graphopt_ms=1.0 if graphopt_wins else 3.0, inductor_ms=2.0)
+    torch.manual_seed(0)
+    model = NormedLinear().eval().to(F16)
+    x = torch.randn(1, 1, 64, dtype=F16)
+    out, _ = _compile(model, x, gemv=True)
+    torch.testing.assert_close(out, model(x), atol=2e-3, rtol=2e-3)
+    assert len(_sites()) == 1 and len(_gemv_decisions()) == 1
+
+
+def test_site_lowerings_realize_their_tensor_inputs_first() -> None:
+    # torch 2.11's custom-op autotuning reads every input's strides; an unrealized Pointwise has none. The
+    # lowering graphopt registers realizes tensor arguments (TensorBoxes: anything with realize()) before it.
+    from graphopt.inductor_choices import realizing_inputs
+
+    class Box:
+        def __init__(self) -> None:
+            self.realized = False
+
+        def realize(self) -> None:
+            self.realized = True
+
+    seen: list[bool] = []
+    lower = realizing_inputs(lambda *args, **kwargs: seen.extend(a.realized for a in args if isinstance(a, Box)) or "lowered")
+    boxes = [Box(), Box()]
+    assert lower(boxes[0], boxes[1], 4, bits=4) == "lowered" and seen == [True, True]
+
+
 def test_a_tie_keeps_inductor(monkeypatch: pytest.MonkeyPatch, fresh_inductor: None, cpu_sites: None) -> None:
     _timed(monkeypatch, graphopt_ms=2.0, inductor_ms=2.0)
     model = nn.Linear(32, 16).eval().to(F16)
