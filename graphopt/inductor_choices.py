@@ -374,7 +374,7 @@ def _fallback_at_every_site(op: Any, name: str) -> None:
             delattr(extern_kernels, stale)
         return inner(*args, **kwargs)
 
-    table[op] = lower
+    table[op] = realizing_inputs(lower)
 
 
 def _register_autotuning(site: Any, op: Any, inductors_side: Any, name: str, input_gen_fns: dict[str, Any]) -> str | None:
