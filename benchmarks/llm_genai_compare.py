@@ -250,7 +250,7 @@ class Decoder:
             self.logits = np.stack(kept, 1)
 
 
-def lockstep(decoders: dict[str, Decoder], prompt: np.ndarray, steps: int, rounds: int) -> dict[str, dict[str, Any]]:
+def lockstep(decoders: dict[str, Decoder | StaticDecoder], prompt: np.ndarray, steps: int, rounds: int) -> dict[str, dict[str, Any]]:
     """Every variant's prefill, then its step 1, ..., one after another in turn (a machine shared
     with other work slows them alike), `rounds` times: per variant its prefill and step seconds."""
     times: dict[str, dict[str, Any]] = {name: {"prefill": [], "steps": []} for name in decoders}
@@ -368,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
             next(decoders[variant].run(prompt[:, :4], 1))  # loads and runs once: a variant that fails is a row with its error
         except Exception as error:  # noqa: BLE001
             decoders.pop(variant, None)
-            rows.append({"variant": variant, "error": str(error).splitlines()[0][:300]})
+            rows.append({"variant": variant, "error": str(error).splitlines()[0][:1500]})
             print(f"{variant}: {rows[-1]['error']}", flush=True)
     times = lockstep(decoders, prompt, args.steps, args.rounds)
     for variant, decoder in decoders.items():

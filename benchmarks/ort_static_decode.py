@@ -24,6 +24,9 @@ Without --cuda-graph the same bindings run as ordinary runs (the comparison that
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -68,6 +71,36 @@ def with_next_token(path: Path) -> Path:
     return target
 
 
+_PLACEMENT_LOG = """
+import onnxruntime as ort, sys
+ort.preload_dlls() if hasattr(ort, "preload_dlls") else None
+ort.set_default_logger_severity(0)
+options = ort.SessionOptions(); options.log_severity_level = 0; options.log_verbosity_level = 0
+ort.InferenceSession(sys.argv[1], options, providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
+"""
+
+
+def placement_summary(model: Path) -> str:
+    """The CUDA provider's session log (VERBOSE) of the model without graphs, boiled down: the nodes
+    it placed on the CPU provider, the copies it added between the two ("Add MemcpyFromHost after X":
+    what refuses a CUDA graph) and the ops it has no CUDA kernel for."""
+    run = subprocess.run([sys.executable, "-c", _PLACEMENT_LOG, str(model)], capture_output=True, text=True, timeout=300, check=False)
+    cpu_nodes, copies, no_kernel, on_cpu = [], [], [], False
+    for line in (run.stdout + run.stderr).splitlines():
+        text = re.sub(r"^.*?\] ", "", line).strip()
+        if "Add Memcpy" in text or "Memcpy nodes are added" in text:
+            copies.append(text[:160])
+        elif "kernel not found in registries" in text:
+            no_kernel.append(text[:160])
+        header = re.search(r"(Node\(s\)|All nodes) placed on \[(\w+)\]", text)
+        if header:
+            on_cpu = header.group(2) == "CPUExecutionProvider" and header.group(1) != "All nodes"
+        elif on_cpu and "VerifyEachNodeIsAssignedToAnEp" in line:
+            cpu_nodes.append(text)
+    return (f"CPU-placed nodes ({len(cpu_nodes)}): {', '.join(cpu_nodes[:20])}; copies: {' | '.join(copies[:8]) or 'none'}; "
+            f"no CUDA kernel: {' | '.join(no_kernel[:4]) or 'none'}")
+
+
 class StaticDecoder:
     """One session decoding greedily over fixed buffers (see the module's docstring); cuda_graph: the
     CUDA provider's enable_cuda_graph, decode steps captured once and replayed."""
@@ -86,9 +119,15 @@ class StaticDecoder:
             providers: list[Any] = [("CUDAExecutionProvider", {"enable_cuda_graph": "1" if cuda_graph else "0"}), "CPUExecutionProvider"]
         else:
             providers = ["CPUExecutionProvider"]
-        # with enable_cuda_graph onnxruntime refuses a model whose nodes it cannot all capture (a
-        # Memcpy between a CPU-placed node and a CUDA one): that message is this variant's error row
-        self.session = ort.InferenceSession(str(with_next_token(path)), options, providers=providers)
+        model = with_next_token(path)
+        try:
+            self.session = ort.InferenceSession(str(model), options, providers=providers)
+        except Exception as error:
+            if not cuda_graph:
+                raise
+            # onnxruntime refuses graph capture where a CPU-placed node feeds a CUDA one (a Memcpy):
+            # say which (this variant's error row)
+            raise RuntimeError(f"{str(error).strip().splitlines()[0][:160]}; {placement_summary(model)}") from error
         self.ort, self.device, self.cuda_graph, self.max_length = ort, device, cuda_graph, max_length
         self.kv_heads, self.head = kv_heads, head
         self.inputs = {i.name: i for i in self.session.get_inputs()}

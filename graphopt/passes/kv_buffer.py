@@ -28,6 +28,10 @@ padded at the front by the past length) become tables of every position below th
 past as 0): GroupQueryAttention indexes them by absolute position, and nothing in them reads the
 past length, which a fixed-length mask would give wrong (its length - seq) and which, read from
 Shape on the host, fed the device through a copy every step (a Memcpy that refuses graph capture).
+Where the export reads the past length elsewhere (the causal half of an attention_bias built from a
+padding mask input, on ort-cpu) that part still takes it from the mask's length: right with a
+growing mask, and with a fixed-length one right for one-token steps (every valid key precedes the
+new token); a prefill runs with a mask of the prompt's length, as onnxruntime-genai's does.
 
 An export without an attention_mask input gets one, [batch, total_sequence_length] int64 (ones
 over the valid tokens, as the builder's runner feeds). Refused (the model is left as it
@@ -133,6 +137,7 @@ def share_kv_buffer(model: ir.Model, *, stats: Any = None) -> tuple[int, str | N
         return 0, problem
     pasts: dict[int, ir.Value] = {id(v): v for node in gqas for v in node.inputs[3:5] if v is not None}  # graph inputs (_problem)
     new_tokens = _new_tokens_input(graph, gqas[0])
+    assert new_tokens is not None  # _problem checked it
     mask = _input(graph, "attention_mask", rank=2)
     if mask is None:  # read for its length only
         past_shape = next(iter(pasts.values())).shape
@@ -274,13 +279,41 @@ def _recomputed(graph: ir.Graph, value: ir.Value | None, substitutes: dict[int, 
         for output in producer.outputs:
             made[id(output)] = output
         return value
-    copy = ir.Node(producer.domain, producer.op_type, inputs, list(producer.attributes.values()), overload=producer.overload,
-                   num_outputs=len(producer.outputs), name=f"{producer.name}_position_table", version=producer.version)
-    graph.insert_after(producer, copy)
-    for old, new in zip(producer.outputs, copy.outputs, strict=True):
-        new.name, new.dtype = f"{old.name}_position_table", old.dtype
+    copies = _device_range(graph, producer, inputs)
+    if copies is None:
+        copies = [ir.Node(producer.domain, producer.op_type, inputs, list(producer.attributes.values()), overload=producer.overload,
+                          num_outputs=len(producer.outputs), name=f"{producer.name}_position_table", version=producer.version)]
+    graph.insert_after(producer, copies)
+    for old, new in zip(producer.outputs, copies[-1].outputs, strict=True):
+        new.name = f"{old.name}_position_table"
+        if old.dtype is not None:
+            new.dtype = old.dtype
         made[id(old)] = new
     return made[id(value)]
+
+
+def _device_range(graph: ir.Graph, node: ir.Node, inputs: list[ir.Value | None]) -> list[ir.Node] | None:
+    """Range(0, n, 1) as CumSum(ConstantOfShape([n], 1), exclusive): the same 0 .. n - 1, made on the
+    device. onnxruntime's CUDA Range reads start, limit and delta with a synchronous copy to the
+    host (not capturable), or, placed on the CPU with a shape-derived limit, its output reaches the
+    device through a Memcpy (which refuses graph capture); ConstantOfShape takes the shape on the
+    host and fills on the device. None where Range is not of that form."""
+    if node.op_type != "Range" or node.domain not in ("", "ai.onnx") or len(inputs) != 3 or inputs[1] is None:
+        return None
+    start, delta = (ir.convenience.get_const_tensor(v) if v is not None else None for v in (inputs[0], inputs[2]))
+    if start is None or delta is None or start.size != 1 or delta.size != 1:
+        return None
+    first, step = start.numpy().reshape(-1)[0], delta.numpy().reshape(-1)[0]
+    if first != 0 or step != 1:
+        return None
+    one = np.ones([1], start.numpy().dtype)
+    length = ir.Node("", "Reshape", [inputs[1], _constant(graph, f"{node.name}_length_shape", np.array([1], np.int64))],
+                     name=f"{node.name}_length")
+    ones = ir.Node("", "ConstantOfShape", [length.outputs[0]], [ir.AttrTensor("value", ir.tensor(one))], name=f"{node.name}_ones")
+    count = ir.Node("", "CumSum", [ones.outputs[0], _constant(graph, f"{node.name}_axis", np.array(0, np.int64))],
+                    [ir.AttrInt64("exclusive", 1)], name=f"{node.name}_position_table")
+    length.outputs[0].name, ones.outputs[0].name = length.name, ones.name
+    return [length, ones, count]
 
 
 def _forget_past_shapes(graph: ir.Graph, gqas: list[ir.Node], pasts: dict[int, ir.Value]) -> None:
