@@ -205,6 +205,8 @@ class StaticDecoder:
         if length + steps > self.max_length:
             raise ValueError(f"prompt {length} + {steps} steps exceed the buffers' {self.max_length} positions")
         if batch != self.batch:
+            if self.cuda_graph and self.batch:  # the captured graph keeps the first buffers' addresses
+                raise ValueError(f"one batch size a session under CUDA graphs: captured at {self.batch}, not {batch}")
             self._allocate(batch)
         self.mask_host = np.zeros((batch, self.max_length), self.mask_type)
         self.mask_host[:, :length] = 1
