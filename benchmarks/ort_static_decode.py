@@ -19,7 +19,9 @@ The prefill runs outside the graph (RunOptions gpu_graph_id -1, its own binding:
 mask, so total = the prompt and GroupQueryAttention takes it as a first prompt); each decode step
 runs with gpu_graph_id 1: the first run captures (onnxruntime runs the step again until captured:
 the same inputs write the same KV rows, so the repeats change nothing), later runs replay.
-Without --cuda-graph the same bindings run as ordinary runs (the comparison that isolates the graph).
+The -static variants run the same bindings as ordinary runs (the comparison that isolates the graph).
+Where onnxruntime refuses capture (a CPU-placed node feeding a CUDA one through a Memcpy), the -cg
+variant's error row names the CPU-placed nodes and the copies from the provider's VERBOSE log.
 """
 
 from __future__ import annotations
