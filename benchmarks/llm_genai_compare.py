@@ -365,7 +365,9 @@ def main(argv: list[str] | None = None) -> int:
                                                   cuda_graph=variant.endswith("-cg"))
             else:
                 decoders[variant] = Decoder(path, args.device, args.threads, variant.endswith("-shared"), args.max_length, kv_heads, head)
-            next(decoders[variant].run(prompt[:, :4], 1))  # loads and runs once: a variant that fails is a row with its error
+            # a prefill and one step (a -cg variant's capture): a variant that fails is a row with its error
+            probe = decoders[variant].run(prompt[:, :4], 1)
+            next(probe), next(probe)
         except Exception as error:  # noqa: BLE001
             decoders.pop(variant, None)
             rows.append({"variant": variant, "error": str(error).splitlines()[0][:1500]})

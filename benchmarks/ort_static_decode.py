@@ -86,7 +86,10 @@ def placement_summary(model: Path) -> str:
     """The CUDA provider's session log (VERBOSE) of the model without graphs, boiled down: the nodes
     it placed on the CPU provider, the copies it added between the two ("Add MemcpyFromHost after X":
     what refuses a CUDA graph) and the ops it has no CUDA kernel for."""
-    run = subprocess.run([sys.executable, "-c", _PLACEMENT_LOG, str(model)], capture_output=True, text=True, timeout=300, check=False)
+    try:
+        run = subprocess.run([sys.executable, "-c", _PLACEMENT_LOG, str(model)], capture_output=True, text=True, timeout=90, check=False)
+    except subprocess.TimeoutExpired:
+        return "the placement log took over 90 s"
     cpu_nodes, copies, no_kernel, on_cpu = [], [], [], False
     for line in (run.stdout + run.stderr).splitlines():
         text = re.sub(r"^.*?\] ", "", line).strip()
