@@ -90,8 +90,13 @@ def placement_summary(model: Path) -> str:
         run = subprocess.run([sys.executable, "-c", _PLACEMENT_LOG, str(model)], capture_output=True, text=True, timeout=90, check=False)
     except subprocess.TimeoutExpired:
         return "the placement log took over 90 s"
+    return summarize_placement_log(run.stdout + run.stderr)
+
+
+def summarize_placement_log(log: str) -> str:
+    """placement_summary's reading of onnxruntime's session log."""
     cpu_nodes, copies, no_kernel, on_cpu = [], [], [], False
-    for line in (run.stdout + run.stderr).splitlines():
+    for line in log.splitlines():
         text = re.sub(r"^.*?\] ", "", line).strip()
         if "Add Memcpy" in text or "Memcpy nodes are added" in text:
             copies.append(text[:160])

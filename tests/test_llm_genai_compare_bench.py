@@ -18,7 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from ort_static_decode import NEXT_TOKEN, with_next_token  # noqa: E402
+from ort_static_decode import NEXT_TOKEN, summarize_placement_log, with_next_token  # noqa: E402
 
 
 def test_next_token_is_the_last_positions_argmax_and_shares_the_weights(tmp_path: Path) -> None:
@@ -71,3 +71,22 @@ def test_static_decode_equals_the_io_binding_decode_and_eager(tmp_path: Path) ->
     assert rows["graphopt-static"]["tokens"] == rows["graphopt-shared"]["tokens"]
     assert rows["graphopt-static"]["agree"] == rows["graphopt-shared"]["agree"] == steps
     assert "graphopt-static" in run.stdout.splitlines()[-1]
+
+
+def test_placement_log_summary() -> None:
+    """What a refused capture's row says, read from onnxruntime's log lines (their format in 1.2x)."""
+    log = "\n".join([
+        "2026-11-28 [I:onnxruntime:, transformer_memcpy.cc:393 AddCopyNode] Add MemcpyFromHost after kv_buffer_seqlens_k for CUDAExecutionProvider",
+        "2026-11-28 [W:onnxruntime:, transformer_memcpy.cc:83 ApplyImpl] 1 Memcpy nodes are added to the graph main_graph for CUDAExecutionProvider.",
+        "2026-11-28 [V:onnxruntime:, session_state.cc:1345 VerifyEachNodeIsAssignedToAnEp]  Node(s) placed on [CUDAExecutionProvider]. Number of nodes: 2",
+        "2026-11-28 [V:onnxruntime:, session_state.cc:1347 VerifyEachNodeIsAssignedToAnEp]   MatMul (m)",
+        "2026-11-28 [V:onnxruntime:, session_state.cc:1345 VerifyEachNodeIsAssignedToAnEp]  Node(s) placed on [CPUExecutionProvider]. Number of nodes: 2",
+        "2026-11-28 [V:onnxruntime:, session_state.cc:1347 VerifyEachNodeIsAssignedToAnEp]   Shape (kv_buffer_total)",
+        "2026-11-28 [V:onnxruntime:, session_state.cc:1347 VerifyEachNodeIsAssignedToAnEp]   Expand (kv_buffer_last_rows)",
+        "2026-11-28 [I:onnxruntime:, inference_session.cc:100 Initialize] Session successfully initialized.",
+    ])
+    summary = summarize_placement_log(log)
+    assert summary.startswith("CPU-placed nodes (2): Shape (kv_buffer_total), Expand (kv_buffer_last_rows); copies: Add MemcpyFromHost after kv_buffer_seqlens_k")
+    assert "1 Memcpy nodes are added" in summary and "MatMul" not in summary and summary.endswith("no CUDA kernel: none")
+    assert summarize_placement_log("[V:onnxruntime:, x] All nodes placed on [CUDAExecutionProvider]. Number of nodes: 9").startswith(
+        "CPU-placed nodes (0): ; copies: none")
