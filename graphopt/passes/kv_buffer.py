@@ -234,8 +234,10 @@ def _share_lengths(graph: ir.Graph, gqas: list[ir.Node], mask: ir.Value, seq: ir
 def _position_tables(graph: ir.Graph, gqas: list[ir.Node], past_length: ir.Value, seq: ir.Value, total: ir.Value, new_tokens: ir.Value) -> None:
     """Each rotary cache Pad(rows, pads) of a GroupQueryAttention with do_rotary replaced by its rows
     computed again with the new tokens' count (`seq`, or the export's own Shape read of it) read as
-    the mask's length (`total`) and the past length as 0: positions 0 .. total - 1, the table it indexes. Left as it is where the rows read another
-    input than through those (a position_ids input, an activation's shape)."""
+    the mask's length (`total`) and the past length as 0: positions 0 .. total - 1, the table it
+    indexes. Left as it is (right with a growing mask only) where the rows read another input than
+    through those (a position_ids input, an activation's shape); every family of
+    tests/llm_families.py is of the first kind."""
     substitutes = {id(past_length): _constant(graph, "kv_buffer_zero", np.array([0], np.int64)), id(seq): total}
     # the export's own reads of the new tokens' count too (CSE merges them with `seq` after this pass)
     for node in graph:
