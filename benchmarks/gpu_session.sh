@@ -84,6 +84,11 @@
 #                                              # --kv-buffer shared output, into /tmp/genai (kept on the warm machine)
 #   bash benchmarks/gpu_session.sh genai       # then (same warm machine): both decoded in onnxruntime-gpu with io-binding and shared
 #                                              # KV buffers, the export and the builder's growing cache too (llm_genai_compare.py)
+#   bash benchmarks/gpu_session.sh genai-cg    # issue 17, CUDA graphs (< 9 min): builds as genai-build (reusing /tmp/genai; graphopt's
+#                                              # output made again), then the builder's and graphopt's models with every buffer bound
+#                                              # once (-static) and the same replayed as the CUDA provider's CUDA graph (-cg), the
+#                                              # io-binding variants of "genai" (-shared) for reference: ms/token, tok/s, tokens
+#                                              # equal with and without the graph (llm_genai_compare.py, ort_static_decode.py)
 #   bash benchmarks/gpu_session.sh genai-build int4  # issue 18's ORT anchor: the same folder's builder int4 CUDA model (-p int4 -e cuda),
 #                                              # the fp16 export (reused from genai-build) and graphopt's --weights int4 outputs
 #                                              # (llm_genai_int4.py --build-only; resumes where a timed-out run stopped: run it again)
@@ -367,6 +372,18 @@ genai)
     --genai-python python3 --prompt 128 --steps 128 --rounds 3 --warmup 8 --reuse \
     --variants "${2:-builder-shared,graphopt-shared,original,builder-growing}" > "$OUT/genai.log" 2>&1
   tail -12 "$OUT/genai.log"
+  ;;
+genai-cg)
+  # the folder, the builder's model and the export are kept from genai-build when this machine ran it; graphopt's
+  # output is made again (no --reuse: its kv_buffer pass writes the static-shape form the -cg variants need)
+  timeout 370 python3 benchmarks/llm_genai_compare.py --out "$OUT/cg-build" --work /tmp/genai --device cuda --dtype fp16 --shape tinyllama \
+    --genai-python python3 --build-only > "$OUT/genai-cg-build.log" 2>&1
+  grep -v -i warn "$OUT/genai-cg-build.log" | grep "builder:\|export:\|graphopt\|rror" | cut -c1-400 | tail -6
+  timeout 170 python3 benchmarks/llm_genai_compare.py --out "$OUT" --work /tmp/genai --device cuda --dtype fp16 --shape tinyllama \
+    --genai-python python3 --prompt 128 --steps 128 --rounds 3 --warmup 8 --reuse \
+    --variants "${2:-builder-shared,graphopt-shared,builder-static,graphopt-static,builder-cg,graphopt-cg}" > "$OUT/genai-cg.log" 2>&1
+  grep -i "error\|refus\|memcpy" "$OUT/genai-cg.log" | grep -v -i "warn" | cut -c1-1500 | head -6
+  tail -10 "$OUT/genai-cg.log"
   ;;
 llm-onnx-weights)
   # issue 18: weight-only int4/int8 against fp16, same GPU, same run; the original again last (process state)

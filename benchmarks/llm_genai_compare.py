@@ -4,6 +4,8 @@ weights, decoded greedily in plain onnxruntime with io-binding (issue 17, ORT pa
     python benchmarks/llm_genai_compare.py --out DIR                                  # CPU fp32, small config
     python benchmarks/llm_genai_compare.py --out DIR --shape tinyllama                # the issue's 1.1B shape
     python benchmarks/llm_genai_compare.py --out DIR --device cuda --dtype fp16 --shape tinyllama
+    python benchmarks/llm_genai_compare.py --out DIR --device cuda --dtype fp16 --shape tinyllama \
+        --variants builder-static,builder-cg,graphopt-static,graphopt-cg                        # CUDA graphs
 
 Steps: a LlamaForCausalLM from a LlamaConfig with random weights (--shape: small = hidden 512,
 4 layers, 8 heads, 2 KV heads, intermediate 1408, vocab 32000; tinyllama = 2048, 22, 32, 4, 5632,
@@ -18,7 +20,11 @@ Variants (--variants): builder-shared and graphopt-shared bind one max-length KV
 past/present pair (onnxruntime's past_present_share_buffer: GroupQueryAttention writes the new
 tokens in place; --max-length), with an all-ones attention_mask of the valid length;
 builder-growing, graphopt-growing and original (the export as it is) get the presents of a step
-bound as the next step's past. Each: prefill of --prompt random tokens (seeded), then greedy
+bound as the next step's past. builder-static and graphopt-static bind every input and output once
+to fixed buffers (a [batch, max_length] attention_mask updated in place, the greedy token an ArgMax
+output on the device; ort_static_decode.py), builder-cg and graphopt-cg replay those decode steps
+as the CUDA provider's CUDA graph (enable_cuda_graph; their "= no graph" column: leading tokens
+equal to the -static variant's of the same model). Each: prefill of --prompt random tokens (seeded), then greedy
 decode for --steps tokens, --rounds times, all variants in lockstep (each one's step i in turn: load
 from other work on the machine falls on all alike); prefill ms (median), decode ms/token (median
 of the steps after --warmup), tok/s, and how
@@ -42,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from ort_static_decode import StaticDecoder
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
@@ -53,7 +60,8 @@ SHAPES = {
     "tinyllama": {"hidden_size": 2048, "num_hidden_layers": 22, "num_attention_heads": 32, "num_key_value_heads": 4,
                   "intermediate_size": 5632, "vocab_size": 32000},
 }
-VARIANTS = ("builder-shared", "graphopt-shared", "original", "graphopt-growing", "builder-growing")
+VARIANTS = ("builder-shared", "graphopt-shared", "original", "graphopt-growing", "builder-growing",
+            "builder-static", "graphopt-static", "builder-cg", "graphopt-cg")
 # The builder needs only its Python code: import the package without its native extension (the GPU
 # machine's onnxruntime-gpu is not the one the wheel was built with; nothing here runs genai itself).
 # Its builders import model classes of newer transformers than some machines have: a placeholder
@@ -242,7 +250,7 @@ class Decoder:
             self.logits = np.stack(kept, 1)
 
 
-def lockstep(decoders: dict[str, Decoder], prompt: np.ndarray, steps: int, rounds: int) -> dict[str, dict[str, Any]]:
+def lockstep(decoders: dict[str, Decoder | StaticDecoder], prompt: np.ndarray, steps: int, rounds: int) -> dict[str, dict[str, Any]]:
     """Every variant's prefill, then its step 1, ..., one after another in turn (a machine shared
     with other work slows them alike), `rounds` times: per variant its prefill and step seconds."""
     times: dict[str, dict[str, Any]] = {name: {"prefill": [], "steps": []} for name in decoders}
@@ -312,9 +320,10 @@ def main(argv: list[str] | None = None) -> int:
     args.disable = [r for r in args.disable.split(",") if r]
     variants = list(dict.fromkeys(v.strip() for v in args.variants.split(",") if v.strip()))
     unknown = [v for v in variants if v not in VARIANTS]
-    if unknown or args.prompt + args.steps > args.max_length or (args.dtype == "fp16") != (args.device == "cuda"):
-        print(f"error: variants must be of {','.join(VARIANTS)} (got {unknown}); prompt + steps <= --max-length; "
-              "fp16 goes with cuda, fp32 with cpu", file=sys.stderr)
+    graphs_on_cpu = args.device != "cuda" and any(v.endswith("-cg") for v in variants)
+    if unknown or graphs_on_cpu or args.prompt + args.steps > args.max_length or (args.dtype == "fp16") != (args.device == "cuda"):
+        print(f"error: variants must be of {','.join(VARIANTS)} (got {unknown}); -cg variants need --device cuda; "
+              "prompt + steps <= --max-length; fp16 goes with cuda, fp32 with cpu", file=sys.stderr)
         return 2
     work = args.work or args.out / "work"
     work.mkdir(parents=True, exist_ok=True)
@@ -345,16 +354,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cuda":
         device_name = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True,
                                      check=False).stdout.strip()
-    decoders: dict[str, Decoder] = {}
+    decoders: dict[str, Decoder | StaticDecoder] = {}
     rows = []
+    kv_heads, head = config.num_key_value_heads, config.hidden_size // config.num_attention_heads
     for variant in variants:
         try:
-            decoders[variant] = Decoder(files[variant.split("-")[0]], args.device, args.threads, variant.endswith("-shared"),
-                                        args.max_length, config.num_key_value_heads, config.hidden_size // config.num_attention_heads)
-            next(decoders[variant].run(prompt[:, :4], 1))  # loads and runs once: a variant that fails is a row with its error
+            path = files[variant.split("-")[0]]
+            if variant.endswith(("-static", "-cg")):
+                decoders[variant] = StaticDecoder(path, args.device, args.threads, args.max_length, kv_heads, head,
+                                                  cuda_graph=variant.endswith("-cg"))
+            else:
+                decoders[variant] = Decoder(path, args.device, args.threads, variant.endswith("-shared"), args.max_length, kv_heads, head)
+            # a prefill and one step (a -cg variant's capture): a variant that fails is a row with its error
+            probe = decoders[variant].run(prompt[:, :4], 1)
+            next(probe), next(probe)
         except Exception as error:  # noqa: BLE001
             decoders.pop(variant, None)
-            rows.append({"variant": variant, "error": str(error).splitlines()[0][:300]})
+            rows.append({"variant": variant, "error": str(error).splitlines()[0][:1500]})
             print(f"{variant}: {rows[-1]['error']}", flush=True)
     times = lockstep(decoders, prompt, args.steps, args.rounds)
     for variant, decoder in decoders.items():
@@ -366,6 +382,9 @@ def main(argv: list[str] | None = None) -> int:
                      "agree": agree, "tokens": decoder.tokens.tolist()})
         if agree < args.steps:
             rows[-1]["reference_gap_at_divergence"] = float(gaps[:, agree].min())
+        no_graph = decoders.get(variant.removesuffix("-cg") + "-static") if variant.endswith("-cg") else None
+        if no_graph is not None:
+            rows[-1]["agree_no_graph"] = agreement(decoder.tokens, no_graph.tokens)
         print(f"{variant}: prefill {prefill * 1e3:.2f} ms, decode {decode * 1e3:.3f} ms/token, {args.batch / decode:.1f} tok/s, "
               f"{agree}/{args.steps} tokens equal eager fp32's", flush=True)
     record = {
@@ -376,12 +395,13 @@ def main(argv: list[str] | None = None) -> int:
     }
     (args.out / f"llm_genai_compare-{tag}.json").write_text(json.dumps(record, indent=1, default=str))
     print(f"\n{device_name}, onnxruntime {ort.__version__}, {tag}, batch {args.batch}, prompt {args.prompt}, {args.steps} greedy steps")
-    print(f"{'variant':<20}{'prefill ms':>12}{'ms/token':>10}{'tok/s':>9}{'= eager':>9}")
+    print(f"{'variant':<20}{'prefill ms':>12}{'ms/token':>10}{'tok/s':>9}{'= eager':>9}{'= no graph':>12}")
     for r in rows:
         if "error" in r:
-            print(f"{r['variant']:<20}  error: {r['error'][:90]}")
+            print(f"{r['variant']:<20}  error: {r['error'][:200]}")
         else:
-            print(f"{r['variant']:<20}{r['prefill_ms']:>12.2f}{r['decode_ms']:>10.3f}{r['tok_s']:>9.1f}{r['agree']:>6}/{args.steps}")
+            same = f"{r['agree_no_graph']:>8}/{args.steps}" if "agree_no_graph" in r else ""
+            print(f"{r['variant']:<20}{r['prefill_ms']:>12.2f}{r['decode_ms']:>10.3f}{r['tok_s']:>9.1f}{r['agree']:>6}/{args.steps}{same}")
     return 0
 
 

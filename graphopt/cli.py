@@ -200,7 +200,8 @@ def optimize(
     ] = "auto",
     kv_buffer: Annotated[str, typer.Option("--kv-buffer", metavar="growing|shared", help=(
         "shared: GroupQueryAttention's past and present may be one max-length buffer (onnxruntime's past_present_share_buffer); "
-        "the past length is read from an attention_mask input (added if absent)."))] = "growing",
+        "the lengths are read from an attention_mask input (added if absent; ones over the valid tokens: a fixed "
+        "[batch, max_length] mask runs under CUDA graphs)."))] = "growing",
     tune: Annotated[
         bool,
         typer.Option(

@@ -19,7 +19,7 @@ import graphopt
 from graphopt.ops.fused_ops import shared_kv_buffer
 from graphopt.ops.opspec import GRAPHOPT_DOMAIN
 from graphopt.ops.targets import TARGETS
-from graphopt.passes.kv_buffer import PRESENT_LENGTH, share_kv_buffer
+from graphopt.passes.kv_buffer import PAST_LENGTH, PRESENT_LENGTH, share_kv_buffer
 
 GQA = "com.microsoft.GroupQueryAttention"
 GROWS = "onnxruntime's CUDA attention over a KV cache that grows each call"
@@ -30,10 +30,13 @@ def _ops(model: onnx.ModelProto) -> Counter[str]:
     return Counter(f"{n.domain}.{n.op_type}" if n.domain else n.op_type for n in model.graph.node)
 
 
-def _decode(model: onnx.ModelProto, seqs: tuple[int, ...], batch: int, shared: bool, seed: int = 5) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
+def _decode(model: onnx.ModelProto, seqs: tuple[int, ...], batch: int, shared: bool, seed: int = 5,
+            static: bool = False) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
     """Each step's first output, and the caches' valid part after the last step. New tokens from a
     seeded generator (hidden states or token ids); shared: one MAX_LENGTH buffer per past/present
-    pair, bound as both; else each step's presents are the next step's past."""
+    pair, bound as both; else each step's presents are the next step's past. static: the mask
+    [batch, MAX_LENGTH], ones over the valid tokens and zeros after (the shapes CUDA graphs need),
+    after a prompt-length mask for the first call (the prefill, as onnxruntime-genai runs it)."""
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # graphopt's graph, not ORT's
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
@@ -57,7 +60,11 @@ def _decode(model: onnx.ModelProto, seqs: tuple[int, ...], batch: int, shared: b
             hidden = inputs["hidden"].shape[2]
             binding.bind_cpu_input("hidden", rng.standard_normal((batch, seq, hidden)).astype(float_type))
         if "attention_mask" in inputs:
-            binding.bind_cpu_input("attention_mask", np.ones((batch, total), np.int64))
+            mask = np.ones((batch, total), np.int64)
+            if static and total > seq:
+                mask = np.zeros((batch, MAX_LENGTH), np.int64)
+                mask[:, :total] = 1
+            binding.bind_cpu_input("attention_mask", mask)
         for past in pasts:
             binding.bind_ortvalue_input(past, cache[past])
         by_present = {presents[p]: cache[p] for p in pasts} if shared else {}
@@ -79,12 +86,12 @@ def _decode(model: onnx.ModelProto, seqs: tuple[int, ...], batch: int, shared: b
 
 def _assert_same_decode(original: onnx.ModelProto, optimized: onnx.ModelProto, seqs: tuple[int, ...], batch: int, atol: float = 1e-5) -> None:
     expected, expected_cache = _decode(original, seqs, batch, shared=False)
-    for shared in (False, True):  # the rewritten model runs both ways
-        actual, actual_cache = _decode(optimized, seqs, batch, shared=shared)
+    for shared, static in ((False, False), (True, False), (True, True)):  # the rewritten model runs every way
+        actual, actual_cache = _decode(optimized, seqs, batch, shared=shared, static=static)
         for step, (e, a) in enumerate(zip(expected, actual, strict=True)):
-            np.testing.assert_allclose(a, e, rtol=1e-4, atol=atol, err_msg=f"step {step}, shared {shared}")
+            np.testing.assert_allclose(a, e, rtol=1e-4, atol=atol, err_msg=f"step {step}, shared {shared}, static {static}")
         for name, e in expected_cache.items():
-            np.testing.assert_allclose(actual_cache[name], e, rtol=1e-4, atol=atol, err_msg=f"{name}, shared {shared}")
+            np.testing.assert_allclose(actual_cache[name], e, rtol=1e-4, atol=atol, err_msg=f"{name}, shared {shared}, static {static}")
 
 
 def test_golden_a_causal_block_gets_an_attention_mask_and_decodes_in_one_buffer() -> None:
@@ -141,7 +148,56 @@ def test_tiny_llama_export_decodes_in_shared_buffers() -> None:
     gqas = [n for n in optimized.graph.node if n.op_type == "GroupQueryAttention"]
     assert gqas[0].input[5] == gqas[1].input[5] == "kv_buffer_seqlens_k"
     assert gqas[0].input[6] == gqas[1].input[6] == "kv_buffer_total_sequence_length"
+    producers = {o: n for n in optimized.graph.node for o in n.output}
+    # the builder's forms: seqlens_k from the mask's row sums (on the device), the total from its shape
+    assert producers[producers["kv_buffer_seqlens_k"].input[0]].op_type == "Sub"
+    assert producers[producers[producers["kv_buffer_seqlens_k"].input[0]].input[0]].op_type == "ReduceSum"
+    assert producers[producers["kv_buffer_total_sequence_length"].input[0]].op_type == "Gather"
+    # the rotary caches: tables of every position, made on the device, reading no past length (this
+    # export's attention_bias still does: its causal half, which a one-token step does not need)
+    assert gqas[0].input[7] == gqas[1].input[7] and _ops(optimized)["Pad"] == 0
+    for cache in gqas[0].input[7:9]:
+        ops, values = set(), set()
+        stack = [cache]
+        while stack:
+            node = producers.get(stack.pop())
+            if node is not None and node.name not in ops:
+                ops.add(node.name)
+                values.update(node.input)
+                stack.extend(node.input)
+        kinds = {n.op_type for n in optimized.graph.node if n.name in ops}
+        assert {"ConstantOfShape", "CumSum", "Cos" if cache == gqas[0].input[7] else "Sin"} <= kinds and not kinds & {"Range", "Pad"}
+        assert PAST_LENGTH not in values and "attention_mask" in values and "input_ids" not in values
     _assert_same_decode(model, optimized, (6, 1, 1, 1, 1), batch=2, atol=2e-5)
+
+
+@pytest.mark.parametrize(("start", "delta", "device_form"), [(0, 1, True), (2, 1, False), (0, 2, False)])
+def test_range_on_the_device(start: int, delta: int, device_form: bool) -> None:
+    """Range(0, n, 1) of the rotary tables as CumSum(ConstantOfShape([n], 1), exclusive): equal to
+    np.arange for several n; another start or step is left as Range (None)."""
+    import onnx_ir as ir
+
+    from graphopt.passes.kv_buffer import _device_range
+
+    h = onnx.helper
+    graph = h.make_graph([h.make_node("Range", ["start", "n", "delta"], ["positions"], name="range")], "g",
+                         [h.make_tensor_value_info("n", onnx.TensorProto.INT64, [])],
+                         [h.make_tensor_value_info("positions", onnx.TensorProto.INT64, ["count"])],
+                         [onnx.numpy_helper.from_array(np.array(start, np.int64), "start"),
+                          onnx.numpy_helper.from_array(np.array(delta, np.int64), "delta")])
+    model = ir.serde.deserialize_model(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]))
+    node = next(iter(model.graph))
+    made = _device_range(model.graph, node, list(node.inputs))
+    if not device_form:
+        assert made is None
+        return
+    assert made is not None and [n.op_type for n in made] == ["Reshape", "ConstantOfShape", "CumSum"]
+    model.graph.insert_after(node, made)
+    node.outputs[0].replace_all_uses_with(made[-1].outputs[0], replace_graph_outputs=True)
+    model.graph.remove(node, safe=True)
+    session = ort.InferenceSession(ir.serde.serialize_model(model).SerializeToString(), providers=["CPUExecutionProvider"])
+    for n in (1, 5, 512):
+        np.testing.assert_array_equal(session.run(None, {"n": np.array(n, np.int64)})[0], np.arange(n))
 
 
 # ----------------------------------------------------------------------------- refused

@@ -13,12 +13,28 @@ length, not the number of valid tokens. This pass takes the past length from the
 attention_mask instead, as the builder's models do: past = attention_mask's length - the new
 tokens (input_ids' length, or another input's seq axis), replacing each Shape read of a past input's
 sequence axis (and of its batch axis, read from the same input), and giving every layer one
-seqlens_k (total - 1 per row), total_sequence_length (the mask's length) and query_seqlens. The
-model then runs both ways: with a growing cache (past of `past` tokens, mask of past + seq) and
-with a shared buffer (past and present one buffer of max length, mask of past + seq).
+seqlens_k, total_sequence_length and query_seqlens. The model then runs both ways: with a growing
+cache (past of `past` tokens, mask of past + seq) and with a shared buffer (past and present one
+buffer of max length, mask of past + seq).
 
-An export without an attention_mask input gets one, [batch, total_sequence_length] int64, read
-for its length only (all ones, as the builder's runner feeds). Refused (the model is left as it
+Static shapes (CUDA graphs): as the builder's models, seqlens_k is the mask's row sum - 1 (on the
+device: ReduceSum, Sub, Cast) and total_sequence_length its length (Shape, Gather, Cast: a CPU
+input of GroupQueryAttention, the builder's form onnxruntime captures), so a [batch, max_length]
+mask with ones over the valid tokens and zeros after (onnxruntime-genai's static mask under
+enable_cuda_graph) gives the right lengths with shapes that never change. The rotary caches
+FoldRotaryIntoGroupQueryAttention writes (the export's rows for positions past .. past + seq - 1,
+padded at the front by the past length) become tables of every position below the mask's length
+(`_position_tables`: the same nodes with the new tokens' count read as the mask's length and the
+past as 0): GroupQueryAttention indexes them by absolute position, and nothing in them reads the
+past length, which a fixed-length mask would give wrong (its length - seq) and which, read from
+Shape on the host, fed the device through a copy every step (a Memcpy that refuses graph capture).
+Where the export reads the past length elsewhere (the causal half of an attention_bias built from a
+padding mask input, on ort-cpu) that part still takes it from the mask's length: right with a
+growing mask, and with a fixed-length one right for one-token steps (every valid key precedes the
+new token); a prefill runs with a mask of the prompt's length, as onnxruntime-genai's does.
+
+An export without an attention_mask input gets one, [batch, total_sequence_length] int64 (ones
+over the valid tokens, as the builder's runner feeds). Refused (the model is left as it
 is, with the reason) where a past input is read other than by GroupQueryAttention's past inputs
 and Shape, where a present output is not GroupQueryAttention's, or where no input counts the new
 tokens (input_ids [batch, seq], or an input whose axis 1 is the query's symbolic seq).
@@ -35,11 +51,13 @@ import onnx_ir as ir
 from graphopt.ops.targets import MS_DOMAIN
 from graphopt.passes._common import detach_and_remove, record
 
-__all__ = ["share_kv_buffer", "KV_BUFFER_MODES", "PRESENT_LENGTH"]
+__all__ = ["share_kv_buffer", "KV_BUFFER_MODES", "PRESENT_LENGTH", "PAST_LENGTH"]
 
 KV_BUFFER_MODES = ("growing", "shared")
 # the present outputs' sequence axis: max(past buffer, total) in onnxruntime's kernel
 PRESENT_LENGTH = "present_sequence_length"
+# the mask's length - the new tokens: the past's length with a growing mask, not with a static one
+PAST_LENGTH = "kv_buffer_past_length"
 
 
 def _gqa_nodes(graph: ir.Graph) -> list[ir.Node]:
@@ -119,6 +137,7 @@ def share_kv_buffer(model: ir.Model, *, stats: Any = None) -> tuple[int, str | N
         return 0, problem
     pasts: dict[int, ir.Value] = {id(v): v for node in gqas for v in node.inputs[3:5] if v is not None}  # graph inputs (_problem)
     new_tokens = _new_tokens_input(graph, gqas[0])
+    assert new_tokens is not None  # _problem checked it
     mask = _input(graph, "attention_mask", rank=2)
     if mask is None:  # read for its length only
         past_shape = next(iter(pasts.values())).shape
@@ -132,7 +151,7 @@ def share_kv_buffer(model: ir.Model, *, stats: Any = None) -> tuple[int, str | N
     made.append(ir.Node("", "Sub", [made[0].outputs[0], made[1].outputs[0]], name="kv_buffer_past"))
     made.append(ir.Node("", "Shape", [new_tokens], [ir.AttrInt64("start", 0), ir.AttrInt64("end", 1)], name="kv_buffer_batch"))
     past_length, batch = made[2].outputs[0], made[3].outputs[0]
-    past_length.name, batch.name = "kv_buffer_past_length", "kv_buffer_batch_size"
+    past_length.name, batch.name = PAST_LENGTH, "kv_buffer_batch_size"
     graph.insert_before(next(iter(graph)), made)
     # the batch too from one input: every layer's seqlens_k, total and rotary pads become one
     # computation (CSE) instead of one per past input
@@ -166,7 +185,8 @@ def share_kv_buffer(model: ir.Model, *, stats: Any = None) -> tuple[int, str | N
             user.outputs[0].replace_all_uses_with(result, replace_graph_outputs=True)
             detach_and_remove(model, user)
             rewritten += 1
-    _share_lengths(graph, gqas, made[0].outputs[0], made[1].outputs[0], batch)
+    _share_lengths(graph, gqas, mask, made[1].outputs[0], batch)
+    _position_tables(graph, gqas, past_length, made[1].outputs[0], made[0].outputs[0], new_tokens)
     _forget_past_shapes(graph, gqas, pasts)
     record(stats, rewritten, started)
     return rewritten, None
@@ -178,20 +198,28 @@ def _constant(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
     return value
 
 
-def _share_lengths(graph: ir.Graph, gqas: list[ir.Node], total: ir.Value, seq: ir.Value, batch: ir.Value) -> None:
-    """One seqlens_k (total - 1 per row), total_sequence_length and query_seqlens (seq per row; where
-    given) for every layer, from the mask and the new tokens, instead of each layer's own from its k, v."""
+def _share_lengths(graph: ir.Graph, gqas: list[ir.Node], mask: ir.Value, seq: ir.Value, batch: ir.Value) -> None:
+    """One seqlens_k (the mask's row sums - 1), total_sequence_length (its length) and query_seqlens
+    (seq per row; where given) for every layer, as the builder's models compute them, instead of each
+    layer's own from its k, v."""
     one = _constant(graph, "kv_buffer_one", np.array([1], np.int64))
-    scalar = _constant(graph, "kv_buffer_scalar_shape", np.array([], np.int64))
-    nodes = [
-        ir.Node("", "Sub", [total, one], name="kv_buffer_last"),
-        ir.Node("", "Reshape", [total, scalar], name="kv_buffer_total_scalar"),
+    axis = _constant(graph, "kv_buffer_axis", np.array(1, np.int64))
+    rows = mask
+    nodes: list[ir.Node] = []
+    if mask.dtype != ir.DataType.INT64:  # ReduceSum of an int64 mask, as the builder's
+        nodes.append(ir.Node("", "Cast", [mask], [ir.AttrInt64("to", ir.DataType.INT64)], name="kv_buffer_mask_int64"))
+        rows = nodes[-1].outputs[0]
+    nodes += [
+        ir.Node("", "ReduceSum", [rows, one], [ir.AttrInt64("keepdims", 0)], name="kv_buffer_valid"),
+        ir.Node("", "Shape", [mask], name="kv_buffer_mask_shape"),
         ir.Node("", "Expand", [seq, batch], name="kv_buffer_seq_rows"),
     ]
-    nodes.append(ir.Node("", "Expand", [nodes[0].outputs[0], batch], name="kv_buffer_last_rows"))
-    seqlens = ir.Node("", "Cast", [nodes[3].outputs[0]], [ir.AttrInt64("to", ir.DataType.INT32)], name="kv_buffer_seqlens_k")
-    total32 = ir.Node("", "Cast", [nodes[1].outputs[0]], [ir.AttrInt64("to", ir.DataType.INT32)], name="kv_buffer_total_sequence_length")
-    query = ir.Node("", "Cast", [nodes[2].outputs[0]], [ir.AttrInt64("to", ir.DataType.INT32)], name="kv_buffer_query_seqlens")
+    valid, shape, seq_rows = (n.outputs[0] for n in nodes[-3:])
+    nodes += [ir.Node("", "Sub", [valid, one], name="kv_buffer_last_rows"), ir.Node("", "Gather", [shape, axis], [ir.AttrInt64("axis", 0)], name="kv_buffer_total_length")]
+    last, total = nodes[-2].outputs[0], nodes[-1].outputs[0]
+    seqlens = ir.Node("", "Cast", [last], [ir.AttrInt64("to", ir.DataType.INT32)], name="kv_buffer_seqlens_k")
+    total32 = ir.Node("", "Cast", [total], [ir.AttrInt64("to", ir.DataType.INT32)], name="kv_buffer_total_sequence_length")
+    query = ir.Node("", "Cast", [seq_rows], [ir.AttrInt64("to", ir.DataType.INT32)], name="kv_buffer_query_seqlens")
     nodes += [seqlens, total32, query]
     for node in nodes:
         node.outputs[0].name = node.name
@@ -201,6 +229,93 @@ def _share_lengths(graph: ir.Graph, gqas: list[ir.Node], total: ir.Value, seq: i
         node.replace_input_with(6, total32.outputs[0])
         if len(node.inputs) > 16 and node.inputs[16] is not None:
             node.replace_input_with(16, query.outputs[0])
+
+
+def _position_tables(graph: ir.Graph, gqas: list[ir.Node], past_length: ir.Value, seq: ir.Value, total: ir.Value, new_tokens: ir.Value) -> None:
+    """Each rotary cache Pad(rows, pads) of a GroupQueryAttention with do_rotary replaced by its rows
+    computed again with the new tokens' count (`seq`, or the export's own Shape read of it) read as
+    the mask's length (`total`) and the past length as 0: positions 0 .. total - 1, the table it
+    indexes. Left as it is (right with a growing mask only) where the rows read another input than
+    through those (a position_ids input, an activation's shape); every family of
+    tests/llm_families.py is of the first kind."""
+    substitutes = {id(past_length): _constant(graph, "kv_buffer_zero", np.array([0], np.int64)), id(seq): total}
+    # the export's own reads of the new tokens' count too (CSE merges them with `seq` after this pass)
+    for node in graph:
+        if node.op_type == "Shape" and node.inputs[0] is new_tokens and list(_shape_range(node, 2)) == [1]:
+            substitutes[id(node.outputs[0])] = total
+    made: dict[int, ir.Value | None] = {}
+    for node in gqas:
+        if "do_rotary" not in node.attributes or node.attributes["do_rotary"].as_int() != 1:
+            continue
+        for index in (7, 8):
+            cache = node.inputs[index] if len(node.inputs) > index else None
+            pad = cache.producer() if cache is not None else None
+            if pad is None or pad.op_type != "Pad" or pad.domain not in ("", "ai.onnx"):
+                continue
+            table = _recomputed(graph, pad.inputs[0], substitutes, made)
+            if table is not None and table is not pad.inputs[0]:
+                node.replace_input_with(index, table)
+
+
+def _recomputed(graph: ir.Graph, value: ir.Value | None, substitutes: dict[int, ir.Value], made: dict[int, ir.Value | None]) -> ir.Value | None:
+    """value computed again with the substitutes in place of the values they name (new nodes after
+    the originals), value itself where it reads none of them, None where it reads a graph input
+    otherwise (or a node with subgraphs)."""
+    if value is None:
+        return None
+    if id(value) in substitutes:
+        return substitutes[id(value)]
+    if id(value) in made:
+        return made[id(value)]
+    producer = value.producer()
+    if producer is None:  # a graph input or an initializer
+        made[id(value)] = value if value.const_value is not None or value.name in graph.initializers else None
+        return made[id(value)]
+    inputs = [_recomputed(graph, v, substitutes, made) if v is not None else v for v in producer.inputs]
+    if any(new is None and old is not None for new, old in zip(inputs, producer.inputs, strict=True)) or any(
+            a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) for a in producer.attributes.values()):
+        for output in producer.outputs:
+            made[id(output)] = None
+        return None
+    if all(new is old for new, old in zip(inputs, producer.inputs, strict=True)):
+        for output in producer.outputs:
+            made[id(output)] = output
+        return value
+    copies = _device_range(graph, producer, inputs)
+    if copies is None:
+        copies = [ir.Node(producer.domain, producer.op_type, inputs, list(producer.attributes.values()), overload=producer.overload,
+                          num_outputs=len(producer.outputs), name=f"{producer.name}_position_table", version=producer.version)]
+    graph.insert_after(producer, copies)
+    for old, new in zip(producer.outputs, copies[-1].outputs, strict=True):
+        new.name = f"{old.name}_position_table"
+        if old.dtype is not None:
+            new.dtype = old.dtype
+        made[id(old)] = new
+    return made[id(value)]
+
+
+def _device_range(graph: ir.Graph, node: ir.Node, inputs: list[ir.Value | None]) -> list[ir.Node] | None:
+    """Range(0, n, 1) as CumSum(ConstantOfShape([n], 1), exclusive): the same 0 .. n - 1, made on the
+    device. onnxruntime's CUDA Range reads start, limit and delta with a synchronous copy to the
+    host (not capturable), or, placed on the CPU with a shape-derived limit, its output reaches the
+    device through a Memcpy (which refuses graph capture); ConstantOfShape takes the shape on the
+    host and fills on the device. None where Range is not of that form."""
+    if node.op_type != "Range" or node.domain not in ("", "ai.onnx") or len(inputs) != 3 or inputs[1] is None:
+        return None
+    start, delta = (ir.convenience.get_const_tensor(v) if v is not None else None for v in (inputs[0], inputs[2]))
+    if start is None or delta is None or start.size != 1 or delta.size != 1:
+        return None
+    first, step = start.numpy().reshape(-1)[0], delta.numpy().reshape(-1)[0]
+    if first != 0 or step != 1:
+        return None
+    one = np.ones([1], start.numpy().dtype)
+    length = ir.Node("", "Reshape", [inputs[1], _constant(graph, f"{node.name}_length_shape", np.array([1], np.int64))],
+                     name=f"{node.name}_length")
+    ones = ir.Node("", "ConstantOfShape", [length.outputs[0]], [ir.AttrTensor("value", ir.tensor(one))], name=f"{node.name}_ones")
+    count = ir.Node("", "CumSum", [ones.outputs[0], _constant(graph, f"{node.name}_axis", np.array(0, np.int64))],
+                    [ir.AttrInt64("exclusive", 1)], name=f"{node.name}_position_table")
+    length.outputs[0].name, ones.outputs[0].name = length.name, ones.name
+    return [length, ones, count]
 
 
 def _forget_past_shapes(graph: ir.Graph, gqas: list[ir.Node], pasts: dict[int, ir.Value]) -> None:
