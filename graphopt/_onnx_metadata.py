@@ -1,0 +1,175 @@
+"""onnx's `__version__` without importing importlib.metadata.
+
+`import onnx` sets `onnx.__version__ = importlib.metadata.version("onnx")`. Importing
+importlib.metadata (it brings email's parser, zipfile, csv and socket) and its look-up cost
+~0.013 s of the ~0.27 s `graphopt optimize` takes on a small model (benchmarks/RESULTS.md,
+2026-11-28, session 8), for one string read from one file.
+
+So `defer_importlib_metadata()`, run by `import graphopt` (as graphopt._lazy_sympy's hook),
+hooks the import of onnx: while onnx's own code runs, `importlib.metadata` is a stand-in
+whose `version(name)` reads the `Version` header of the distribution's METADATA file itself
+where the look-up is plain (`plain_version`: sys.path's directories, one `*.dist-info` of
+that name in the first directory that has any, a METADATA file whose headers are simple
+`Name: value` lines), giving what importlib.metadata gives; wherever it is not plain, and
+for anything else read from the stand-in, the real importlib.metadata is imported and
+answers. Once onnx is imported, `sys.modules` holds no stand-in: everyone else imports
+importlib.metadata as usual.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import re
+import sys
+import types
+from importlib.machinery import PathFinder
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from importlib.abc import Loader
+    from importlib.machinery import ModuleSpec
+
+__all__ = ["defer_importlib_metadata", "plain_version"]
+
+_MODULE = "importlib.metadata"
+#: importlib.metadata's name normalization (PEP 503, dashes as underscores): Prepared.normalize.
+_SEPARATORS = re.compile(r"[-_.]+")
+#: A header line as email's feed parser reads one (headerRE), less its odd cases (empty names, "From ").
+_HEADER = re.compile(r"[\041-\071\073-\176]+:")
+#: Line breaks other than "\n" that email's parser also splits on (str.splitlines).
+_ODD_BREAKS = frozenset("\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029")
+
+
+def _normalize(name: str) -> str:
+    return _SEPARATORS.sub("-", name).lower().replace("-", "_")
+
+
+def _metadata_version(text: str) -> str | None:
+    """The `Version` header of a METADATA text as email's compat32 parser reads it (None: not plain)."""
+    found: str | None = None
+    in_version = False
+    for line in text.split("\n"):
+        if not line:
+            break  # the end of the headers
+        if _ODD_BREAKS.intersection(line):
+            return None
+        if line[0] in " \t":  # a continuation line: fine for other headers, not for Version's
+            if in_version:
+                return None
+            continue
+        if line.startswith("From ") or not _HEADER.match(line):
+            return None  # the parser would end the headers here, or read a mailbox line
+        name, value = line.split(":", 1)
+        in_version = name.lower() == "version" and found is None
+        if in_version:
+            found = value.lstrip(" \t")
+    return found or None
+
+
+def plain_version(name: str) -> str | None:
+    """What `importlib.metadata.version(name)` gives, read directly where the look-up is plain;
+    None where it is not (or nothing is found): then importlib.metadata must answer."""
+    if type(name) is not str or not name:
+        return None
+    # Only the path finder looks for distributions (no editable-install or zip finders of its kind).
+    if [f for f in sys.meta_path if getattr(f, "find_distributions", None) is not None] != [PathFinder]:
+        return None
+    wanted = _normalize(name)
+    for root in sys.path:
+        if type(root) is not str or os.path.basename(root).lower().endswith(".egg"):
+            return None
+        try:
+            children = os.listdir(root or ".")
+        except FileNotFoundError:
+            continue  # importlib.metadata finds nothing there either
+        except OSError:
+            return None  # a zip file, an unreadable folder: importlib.metadata's business
+        found = [
+            child for child in children
+            if child.lower().endswith((".dist-info", ".egg-info"))
+            and _normalize(child.lower().rpartition(".")[0].partition("-")[0]) == wanted
+        ]
+        if not found:
+            continue
+        if len(found) > 1 or not found[0].lower().endswith(".dist-info"):
+            return None
+        try:
+            with open(os.path.join(root, found[0], "METADATA"), encoding="utf-8") as file:  # text mode, as read_text
+                return _metadata_version(file.read())
+        except (OSError, UnicodeDecodeError):
+            return None
+    return None
+
+
+def _real() -> types.ModuleType:
+    """The real importlib.metadata, imported now if it is not yet (the stand-in out of the way)."""
+    module = sys.modules.get(_MODULE)
+    if isinstance(module, _StandIn):
+        del sys.modules[_MODULE]
+    if isinstance(vars(importlib).get("metadata"), _StandIn):
+        delattr(importlib, "metadata")
+    return importlib.import_module(_MODULE)
+
+
+class _StandIn(types.ModuleType):
+    """importlib.metadata while onnx imports: `version` read directly where plain, the rest from the real module."""
+
+    def __init__(self) -> None:
+        super().__init__(_MODULE)
+
+    def version(self, distribution_name: str) -> str:
+        found = plain_version(distribution_name)
+        return found if found is not None else _real().version(distribution_name)
+
+    def __getattr__(self, name: str) -> Any:  # anything else: the real module's
+        return getattr(_real(), name)
+
+
+class _LoaderWithStandIn:
+    """onnx's own loader, run with the stand-in as importlib.metadata. (The import system's
+    protocols, not importlib.abc's classes: see graphopt._lazy_sympy.)"""
+
+    def __init__(self, loader: Loader) -> None:
+        self.loader = loader
+
+    def create_module(self, spec: ModuleSpec) -> types.ModuleType | None:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        stand_in = _StandIn() if _MODULE not in sys.modules else None
+        if stand_in is not None:
+            sys.modules[_MODULE] = stand_in
+            importlib.metadata = stand_in  # type: ignore[misc,assignment]  # `import importlib.metadata` then reads this attribute
+        try:
+            self.loader.exec_module(module)
+        finally:
+            if stand_in is not None:
+                if sys.modules.get(_MODULE) is stand_in:
+                    del sys.modules[_MODULE]
+                if vars(importlib).get("metadata") is stand_in:
+                    delattr(importlib, "metadata")
+            module.__loader__ = self.loader  # the module keeps its real loader
+            if module.__spec__ is not None:
+                module.__spec__.loader = self.loader
+
+
+class _OnnxHook:
+    """A finder on sys.meta_path that hands onnx's import to `_LoaderWithStandIn`, once."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> ModuleSpec | None:
+        if name != "onnx":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)  # found as it would be without this hook
+        if spec is not None and spec.loader is not None:
+            spec.loader = _LoaderWithStandIn(spec.loader)  # type: ignore[assignment]
+        return spec
+
+
+def defer_importlib_metadata() -> None:
+    """Let onnx import without importlib.metadata, unless either is imported already."""
+    if _MODULE in sys.modules or "onnx" in sys.modules or any(isinstance(f, _OnnxHook) for f in sys.meta_path):
+        return
+    sys.meta_path.insert(0, _OnnxHook())
