@@ -35,10 +35,12 @@ MODULES = ("graphopt", "typer", "onnx_ir")
 #: A table with more entries than this is started afresh (only what the run used is kept).
 _MAX_ENTRIES = 4000
 #: What a table file belongs to: this interpreter's build (code objects are its own format).
-_STAMP = f"graphopt dataclass code 1 {sys.version} {sys.hexversion}"
+_STAMP = f"graphopt dataclass code 2 {sys.version} {sys.hexversion}"
 
-_table: dict[str, CodeType] | None = None  # read on first use
-_used: dict[str, CodeType] = {}  # what this process looked up or compiled
+#: Source text -> its code, marshalled: only the entries a process uses are unmarshalled, so
+#: the classes of other commands in the table (explain's, the report's) cost next to nothing.
+_table: dict[str, bytes] | None = None  # read on first use
+_used: dict[str, bytes] = {}  # what this process looked up or compiled
 _compiled = 0  # sources compiled by this process (not found in the table)
 
 
@@ -50,7 +52,7 @@ def cache_path() -> Path | None:
     return root / f"dataclass-code-{sys.implementation.cache_tag}-{sys.hexversion:x}.marshal"
 
 
-def _read_table() -> dict[str, CodeType]:
+def _read_table() -> dict[str, bytes]:
     path = cache_path()
     if path is None:
         return {}
@@ -68,19 +70,27 @@ def _ours(globals_: Any) -> bool:
     return type(name) is str and any(name == m or name.startswith((m + ".", m + "_")) for m in MODULES)
 
 
+def _code_of(stored: bytes | None) -> CodeType | None:
+    try:
+        code = marshal.loads(stored) if type(stored) is bytes else None
+    except (ValueError, EOFError, TypeError):  # not marshal data: compiled anew
+        return None
+    return code if type(code) is CodeType else None
+
+
 def _exec(source: Any, globals_: Any = None, locals_: Any = None, /) -> None:
     """`exec` for the dataclasses module: a source text of one of `MODULES` runs as its compiled code."""
     global _table, _compiled
     if type(source) is str and _ours(globals_):
         if _table is None:
             _table = _read_table()
-        code = _table.get(source)
+        code = _code_of(_table.get(source))
         if code is None:
             # As exec compiles a string there: with the dataclasses module's own flags (none).
             code = compile(source, "<string>", "exec", dont_inherit=True)
-            _table[source] = code
+            _table[source] = marshal.dumps(code)
             _compiled += 1
-        _used[source] = code
+        _used[source] = _table[source]
         source = code
     builtins.exec(source, globals_, locals_)
 

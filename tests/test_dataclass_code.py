@@ -184,3 +184,18 @@ def test_the_program_saves_the_table_and_its_next_run_compiles_nothing(tmp_path:
     assert int(first.stdout.split("COMPILED")[1]) > 5, first.stdout  # typer's and graphopt's dataclasses
     assert int(second.stdout.split("COMPILED")[1]) == 0, second.stdout
     assert len(list((tmp_path / "cache" / "graphopt").glob("dataclass-code-*.marshal"))) == 1
+
+
+def test_an_entry_that_is_not_code_is_compiled_anew(fresh_table: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _define("graphopt_test_to_spoil", hooked=True, monkeypatch=monkeypatch)
+    _dataclass_code.save()
+    path = _dataclass_code.cache_path()
+    assert path is not None
+    stamp, table = marshal.loads(path.read_bytes())
+    spoiled = {source: (b"\x00garbage" if i % 2 else marshal.dumps(42)) for i, source in enumerate(table)}
+    path.write_bytes(marshal.dumps((stamp, spoiled)))
+    monkeypatch.setattr(_dataclass_code, "_table", None)
+    monkeypatch.setattr(_dataclass_code, "_compiled", 0)
+    module = _define("graphopt_test_spoiled", hooked=True, monkeypatch=monkeypatch)
+    assert _dataclass_code.compiled() == len(table)
+    assert repr(module.Point(3)) == "Point(x=3, y=0, tags=())" and module.Box() == module.Box()
