@@ -21,7 +21,6 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
-import re
 import sys
 import types
 from importlib.machinery import PathFinder
@@ -34,16 +33,32 @@ if TYPE_CHECKING:
 __all__ = ["defer_importlib_metadata", "plain_version"]
 
 _MODULE = "importlib.metadata"
-#: importlib.metadata's name normalization (PEP 503, dashes as underscores): Prepared.normalize.
-_SEPARATORS = re.compile(r"[-_.]+")
-#: A header line as email's feed parser reads one (headerRE), less its odd cases (empty names, "From ").
-_HEADER = re.compile(r"[\041-\071\073-\176]+:")
 #: Line breaks other than "\n" that email's parser also splits on (str.splitlines).
 _ODD_BREAKS = frozenset("\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029")
 
 
 def _normalize(name: str) -> str:
-    return _SEPARATORS.sub("-", name).lower().replace("-", "_")
+    """importlib.metadata's Prepared.normalize (PEP 503, dashes as underscores), without compiling
+    its regular expression: each run of "-", "_" and "." becomes one "_"."""
+    parts: list[str] = []
+    in_run = False
+    for char in name:
+        if char in "-_.":
+            if not in_run:
+                parts.append("_")
+            in_run = True
+        else:
+            parts.append(char)
+            in_run = False
+    return "".join(parts).lower()
+
+
+def _header_name(line: str) -> str | None:
+    """The name of a header line as email's feed parser reads one (its headerRE: printable
+    ASCII but ":" and space, then ":"), or None; an empty name counts as none here."""
+    end = line.find(":")
+    name = line[:end]
+    return name if end > 0 and all("!" <= char <= "~" for char in name) else None
 
 
 def _metadata_version(text: str) -> str | None:
@@ -59,9 +74,10 @@ def _metadata_version(text: str) -> str | None:
             if in_version:
                 return None
             continue
-        if line.startswith("From ") or not _HEADER.match(line):
+        name = _header_name(line)
+        if name is None or line.startswith("From "):
             return None  # the parser would end the headers here, or read a mailbox line
-        name, value = line.split(":", 1)
+        value = line[len(name) + 1:]
         in_version = name.lower() == "version" and found is None
         if in_version:
             found = value.lstrip(" \t")

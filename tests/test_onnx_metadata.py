@@ -88,6 +88,8 @@ def test_plain_metadata_read_as_importlib_metadata_reads_it(search_path: Callabl
     "Name: demo-pkg\nVersion: 1.0\n  continued\n",  # Version's own continuation line
     "Name: demo-pkg\nnot a header\nVersion: 1.0\n",  # the headers end before Version
     "From somebody\nVersion: 1.0\n",
+    "Na me: x\nVersion: 1.0\n",  # not a header name: the headers end there
+    ": x\nVersion: 1.0\n",
     "Name: demo-pkg\n\nVersion: 1.0\n",  # in the body
     "Name: demo-pkg\x0cVersion: 1.0\n",  # a break email's parser splits on
     "Name: demo-pkg\nVersion:\n",
@@ -149,3 +151,12 @@ def test_the_stand_in_asks_the_real_module_for_the_rest() -> None:
     env = dict(os.environ, PYTHONPATH=str(REPO))
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env)
     assert done.returncode == 0 and done.stdout == "OK\n", done.stderr
+
+
+@pytest.mark.parametrize("name", ["onnx", "onnx-ir", "ONNX__IR", "a.-_b", "-x-", "a..b", "A_B.c-D", "", "ü-x", "x--", "._"])
+def test_names_normalized_as_importlib_metadata_does(name: str) -> None:
+    from importlib.metadata import Prepared  # type: ignore[attr-defined]
+
+    from graphopt._onnx_metadata import _normalize
+
+    assert _normalize(name) == Prepared.normalize(name)
