@@ -16,7 +16,8 @@ it stays small whatever else a process defines (torch's dataclasses, a test suit
 The `graphopt` program saves the table (`save()`, from graphopt.cli.run) when the run
 compiled something new, beside the pattern cache ($XDG_CACHE_HOME or ~/.cache, graphopt/),
 one file per interpreter build; a file that cannot be read as this interpreter's table is
-ignored. GRAPHOPT_NO_CACHE=1 turns this off, as it does the pattern cache.
+ignored. GRAPHOPT_NO_CACHE=1 turns this off, as it does the pattern cache. Like the pattern
+cache's pickles, the file is code the user's own cache folder holds (written with mode 0600).
 """
 
 import builtins
