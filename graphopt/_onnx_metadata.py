@@ -87,8 +87,8 @@ def _metadata_version(text: str) -> str | None:
 def plain_version(name: str) -> str | None:
     """What `importlib.metadata.version(name)` gives, read directly where the look-up is plain;
     None where it is not (or nothing is found): then importlib.metadata must answer."""
-    if type(name) is not str or not name:
-        return None
+    if type(name) is not str or not name or sys.version_info < (3, 11):
+        return None  # (Python 3.10's look-up matches folder names in its own way: its answer)
     # Only the path finder looks for distributions (no editable-install or zip finders of its kind).
     if [f for f in sys.meta_path if getattr(f, "find_distributions", None) is not None] != [PathFinder]:
         return None
