@@ -1,19 +1,26 @@
-"""onnx's `__version__` without importing importlib.metadata.
+"""onnx imported without what its import brings that graphopt's runs never use.
 
-`import onnx` sets `onnx.__version__ = importlib.metadata.version("onnx")`. Importing
-importlib.metadata (it brings email's parser, zipfile, csv and socket) and its look-up cost
-~0.013 s of the ~0.27 s `graphopt optimize` takes on a small model (benchmarks/RESULTS.md,
-2026-11-28, session 8), for one string read from one file.
+`import onnx` costs ~0.045 s of the ~0.27 s `graphopt optimize` takes on a small model
+(benchmarks/RESULTS.md, 2026-11-28, session 8), and two parts of it serve nothing there:
 
-So `defer_importlib_metadata()`, run by `import graphopt` (as graphopt._lazy_sympy's hook),
-hooks the import of onnx: while onnx's own code runs, `importlib.metadata` is a stand-in
-whose `version(name)` reads the `Version` header of the distribution's METADATA file itself
-where the look-up is plain (`plain_version`: sys.path's directories, one `*.dist-info` of
-that name in the first directory that has any, a METADATA file whose headers are simple
-`Name: value` lines), giving what importlib.metadata gives; wherever it is not plain, and
-for anything else read from the stand-in, the real importlib.metadata is imported and
-answers. Once onnx is imported, `sys.modules` holds no stand-in: everyone else imports
-importlib.metadata as usual.
+* `onnx.__version__ = importlib.metadata.version("onnx")`: importing importlib.metadata (it
+  brings email's parser, zipfile, csv and socket) and its look-up, ~0.013 s for one string
+  read from one file;
+* the submodules onnx imports "so they're available when you import onnx" that nothing in
+  graphopt, onnx-ir or onnxruntime imports: `onnx.utils` (it imports tarfile) and
+  `onnx.gen_proto` (argparse, glob), ~0.004 s (`DEFERRED_SUBMODULES`).
+
+So `lighten_onnx_import()`, run by `import graphopt` (as graphopt._lazy_sympy's hook for
+onnx-ir), hooks the import of onnx. While onnx's own code runs, `importlib.metadata` is a
+stand-in whose `version(name)` reads the `Version` header of the distribution's METADATA
+file itself where the look-up is plain (`plain_version`: sys.path's directories, one
+`*.dist-info` of that name in the first directory that has any, a METADATA file whose
+headers are simple `Name: value` lines), giving what importlib.metadata gives; wherever it
+is not plain, and for anything else read from the stand-in, the real importlib.metadata is
+imported and answers. The deferred submodules are stand-ins too (graphopt._lazy_sympy's):
+`onnx.utils` and the names onnx's modules bound to it import the real module when one of
+its attributes is first read. Once onnx is imported, `sys.modules` holds no stand-in: a
+later `import importlib.metadata` or `import onnx.utils` imports the real module as usual.
 """
 
 from __future__ import annotations
@@ -26,11 +33,16 @@ import types
 from importlib.machinery import PathFinder
 from typing import TYPE_CHECKING, Any
 
+from graphopt._lazy_sympy import _StandIn as _LazyModule
+
 if TYPE_CHECKING:
     from importlib.abc import Loader
     from importlib.machinery import ModuleSpec
 
-__all__ = ["defer_importlib_metadata", "plain_version"]
+__all__ = ["lighten_onnx_import", "plain_version", "DEFERRED_SUBMODULES"]
+
+#: onnx's submodules imported on first use rather than with onnx (none of graphopt, onnx-ir or onnxruntime imports them).
+DEFERRED_SUBMODULES = ("onnx.utils", "onnx.gen_proto")
 
 _MODULE = "importlib.metadata"
 #: Line breaks other than "\n" that email's parser also splits on (str.splitlines).
@@ -122,14 +134,14 @@ def plain_version(name: str) -> str | None:
 def _real() -> types.ModuleType:
     """The real importlib.metadata, imported now if it is not yet (the stand-in out of the way)."""
     module = sys.modules.get(_MODULE)
-    if isinstance(module, _StandIn):
+    if isinstance(module, _MetadataStandIn):
         del sys.modules[_MODULE]
-    if isinstance(vars(importlib).get("metadata"), _StandIn):
+    if isinstance(vars(importlib).get("metadata"), _MetadataStandIn):
         delattr(importlib, "metadata")
     return importlib.import_module(_MODULE)
 
 
-class _StandIn(types.ModuleType):
+class _MetadataStandIn(types.ModuleType):
     """importlib.metadata while onnx imports: `version` read directly where plain, the rest from the real module."""
 
     def __init__(self) -> None:
@@ -143,6 +155,10 @@ class _StandIn(types.ModuleType):
         return getattr(_real(), name)
 
 
+class _SubmoduleStandIn(_LazyModule):
+    """A deferred onnx submodule: the real one imported when an attribute is first read."""
+
+
 class _LoaderWithStandIn:
     """onnx's own loader, run with the stand-in as importlib.metadata. (The import system's
     protocols, not importlib.abc's classes: see graphopt._lazy_sympy.)"""
@@ -154,10 +170,13 @@ class _LoaderWithStandIn:
         return self.loader.create_module(spec)
 
     def exec_module(self, module: types.ModuleType) -> None:
-        stand_in = _StandIn() if _MODULE not in sys.modules else None
+        stand_in = _MetadataStandIn() if _MODULE not in sys.modules else None
         if stand_in is not None:
             sys.modules[_MODULE] = stand_in
             importlib.metadata = stand_in  # type: ignore[misc,assignment]  # `import importlib.metadata` then reads this attribute
+        # `from onnx import utils` binds the stand-in (the import system's fallback to sys.modules).
+        submodules = {name: _SubmoduleStandIn(name) for name in DEFERRED_SUBMODULES if name not in sys.modules}
+        sys.modules.update(submodules)
         try:
             self.loader.exec_module(module)
         finally:
@@ -166,6 +185,9 @@ class _LoaderWithStandIn:
                     del sys.modules[_MODULE]
                 if vars(importlib).get("metadata") is stand_in:
                     delattr(importlib, "metadata")
+            for name, submodule in submodules.items():
+                if sys.modules.get(name) is submodule:
+                    del sys.modules[name]
             module.__loader__ = self.loader  # the module keeps its real loader
             if module.__spec__ is not None:
                 module.__spec__.loader = self.loader
@@ -184,8 +206,8 @@ class _OnnxHook:
         return spec
 
 
-def defer_importlib_metadata() -> None:
-    """Let onnx import without importlib.metadata, unless either is imported already."""
-    if _MODULE in sys.modules or "onnx" in sys.modules or any(isinstance(f, _OnnxHook) for f in sys.meta_path):
+def lighten_onnx_import() -> None:
+    """Let onnx import without importlib.metadata and `DEFERRED_SUBMODULES`, unless it is imported already."""
+    if "onnx" in sys.modules or any(isinstance(f, _OnnxHook) for f in sys.meta_path):
         return
     sys.meta_path.insert(0, _OnnxHook())

@@ -1,4 +1,5 @@
-"""graphopt._onnx_metadata: onnx imports without importlib.metadata, its __version__ the same;
+"""graphopt._lazy_onnx: onnx imports without importlib.metadata, its __version__ the same, and
+with onnx.utils and onnx.gen_proto imported on first use;
 `plain_version` gives what importlib.metadata gives, or leaves the answer to it."""
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from graphopt._onnx_metadata import plain_version
+from graphopt._lazy_onnx import plain_version
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -134,11 +135,11 @@ def test_the_stand_in_asks_the_real_module_for_the_rest() -> None:
     # than a plain version is read.
     probe = (
         "import sys, importlib\n"
-        "from graphopt import _onnx_metadata\n"
-        "stand_in = _onnx_metadata._StandIn()\n"
+        "from graphopt import _lazy_onnx\n"
+        "stand_in = _lazy_onnx._MetadataStandIn()\n"
         "sys.modules['importlib.metadata'] = stand_in\n"
         "importlib.metadata = stand_in\n"
-        "assert stand_in.version('onnx') == _onnx_metadata.plain_version('onnx') is not None\n"
+        "assert stand_in.version('onnx') == _lazy_onnx.plain_version('onnx') is not None\n"
         "assert sys.modules['importlib.metadata'] is stand_in and 'email' not in sys.modules\n"
         "error = stand_in.PackageNotFoundError\n"
         "real = sys.modules['importlib.metadata']\n"
@@ -157,6 +158,44 @@ def test_the_stand_in_asks_the_real_module_for_the_rest() -> None:
 def test_names_normalized_as_importlib_metadata_does(name: str) -> None:
     from importlib.metadata import Prepared  # type: ignore[attr-defined]
 
-    from graphopt._onnx_metadata import _normalize
+    from graphopt._lazy_onnx import _normalize
 
     assert _normalize(name) == Prepared.normalize(name)
+
+
+def test_deferred_submodules_are_imported_on_first_use() -> None:
+    probe = (
+        "import sys, types\n"
+        "import graphopt, onnx\n"
+        "from graphopt._lazy_onnx import DEFERRED_SUBMODULES\n"
+        "assert DEFERRED_SUBMODULES == ('onnx.utils', 'onnx.gen_proto')\n"
+        "print('LOADED', [m for m in (*DEFERRED_SUBMODULES, 'tarfile', 'argparse') if m in sys.modules])\n"
+        "print('STAND-IN', type(onnx.utils).__name__, isinstance(onnx.utils, types.ModuleType), onnx.utils.__name__)\n"
+        "print('USE', onnx.utils.Extractor.__module__, onnx.compose.utils.Extractor is onnx.utils.Extractor)\n"
+        "import onnx.utils\n"
+        "print('REAL', type(sys.modules['onnx.utils']).__name__, sys.modules['onnx.utils'].__file__.endswith('utils.py'), 'tarfile' in sys.modules)\n"
+        "import onnx.gen_proto\n"
+        "print('GEN', callable(onnx.gen_proto.main), type(onnx.gen_proto).__name__, 'argparse' in sys.modules)\n"
+        "from onnx import gen_proto\n"
+        "print('FROM', gen_proto is sys.modules['onnx.gen_proto'])\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    lines = dict(line.split(" ", 1) for line in done.stdout.splitlines())
+    assert lines["LOADED"] == "[]", done.stdout  # nothing of them imported with onnx
+    assert lines["STAND-IN"] == "_SubmoduleStandIn True onnx.utils"
+    assert lines["USE"] == "onnx.utils True"  # first use: the real module's classes, for onnx.compose too
+    assert lines["REAL"] == "module True True"
+    assert lines["GEN"] == "True module True" and lines["FROM"] == "True"
+
+
+def test_onnx_imported_before_graphopt_is_left_alone() -> None:
+    probe = (
+        "import sys\n"
+        "import onnx, graphopt\n"
+        "print(type(onnx.utils).__name__, 'importlib.metadata' in sys.modules)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True)
+    assert done.stdout == "module True\n"
