@@ -33,8 +33,9 @@ __all__ = ["install", "save", "cache_path", "MODULES"]
 
 #: Modules (and packages: a name is followed by "." or "_") whose dataclasses use the table.
 MODULES = ("graphopt", "typer", "onnx_ir")
-#: A table with more entries than this is started afresh (only what the run used is kept).
-_MAX_ENTRIES = 4000
+#: A table with more entries than this is started afresh (only what the run used is kept): the
+#: command line's own are ~450; --patterns files (graphopt_patterns_*) may add their own.
+_MAX_ENTRIES = 2000
 #: What a table file belongs to: this interpreter's build (code objects are its own format).
 _STAMP = f"graphopt dataclass code 2 {sys.version} {sys.hexversion}"
 

@@ -199,3 +199,16 @@ def test_an_entry_that_is_not_code_is_compiled_anew(fresh_table: Path, monkeypat
     module = _define("graphopt_test_spoiled", hooked=True, monkeypatch=monkeypatch)
     assert _dataclass_code.compiled() == len(table)
     assert repr(module.Point(3)) == "Point(x=3, y=0, tags=())" and module.Box() == module.Box()
+
+
+def test_a_table_grown_too_big_is_started_afresh(fresh_table: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_dataclass_code, "_MAX_ENTRIES", 5)
+    path = _dataclass_code.cache_path()
+    assert path is not None
+    path.parent.mkdir(parents=True)
+    stale = {f"def old_{i}(): pass": marshal.dumps(compile(f"def old_{i}(): pass", "<string>", "exec")) for i in range(10)}
+    path.write_bytes(marshal.dumps((_dataclass_code._STAMP, stale)))
+    _define("graphopt_test_grown", hooked=True, monkeypatch=monkeypatch)
+    _dataclass_code.save()
+    _, table = marshal.loads(path.read_bytes())
+    assert not set(table) & set(stale) and len(table) == _dataclass_code.compiled()  # only what this run used
