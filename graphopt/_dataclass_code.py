@@ -94,6 +94,8 @@ def _exec(source: Any, globals_: Any = None, locals_: Any = None, /) -> None:
             _compiled += 1
         _used[source] = _table[source]
         source = code
+    elif type(source) is str:  # compiled here as in the dataclasses module (whatever this module's __future__ flags)
+        source = compile(source, "<string>", "exec", dont_inherit=True)
     builtins.exec(source, globals_, locals_)
 
 

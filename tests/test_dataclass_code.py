@@ -142,6 +142,11 @@ def test_other_modules_do_not_use_the_table(fresh_table: Path, monkeypatch: pyte
     module = _define("somebody_elses", hooked=True, monkeypatch=monkeypatch)
     assert _dataclass_code.compiled() == 0 and _dataclass_code._table is None  # not even read
     assert repr(module.Point(1)) == "Point(x=1, y=0, tags=())"
+    plain = _define("somebody_plain", hooked=False, monkeypatch=monkeypatch)
+    for method in METHODS:  # compiled as the dataclasses module compiles them
+        assert _code(module.Box.__dict__.get(method)) == _code(plain.Box.__dict__.get(method)), method
+        init = module.Box.__dict__["__init__"]
+        assert init.__annotations__ == plain.Box.__dict__["__init__"].__annotations__
     assert _dataclass_code._ours({"__name__": "graphopt_patterns_0123_attention"})
     assert _dataclass_code._ours({"__name__": "typer._coercion"}) and _dataclass_code._ours({"__name__": "onnx_ir"})
     assert not _dataclass_code._ours({"__name__": "typerx"}) and not _dataclass_code._ours({"__name__": "torch.fx"})
