@@ -6,12 +6,13 @@ Builds the README's example model (examples/make_example.py) and runs, `--runs` 
 fresh process each, what `graphopt optimize model.onnx -o out.onnx -q` does (garbage
 collection paused for the imports, as the command line does): the imports in the
 command's order (graphopt with typer and graphopt.cli, numpy, onnx, onnx-ir, graphopt's
-optimizer modules, onnxruntime), loading the model,
-loading the rule library, optimizing, saving with onnxruntime's load check, and the
+optimizer modules), loading the model, loading the rule library, optimizing, saving with
+onnxruntime's load check (its import included; none where the graph's verdict is remembered,
+graphopt/ir/runtime_verdicts.py: after the warm-up run), and the
 interpreter's start and exit (the whole process's CPU time less the phases; the exit as
 the graphopt program ends, graphopt.cli_exit). It does not run typer's parsing. As the
 command line does, numpy comes with one BLAS thread (graphopt.cli_blas) and the rewrites
-without snapshots (no --report), and onnxruntime is imported for the save's load check. Prints
+without snapshots (no --report). Prints
 the median CPU time (user + system) of each phase; CPU time rather than wall time because the machine this
 runs on is shared (see benchmarks/startup.py for whole-process wall times).
 """
@@ -69,10 +70,8 @@ except TypeError:  # an older checkout
     options = OptimizeOptions()
 optimized, report = optimize(model, options)
 mark("optimize (shape inference, sweeps, cleanup)")
-import onnxruntime  # the command line may leave this and the check to a helper process
-mark("import onnxruntime (for the save's load check)")
-save_model(optimized, sys.argv[2], reference=sys.argv[1])
-mark("save (with onnxruntime's load check)")
+save_model(optimized, sys.argv[2], reference=sys.argv[1])  # imports onnxruntime, unless the verdict is remembered
+mark("save (onnxruntime's import and load check, or its remembered verdict)")
 for (_, before), (name, after) in zip(marks, marks[1:]):
     print(f"{name}\t{after - before:.6f}")
 import gc
