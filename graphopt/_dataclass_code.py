@@ -10,7 +10,7 @@ dataclasses as it starts (graphopt's pattern IR, report, op specs and rules; typ
 `exec` that reads the compiled code from a table keyed by the exact source text, compiling
 (as `exec` would: no inherited `__future__` flags) only what is not in it. The same source
 always compiles to the same code, so the classes are the same, whatever the table holds.
-Only the modules of `_MODULES` (the command line's own and its libraries') use the table, so
+Only the modules of `MODULES` (the command line's own and its libraries') use the table, so
 it stays small whatever else a process defines (torch's dataclasses, a test suite's).
 
 The `graphopt` program saves the table (`save()`, from graphopt.cli.run) when the run
@@ -50,7 +50,10 @@ def cache_path() -> Path | None:
     """The table's file, or None when caches are off (GRAPHOPT_NO_CACHE=1)."""
     if os.environ.get("GRAPHOPT_NO_CACHE") == "1":
         return None
-    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "graphopt"
+    try:
+        root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "graphopt"
+    except (RuntimeError, KeyError):  # no home folder to be found: no table
+        return None
     return root / f"dataclass-code-{sys.implementation.cache_tag}-{sys.hexversion:x}.marshal"
 
 

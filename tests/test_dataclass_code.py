@@ -217,3 +217,17 @@ def test_a_table_grown_too_big_is_started_afresh(fresh_table: Path, monkeypatch:
     _dataclass_code.save()
     _, table = marshal.loads(path.read_bytes())
     assert not set(table) & set(stale) and len(table) == _dataclass_code.compiled()  # only what this run used
+
+
+def test_no_home_folder_means_no_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.delenv("GRAPHOPT_NO_CACHE", raising=False)
+
+    def no_home() -> Path:
+        raise RuntimeError("Could not determine home directory.")
+
+    monkeypatch.setattr(Path, "home", staticmethod(no_home))
+    assert _dataclass_code.cache_path() is None
+    monkeypatch.delattr(dataclasses, "exec", raising=False)
+    _dataclass_code.install()  # graphopt.cli still imports: without a table
+    assert "exec" not in vars(dataclasses)

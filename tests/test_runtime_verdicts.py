@@ -128,3 +128,16 @@ def test_the_second_run_on_a_model_does_not_import_onnxruntime(tmp_path: Path) -
         outputs.append((done.stdout, out.read_bytes()))
     assert outputs[0][0] == "ORT True\n" and outputs[1][0] == "ORT False\n"
     assert outputs[0][1] == outputs[1][1]
+
+
+def test_no_home_folder_means_nothing_remembered(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.delenv("GRAPHOPT_NO_CACHE", raising=False)
+
+    def no_home() -> Path:
+        raise RuntimeError("Could not determine home directory.")
+
+    monkeypatch.setattr(Path, "home", staticmethod(no_home))
+    sessions = _Sessions(monkeypatch)
+    model = _add_model(tmp_path / "ok.onnx", [2, 3])
+    assert runtime_load_error(model) is None and runtime_load_error(model) is None and sessions.made == 2

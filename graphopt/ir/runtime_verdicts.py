@@ -77,7 +77,10 @@ def _marker(skeleton: bytes) -> Path | None:
     for part in (_FORMAT, check, runtime, skeleton):
         key.update(len(part).to_bytes(8, "little"))
         key.update(part)
-    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "graphopt" / "ort-loads"
+    try:
+        root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "graphopt" / "ort-loads"
+    except (RuntimeError, KeyError):  # no home folder to be found: nothing remembered
+        return None
     return root / key.hexdigest()[:40]
 
 
