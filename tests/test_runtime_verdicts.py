@@ -141,3 +141,14 @@ def test_no_home_folder_means_nothing_remembered(tmp_path: Path, monkeypatch: py
     sessions = _Sessions(monkeypatch)
     model = _add_model(tmp_path / "ok.onnx", [2, 3])
     assert runtime_load_error(model) is None and runtime_load_error(model) is None and sessions.made == 2
+
+
+def test_a_broken_onnxruntime_is_not_taken_for_a_refusal(cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # onnxruntime failing to import (not missing) stops the run as it did before the verdicts:
+    # it is not the model's refusal (which the input model's refusal would excuse).
+    def broken() -> bool:
+        raise RuntimeError("onnxruntime's library could not be loaded")
+
+    monkeypatch.setattr(runtime_check, "_importable", broken)
+    with pytest.raises(RuntimeError, match="could not be loaded"):
+        runtime_load_error(_add_model(tmp_path / "ok.onnx", [2, 3]))

@@ -80,31 +80,38 @@ def runtime_load_error(path: str | os.PathLike[str], *, may_write_beside: bool =
         skeleton = _skeleton(path)
     except Exception as error:  # noqa: BLE001 - a model we cannot even read back
         return f"{type(error).__name__}: {error}" if _importable() else None
+    graph: bytes | None = None
+    try:
+        if not _has_external(skeleton):
+            graph = skeleton.SerializeToString()
+    except Exception as error:  # noqa: BLE001 - as below
+        return _words(error)
+    if graph is not None and known_to_load(graph):  # these bytes loaded in this onnxruntime before (runtime_verdicts)
+        return None
+    if not _importable():  # imported here, as before any check (its own failures are not the model's)
+        return None
     beside: Path | None = None
     try:
-        if _has_external(skeleton):
-            if not _importable():
-                return None
+        if graph is None:
             if not may_write_beside:
                 return "cannot check: tensors outside the main graph are stored externally"
             beside = path.with_name(f".{path.name}.graph-check.onnx")
             onnx.save(skeleton, str(beside))
             return _load_error(str(beside))
-        graph = skeleton.SerializeToString()
-        if known_to_load(graph):  # these bytes loaded in this onnxruntime before (runtime_verdicts)
-            return None
-        if not _importable():
-            return None
         problem = _load_error(graph)
-        if problem is None:
-            remember_loads(graph)
-        return problem
     except Exception as error:  # noqa: BLE001 - writing the skeleton beside failed: as onnxruntime's own words
-        text = error_text(error)
-        return None if "NOT_IMPLEMENTED" in text else text
+        return _words(error)
     finally:
         if beside is not None:
             beside.unlink(missing_ok=True)
+    if problem is None:
+        remember_loads(graph)
+    return problem
+
+
+def _words(error: BaseException) -> str | None:
+    text = error_text(error)
+    return None if "NOT_IMPLEMENTED" in text else text
 
 
 def _importable() -> bool:
