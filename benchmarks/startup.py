@@ -5,7 +5,8 @@
 
 Builds the README's example model (examples/make_example.py: a 47-node ResNet-style CNN,
 245 KB) and times, as separate processes from start to exit, median of `--runs` after
-one warm-up run (file caches warm):
+one warm-up run (file caches warm, and graphopt's own: the parsed patterns, the dataclass
+code table, the save's load-check verdict for this graph):
 
 * `python -c pass` (the interpreter alone),
 * `graphopt --help`, `python -c "import graphopt"`, `graphopt --version`,

@@ -4,13 +4,15 @@
 
 Builds the README's example model (examples/make_example.py) and runs, `--runs` times in a
 fresh process each, what `graphopt optimize model.onnx -o out.onnx -q` does (garbage
-collection paused for the imports, as the command line does): the imports
-(numpy, onnx, onnx-ir, typer, graphopt's modules, onnxruntime), loading the model,
-loading the rule library, optimizing, saving with onnxruntime's load check, and the
+collection paused for the imports, as the command line does): the imports in the
+command's order (graphopt with typer and graphopt.cli, numpy, onnx, onnx-ir, graphopt's
+optimizer modules), loading the model, loading the rule library, optimizing, saving with
+onnxruntime's load check (its import included; none where the graph's verdict is remembered,
+graphopt/ir/runtime_verdicts.py: after the warm-up run), and the
 interpreter's start and exit (the whole process's CPU time less the phases; the exit as
 the graphopt program ends, graphopt.cli_exit). It does not run typer's parsing. As the
 command line does, numpy comes with one BLAS thread (graphopt.cli_blas) and the rewrites
-without snapshots (no --report), and onnxruntime is imported for the save's load check. Prints
+without snapshots (no --report). Prints
 the median CPU time (user + system) of each phase; CPU time rather than wall time because the machine this
 runs on is shared (see benchmarks/startup.py for whole-process wall times).
 """
@@ -39,7 +41,9 @@ gc.disable()  # as graphopt/__main__.py and graphopt.cli.main do for the start-u
 marks = [("start", time.process_time())]
 def mark(name):
     marks.append((name, time.process_time()))
-try:  # as the command line imports numpy (one BLAS thread unless the user set a count)
+import graphopt, typer, graphopt.cli  # as `python -m graphopt` starts: its hooks, then the command line
+mark("import graphopt, typer, graphopt.cli")
+try:  # as the optimize command imports numpy (one BLAS thread unless the user set a count)
     from graphopt.cli_blas import import_numpy_single_threaded
 except ImportError:  # an older checkout
     import numpy
@@ -49,10 +53,8 @@ else:
 mark("import numpy")
 import onnx
 mark("import onnx (numpy done)")
-import graphopt, onnx_ir
-mark("import graphopt, onnx-ir")
-import typer, graphopt.cli
-mark("import typer, graphopt.cli")
+import onnx_ir
+mark("import onnx-ir")
 import graphopt.api
 from graphopt.api import OptimizeOptions, builtin_rules, optimize
 from graphopt.ir.onnx_io import load_model, save_model
@@ -68,14 +70,18 @@ except TypeError:  # an older checkout
     options = OptimizeOptions()
 optimized, report = optimize(model, options)
 mark("optimize (shape inference, sweeps, cleanup)")
-import onnxruntime  # the command line may leave this and the check to a helper process
-mark("import onnxruntime (for the save's load check)")
-save_model(optimized, sys.argv[2], reference=sys.argv[1])
-mark("save (with onnxruntime's load check)")
+save_model(optimized, sys.argv[2], reference=sys.argv[1])  # imports onnxruntime, unless the verdict is remembered
+mark("save (onnxruntime's import and load check, or its remembered verdict)")
 for (_, before), (name, after) in zip(marks, marks[1:]):
     print(f"{name}\t{after - before:.6f}")
 import gc
 gc.freeze()  # as graphopt.cli.main does at exit
+try:  # as the graphopt program does before it ends: the dataclass code table, if this run added to it
+    from graphopt._dataclass_code import save
+except ImportError:  # an older checkout
+    pass
+else:
+    save()
 try:
     from graphopt.cli_exit import exit_process
 except ImportError:  # an older checkout: the interpreter's ordinary exit, as its program ended

@@ -5,10 +5,13 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any
 
+from graphopt._lazy_onnx import lighten_onnx_import
 from graphopt._lazy_sympy import defer_sympy
 
 # Before anything imports onnx-ir: it imports sympy (a quarter of a second), which most runs never use.
 defer_sympy()
+# Before anything imports onnx: importlib.metadata (for its __version__) and two submodules nobody uses (~0.017 s).
+lighten_onnx_import()
 
 from graphopt._version import __version__  # noqa: E402
 from graphopt.errors import GraphoptError, ModelError, PatternError, RuleNameError  # noqa: E402

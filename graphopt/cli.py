@@ -29,15 +29,20 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
-import typer
+from graphopt import _dataclass_code
 
-from graphopt.cli_blas import import_numpy_single_threaded
-from graphopt.cli_checks import check_precision_options, is_html, output_path, parse_shapes
-from graphopt.cli_command import GraphoptCommand as _Command
-from graphopt.cli_command import GraphoptGroup
-from graphopt.cli_paths import check_writable_folder, guard_paths, same_file
-from graphopt.cli_weights import WEIGHTS_HELP, check_weight_options
-from graphopt.errors import GraphoptError, printable
+# Before typer and graphopt's modules define their dataclasses (graphopt/_dataclass_code.py).
+_dataclass_code.install()
+
+import typer  # noqa: E402
+
+from graphopt.cli_blas import import_numpy_single_threaded  # noqa: E402
+from graphopt.cli_checks import check_precision_options, is_html, output_path, parse_shapes  # noqa: E402
+from graphopt.cli_command import GraphoptCommand as _Command  # noqa: E402
+from graphopt.cli_command import GraphoptGroup  # noqa: E402
+from graphopt.cli_paths import check_writable_folder, guard_paths, same_file  # noqa: E402
+from graphopt.cli_weights import WEIGHTS_HELP, check_weight_options  # noqa: E402
+from graphopt.errors import GraphoptError, printable  # noqa: E402
 
 if TYPE_CHECKING:  # imported where used: `graphopt --help` must not pay for onnx-ir, sympy or rich
     import onnx_ir as ir
@@ -599,7 +604,9 @@ def run() -> NoReturn:
     try:
         main()
     except SystemExit as error:
+        _dataclass_code.save()  # only when this run compiled dataclass methods the table lacked
         exit_process(error)
+    _dataclass_code.save()
     exit_process(SystemExit(0))
 
 

@@ -124,6 +124,10 @@ NOT_FOR_OPTIMIZE = (
     "hashlib", "_hashlib", "graphopt.report.snapshot",
     # The fast paths of big single-file models (a 245 KB model is read by onnx-ir's ordinary parse).
     "graphopt.ir.fast_io", "graphopt.ir.fast_save", "graphopt.ir.protobuf_wire",
+    # onnx's __version__ is read from its METADATA file (graphopt._lazy_onnx), not through
+    # importlib.metadata and the email parser it brings; onnx.utils and onnx.gen_proto (with
+    # tarfile and argparse) are imported on first use.
+    "importlib.metadata", "email.parser", "onnx.utils", "onnx.gen_proto", "tarfile", "argparse",
 )
 
 

@@ -12,7 +12,9 @@ tolerated is a missing kernel (NOT_IMPLEMENTED): that comes after graph resoluti
 is expected for CUDA-only ops on a CPU-only build. Where the model graphopt was given
 fails in the same way (a custom-domain op onnxruntime does not know, say), the output is
 not held to more than its input. The session itself is made by
-graphopt.ir.ort_graph_load, in a helper process where the command line started one.
+graphopt.ir.ort_graph_load. A graph onnxruntime loaded is remembered
+(graphopt.ir.runtime_verdicts): the same bytes in the same onnxruntime are not checked
+again, and onnxruntime is then not imported.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import onnx
 from graphopt.errors import ModelError
 from graphopt.ir.ort_graph_load import error_text, load_error
 from graphopt.ir.proto_checks import tensor_protos
+from graphopt.ir.runtime_verdicts import known_to_load, onnxruntime_identity, remember_loads
 
 __all__ = ["check_loads_in_onnxruntime", "runtime_load_error"]
 
@@ -70,30 +73,54 @@ def runtime_load_error(path: str | os.PathLike[str], *, may_write_beside: bool =
     found relative to the model's folder, so the skeleton is then written beside it
     (`may_write_beside`: graphopt's own staging folder); where it may not be, the check
     cannot be made and says so ("cannot check ...")."""
-    try:
-        import onnxruntime  # noqa: F401
-    except ImportError:
+    if onnxruntime_identity() is None and not _importable():
         return None
     path = Path(path)
     try:
         skeleton = _skeleton(path)
     except Exception as error:  # noqa: BLE001 - a model we cannot even read back
-        return f"{type(error).__name__}: {error}"
+        return f"{type(error).__name__}: {error}" if _importable() else None
+    graph: bytes | None = None
+    try:
+        if not _has_external(skeleton):
+            graph = skeleton.SerializeToString()
+    except Exception as error:  # noqa: BLE001 - as below
+        return _words(error)
+    if graph is not None and known_to_load(graph):  # these bytes loaded in this onnxruntime before (runtime_verdicts)
+        return None
+    if not _importable():  # imported here, as before any check (its own failures are not the model's)
+        return None
     beside: Path | None = None
     try:
-        if _has_external(skeleton):
+        if graph is None:
             if not may_write_beside:
                 return "cannot check: tensors outside the main graph are stored externally"
             beside = path.with_name(f".{path.name}.graph-check.onnx")
             onnx.save(skeleton, str(beside))
             return _load_error(str(beside))
-        return _load_error(skeleton.SerializeToString())
+        problem = _load_error(graph)
     except Exception as error:  # noqa: BLE001 - writing the skeleton beside failed: as onnxruntime's own words
-        text = error_text(error)
-        return None if "NOT_IMPLEMENTED" in text else text
+        return _words(error)
     finally:
         if beside is not None:
             beside.unlink(missing_ok=True)
+    if problem is None:
+        remember_loads(graph)
+    return problem
+
+
+def _words(error: BaseException) -> str | None:
+    text = error_text(error)
+    return None if "NOT_IMPLEMENTED" in text else text
+
+
+def _importable() -> bool:
+    """Whether onnxruntime imports (it is imported now if not yet): without it there is no check."""
+    try:
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _load_error(model: bytes | str) -> str | None:
