@@ -333,7 +333,7 @@ def _decode_kernel(x: Tensor, packed: Tensor, scales: Tensor, zeros: Tensor | No
                    bits: int, block_size: int, k: int) -> str:
     """Which kernel runs this decode shape: the remembered verdict; else, on real CUDA tensors and
     outside a CUDA-graph capture, both timed (each autotuned first; GPU time of a CUDA-graph replay,
-    L2 flushed: fx_weight_quant_forms' clock) and the faster remembered; else the GEMV."""
+    L2 flushed: graphopt.kernels.gpu_timing) and the faster remembered; else the GEMV."""
     from torch._subclasses.fake_tensor import is_fake
 
     m = x.numel() // k if k else 0
@@ -343,7 +343,7 @@ def _decode_kernel(x: Tensor, packed: Tensor, scales: Tensor, zeros: Tensor | No
         return found
     if is_fake(x) or x.device.type != "cuda" or torch.cuda.is_current_stream_capturing():
         return "gemv"
-    from graphopt.passes.fx_weight_quant_forms import gpu_time_ms
+    from graphopt.kernels.gpu_timing import gpu_time_ms
 
     times = {kernel: gpu_time_ms(functools.partial(wq_linear_triton, x, packed, scales, zeros, bias, bits, block_size, k, kernel=kernel))
              for kernel in ("gemv", "tiled")}

@@ -22,8 +22,6 @@ fastest kept.
 from __future__ import annotations
 
 import functools
-import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +30,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from graphopt.kernels.gpu_timing import gpu_time_ms, release_timing_buffers
 from graphopt.kernels.wq_matmul import wq_linear_reference
 from graphopt.quant import blockwise
 
@@ -187,64 +186,6 @@ def int4pack_linear(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: tor
 class Candidate:
     name: str
     run: Callable[[torch.Tensor], Any]  # x -> the product
-
-
-#: Bytes written between two timed runs on CUDA: more than an H100/H200's L2 (50 MB), so every
-#: run reads its weights from HBM as a decode step does (a model's weights never fit the L2).
-L2_FLUSH_BYTES = 256 << 20
-_FLUSH: dict[torch.device, torch.Tensor] = {}
-
-
-def _flush_l2(device: torch.device) -> None:
-    buffer = _FLUSH.get(device)
-    if buffer is None:
-        buffer = _FLUSH[device] = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device=device)
-    buffer.zero_()
-
-
-def release_timing_buffers() -> None:
-    """Free the flush buffer (once a graph's candidates are timed)."""
-    _FLUSH.clear()
-
-
-def gpu_time_ms(fn: Callable[[], Any], runs: int = 20, warmup: int = 3) -> float:
-    """Median milliseconds of one call: on CUDA the replay of a CUDA graph of it (the GPU's time,
-    as a decode step replayed by CUDA graphs pays it, without the Python dispatch) after the L2
-    is flushed (the flush also keeps the GPU busy while the replay is queued, so no host time is
-    counted), else of the call itself; the host clock off CUDA."""
-    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
-        times = []
-        for i in range(warmup + runs):
-            t0 = time.perf_counter()
-            fn()
-            if i >= warmup:
-                times.append((time.perf_counter() - t0) * 1e3)
-        return statistics.median(times)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):  # warm-up off the default stream, as capture wants
-        for _ in range(warmup):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    run: Callable[[], Any] = fn
-    try:
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-        run = graph.replay
-    except Exception:  # noqa: BLE001 - a form that cannot be captured is timed as it is
-        torch.cuda.synchronize()
-    times = []
-    device = torch.device("cuda", torch.cuda.current_device())
-    for _ in range(runs):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        _flush_l2(device)
-        start.record()
-        run()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def _default_timer(name: str, fn: Callable[[], Any]) -> float:
