@@ -33,10 +33,7 @@ import datetime
 import json
 import os
 import platform
-import random
-import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +44,7 @@ from onnx import TensorProto, helper, numpy_helper
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ort_cpu_norms import PROVIDERS, _ran_ops, _runner, _session  # noqa: E402
+from ort_cpu_norms import PROVIDERS, _ran_ops, _runner, _session, interleaved_us  # noqa: E402
 
 from graphopt.decisions.tune import device_name  # noqa: E402
 
@@ -87,27 +84,10 @@ def measure(variant: str, rows: int, n: int, provider: str, threads: int, rounds
     outputs = {f: sessions[f].run(None, built[f][1])[0].astype(np.float32) for f in FORMS}
     max_diff = float(np.max(np.abs(outputs["fused"] - outputs["unfused"])))
     runs = {f: _runner(sessions[f], built[f][1], provider) for f in FORMS}
-    per_run = {}
-    for f in FORMS:
-        t0 = time.perf_counter()
-        for _ in range(3):
-            runs[f]()
-        per_run[f] = (time.perf_counter() - t0) / 3
-    batch = max(1, int(batch_s / max(1e-7, max(per_run.values()))))
-    samples: dict[str, list[float]] = {f: [] for f in FORMS}
-    order = list(FORMS)
-    for r in range(rounds):
-        random.Random(r).shuffle(order)
-        for f in order:
-            run = runs[f]
-            t0 = time.perf_counter()
-            for _ in range(batch):
-                run()
-            samples[f].append((time.perf_counter() - t0) / batch * 1e6)
-    us = {f: min(v) for f, v in samples.items()}
+    us, us_median, batch = interleaved_us(runs, rounds, batch_s)
     return {
         "variant": variant, "dtype": dtype, "rows": rows, "n": n, "k": inner_size(n), "threads": threads, "runs_per_round": batch,
-        "rounds": rounds, "us": us, "us_median": {f: statistics.median(v) for f, v in samples.items()},
+        "rounds": rounds, "us": us, "us_median": us_median,
         "fused_over_unfused": us["fused"] / us["unfused"], "max_abs_diff": max_diff,
         "ran_ops": {f: _ran_ops(built[f][0], provider) for f in FORMS},
     }

@@ -173,16 +173,27 @@ def measure(variant: str, rows: int, hidden: int, provider: str, threads: int, r
     outputs = {f: sessions[f].run(None, built[f][1]) for f in forms}
     max_diff = {f: max(float(np.max(np.abs(o - r))) for o, r in zip(outputs[f], outputs["fused"])) for f in forms}
     runs = {f: _runner(sessions[f], built[f][1], provider) for f in forms}
-    # runs per batch: enough for `batch_s` seconds, from a first estimate
+    us, us_median, n = interleaved_us(runs, rounds, batch_s)
+    return {
+        "variant": variant, "rows": rows, "hidden": hidden, "threads": threads, "runs_per_round": n, "rounds": rounds,
+        "us": us, "us_median": us_median, "fused_over_unfused": us["fused"] / us["unfused"], "max_abs_diff_vs_fused": max_diff,
+        "ran_ops": {f: _ran_ops(built[f][0], provider) for f in forms},
+    }
+
+
+def interleaved_us(runs: dict[str, Any], rounds: int, batch_s: float) -> tuple[dict[str, float], dict[str, float], int]:
+    """Time each form's run interleaved with the others (a new random order each round, so load from
+    other processes falls on all alike): per form the minimum and the median over rounds of a batch's
+    mean, in microseconds, and the runs per batch (enough for `batch_s` seconds, from a first estimate)."""
     per_run = {}
-    for f in forms:
+    for f, run in runs.items():
         t0 = time.perf_counter()
         for _ in range(3):
-            runs[f]()
+            run()
         per_run[f] = (time.perf_counter() - t0) / 3
     n = max(1, int(batch_s / max(1e-7, max(per_run.values()))))
-    samples: dict[str, list[float]] = {f: [] for f in forms}
-    order = list(forms)
+    samples: dict[str, list[float]] = {f: [] for f in runs}
+    order = list(runs)
     for r in range(rounds):
         random.Random(r).shuffle(order)
         for f in order:
@@ -191,12 +202,7 @@ def measure(variant: str, rows: int, hidden: int, provider: str, threads: int, r
             for _ in range(n):
                 run()
             samples[f].append((time.perf_counter() - t0) / n * 1e6)
-    us = {f: min(v) for f, v in samples.items()}
-    return {
-        "variant": variant, "rows": rows, "hidden": hidden, "threads": threads, "runs_per_round": n, "rounds": rounds,
-        "us": us, "us_median": {f: statistics.median(v) for f, v in samples.items()}, "fused_over_unfused": us["fused"] / us["unfused"], "max_abs_diff_vs_fused": max_diff,
-        "ran_ops": {f: _ran_ops(built[f][0], provider) for f in forms},
-    }
+    return {f: min(v) for f, v in samples.items()}, {f: statistics.median(v) for f, v in samples.items()}, n
 
 
 #: variant -> (op, sum used by other nodes, bias input)
