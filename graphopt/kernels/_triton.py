@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["HAS_TRITON", "INTERPRET", "triton", "tl", "use_triton", "dot_precision", "next_power_of_2", "autotune_configs"]
+__all__ = ["HAS_TRITON", "INTERPRET", "triton", "tl", "use_triton", "dot_precision", "next_power_of_2", "autotune_configs", "m_bucket", "multiprocessors", "EXACT_M"]
 
 
 class _PlaceholderKernel:
@@ -97,3 +97,19 @@ def autotune_configs(gpu: list[dict[str, Any]], interpreter: dict[str, Any]) -> 
         stages = meta.pop("num_stages", 2)
         configs.append(triton.Config(meta, num_warps=warps, num_stages=stages))
     return configs
+
+
+#: Rows up to which the decode kernels' autotuners key on the exact M (then powers of two).
+EXACT_M = 16
+
+
+def m_bucket(m: int) -> int:
+    """The autotuners' M key: exact to EXACT_M, then powers of two up to 4096."""
+    return m if m <= EXACT_M else min(next_power_of_2(m), 4096)
+
+
+def multiprocessors(device: Any) -> int:
+    """The device's SM count (the split-K heuristics' unit); 4 under the interpreter."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4  # the interpreter

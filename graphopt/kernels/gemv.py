@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from graphopt.kernels._triton import autotune_configs, next_power_of_2, tl, triton
+from graphopt.kernels._triton import autotune_configs, m_bucket, multiprocessors, next_power_of_2, tl, triton
 
 __all__ = ["gemv_linear_reference", "gemv_linear_fake", "gemv_linear_triton", "check_gemv_linear", "split_for", "regime",
            "m_bucket", "CONFIGS", "SMALL_M", "DTYPES"]
@@ -220,17 +220,6 @@ def regime(m: int) -> str:
     return "m1" if m == 1 else "small" if m <= SMALL_M else "many"
 
 
-def m_bucket(m: int) -> int:
-    """The autotuners' M key: exact to 16, then powers of two up to 4096."""
-    return m if m <= SMALL_M else min(next_power_of_2(m), 4096)
-
-
-def _multiprocessors(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4  # the interpreter
-
-
 def split_for(m: int, n: int, k: int, device: torch.device) -> int:
     """Split-K where N is narrow: fewer than two programs per SM at 4 rows a program (the
     sum path's typical tile) get up to 8 splits of at least 512 of K each; 1 otherwise
@@ -238,7 +227,7 @@ def split_for(m: int, n: int, k: int, device: torch.device) -> int:
     if m > SMALL_M:
         return 1
     programs = -(-n // 4)
-    sms = _multiprocessors(device)
+    sms = multiprocessors(device)
     if programs >= 2 * sms:
         return 1
     return max(1, min(8, -(-2 * sms // programs), k // 512))

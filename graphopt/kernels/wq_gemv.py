@@ -45,7 +45,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from graphopt.kernels._triton import autotune_configs, next_power_of_2, tl, triton
+from graphopt.kernels._triton import autotune_configs, multiprocessors, next_power_of_2, tl, triton
 
 __all__ = ["GEMV_MAX_M", "DECODE_CONFIGS", "ONE_ROW_CONFIGS", "SPLIT_CONFIGS", "DECODE_SPLIT_CONFIGS", "wq_gemv_triton", "splits_offered", "configs_for", "CHOSEN"]
 
@@ -221,16 +221,10 @@ def _tuned(m_one: bool, split: bool) -> Any:
 _TUNED = {(one, split): _tuned(one, split) for one in (True, False) for split in (False, True)}
 
 
-def _multiprocessors(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4  # the interpreter
-
-
 def splits_offered(n: int, device: torch.device) -> bool:
     """Whether the split-K configs compete: fewer than two 16-column tiles per SM (a split costs
     a zeroed counter buffer per call)."""
-    return -(-n // 16) < 2 * _multiprocessors(device)
+    return -(-n // 16) < 2 * multiprocessors(device)
 
 
 #: The autotuner's pick per (M, N, K, bits, block, zero points?, bias?, x dtype, device), once it ran on real tensors.

@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from graphopt.kernels._triton import autotune_configs, dot_precision, next_power_of_2, tl, triton
+from graphopt.kernels._triton import autotune_configs, dot_precision, m_bucket, multiprocessors, tl, triton
 
 __all__ = ["dequantize_weight", "wq_linear_reference", "wq_linear_fake", "wq_linear_triton", "check_wq_linear", "SMALL_M",
            "values_from_words", "GEMV_CONFIGS", "SMALL_M_CONFIGS", "PREFILL_CONFIGS", "split_for", "regime", "m_bucket"]
@@ -299,24 +299,13 @@ def regime(m: int) -> str:
     return "gemv" if m == 1 else "small" if m <= SMALL_M else "prefill"
 
 
-def m_bucket(m: int) -> int:
-    """The autotuners' M key: exact to 16, then powers of two up to 4096."""
-    return m if m <= SMALL_M else min(next_power_of_2(m), 4096)
-
-
-def _multiprocessors(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4  # the interpreter
-
-
 def split_for(m: int, n: int, k_padded: int, device: torch.device) -> int:
     """Split-K for decode shapes whose output tiles (at 16 columns) leave SMs idle; at least
     512 of K per split, at most 8 splits; 1 (no lock, no partials) otherwise."""
     if m > SMALL_M:
         return 1
     tiles = -(-n // 16)  # at M <= 16 one row tile (or, at M = 1, one row)
-    sms = _multiprocessors(device)
+    sms = multiprocessors(device)
     if tiles >= sms:
         return 1
     return max(1, min(8, -(-sms // tiles), k_padded // 512))
