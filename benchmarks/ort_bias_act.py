@@ -44,7 +44,7 @@ from onnx import TensorProto, helper, numpy_helper
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ort_cpu_norms import PROVIDERS, _ran_ops, _runner, _session, interleaved_us  # noqa: E402
+from ort_cpu_norms import PROVIDERS, _ran_ops, _runner, _session, interleaved_us, merge_entries  # noqa: E402
 
 from graphopt.decisions.tune import device_name  # noqa: E402
 
@@ -132,16 +132,6 @@ def table_entries(docs: list[tuple[str, dict[str, Any]]]) -> list[Any]:
     return entries
 
 
-def merge_entries(results: list[str], into: str) -> int:
-    new = table_entries([(Path(path).name, json.loads(Path(path).read_text())) for path in results])
-    table = json.loads(Path(into).read_text())  # edited as JSON: its notes stay
-    kept = [e for e in table["entries"] if not (e["decision"] == "bias_act" and e["ep"] in {n.ep for n in new})]
-    table["entries"] = kept + [e.to_dict() for e in new]
-    Path(into).write_text(json.dumps(table, indent=2, ensure_ascii=False) + "\n")
-    print(f"{into}: {len(kept)} entries kept, {len(new)} bias_act entries from {', '.join(results)}")
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--provider", choices=sorted(PROVIDERS), default="cpu")
@@ -157,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--into", default="graphopt/decisions/cost_table.json", help="the cost table --entries-from writes into")
     args = p.parse_args(argv)
     if args.entries_from:
-        return merge_entries(args.entries_from, args.into)
+        return merge_entries(args.entries_from, args.into, "bias_act", table_entries)
     import onnxruntime as ort
 
     provider = PROVIDERS[args.provider]

@@ -260,13 +260,15 @@ def table_entries(docs: list[tuple[str, dict[str, Any]]]) -> list[Any]:
     return entries
 
 
-def merge_entries(results: list[str], into: str) -> int:
-    new = table_entries([(Path(path).name, json.loads(Path(path).read_text())) for path in results])
+def merge_entries(results: list[str], into: str, decision: str = "skip_norm", make_entries: Any = None) -> int:
+    """Replace the cost table's `decision` entries of the providers these results files measured by
+    the entries `make_entries` (this module's table_entries by default) makes of them."""
+    new = (make_entries or table_entries)([(Path(path).name, json.loads(Path(path).read_text())) for path in results])
     table = json.loads(Path(into).read_text())  # edited as JSON: its notes stay
-    kept = [e for e in table["entries"] if not (e["decision"] == "skip_norm" and e["ep"] in {n.ep for n in new})]
+    kept = [e for e in table["entries"] if not (e["decision"] == decision and e["ep"] in {n.ep for n in new})]
     table["entries"] = kept + [e.to_dict() for e in new]
     Path(into).write_text(json.dumps(table, indent=2, ensure_ascii=False) + "\n")
-    print(f"{into}: {len(kept)} entries kept, {len(new)} skip_norm entries from {', '.join(results)}")
+    print(f"{into}: {len(kept)} entries kept, {len(new)} {decision} entries from {', '.join(results)}")
     return 0
 
 
