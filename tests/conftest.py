@@ -250,3 +250,15 @@ def graphopt_never_falls_back(fresh_torch_compile: None) -> Iterator[None]:
     yield
     fell_back = [w for r in torch_reports() for w in r.warnings if "graphopt failed" in w]
     assert not fell_back, fell_back
+
+
+@pytest.fixture
+def wq_linear_timed_fastest(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Weight-only quantization's form decision made as on CUDA, with graphopt's wq_linear timed
+    fastest: tests of the kernel (its CPU reference here), its budget, report and autotuning. The
+    CPU's own forms and timing are tests/test_torch_weight_quant_cpu.py's."""
+    from graphopt.passes import fx_weight_quant, fx_weight_quant_forms
+
+    monkeypatch.setattr(fx_weight_quant, "MEASURE_OFF_CUDA", True)
+    monkeypatch.setattr(fx_weight_quant_forms, "TIMER", lambda name, fn: (fn(), 1.0 if name == "wq_linear" else 2.0)[1])
+    monkeypatch.setattr(fx_weight_quant_forms, "_TIMES", {})

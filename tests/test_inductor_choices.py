@@ -365,7 +365,7 @@ class TwoLinears(nn.Module):
 
 @pytest.mark.parametrize("graphopt_wins", [True, False])
 def test_wq_linear_against_inductors_dequantize_then_gemm(monkeypatch: pytest.MonkeyPatch, fresh_inductor: None,
-                                                          graphopt_wins: bool) -> None:
+                                                          wq_linear_timed_fastest: None, graphopt_wins: bool) -> None:
     from torch._inductor.codegen.subgraph import SubgraphChoiceCaller
     from torch._inductor.select_algorithm import ExternKernelCaller
 
@@ -397,7 +397,7 @@ def test_wq_linear_against_inductors_dequantize_then_gemm(monkeypatch: pytest.Mo
     assert ("torch.ops.graphopt.tuned_wq_linear" in code) == graphopt_wins
 
 
-def test_wq_linear_default_mode_keeps_the_kernel_as_it_was(fresh_inductor: None) -> None:
+def test_wq_linear_default_mode_keeps_the_kernel_as_it_was(fresh_inductor: None, wq_linear_timed_fastest: None) -> None:
     torch.manual_seed(0)
     model = TwoLinears().eval()
     x = torch.randn(4, 64)

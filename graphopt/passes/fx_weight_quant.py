@@ -15,7 +15,8 @@ Left in full precision, each named in the report with its reason:
   N, the vocabulary, makes its quantization error the most visible);
 * layers under the accuracy budget: SNR (dB) of x @ W against x @ dequant(W), x random
   (fx_weight_quant_forms.quantize_weight), below `weights_min_snr` (35 dB int8, 20 dB int4);
-* on CUDA, layers where the unquantized matmul was measured faster than every quantized form.
+* layers where the unquantized matmul was measured faster than every quantized form (on CUDA
+  and on the CPU, each with its own forms: fx_weight_quant_forms), by less than MARGIN.
 
 Embeddings are gathers, not matmuls: this pass never touches them (a tied LM head shares the
 embedding's name and is kept by the default list).
@@ -36,8 +37,11 @@ from graphopt.passes.fx_weight_quant_forms import (
     Candidate,
     dequant_linear,
     fastest,
+    form_snr_db,
     int4pack_linear,
     int4pack_weight,
+    int8pack_linear,
+    int8pack_weight,
     quantize_weight,
     release_timing_buffers,
     unquantized_linear,
@@ -56,8 +60,13 @@ DEFAULT_MIN_SNR = {8: 35.0, 4: 20.0}
 STATE_NAMES = "graphopt_state_names"
 #: node.meta key on a packed constant: the weights packed into it (fx_pack).
 PARTS = "graphopt_parts"
-#: Time the candidates off CUDA too (tests, with fx_weight_quant_forms.TIMER replaced).
+#: Time CUDA's candidates off CUDA (tests, with fx_weight_quant_forms.TIMER replaced); without it the
+#: CPU times its own candidates (the packed CPU kernels against the unquantized matmul) and any other
+#: device takes the default form untimed.
 MEASURE_OFF_CUDA = False
+#: A quantized form replaces the unquantized matmul only when timed faster by more than this share
+#: (the decisions' noise margin: a tie keeps the model as it came).
+MARGIN = 0.03
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 #: Ops a product may pass on its way to an output and still be "the output" (the LM head's logits).
@@ -176,18 +185,20 @@ class _Rewriter:
                                           accuracy_level=None, min_snr_db=self.min_snr)
 
     def layer(self, node: fx.Node, site_name: str, weight: torch.Tensor, reason: str, detail: str,
-              q: Any = None, form: str = "") -> None:
-        """The layer's row in the report's weight_quantization (quantized when `form` is set)."""
+              q: Any = None, form: str = "", snr_db: float | None = None) -> None:
+        """The layer's row in the report's weight_quantization (quantized when `form` is set; `snr_db`:
+        the form's own measured SNR where it has its own quantization, int8pack's per channel)."""
         k, n = (int(d) for d in weight.shape)
         self.summary.layers.append(WeightLayer(
             node=site_name, op=_op_name(node), k=k, n=n, quantized=bool(form), reason=reason,
-            snr_db=None if q is None else float(q.snr_db), weight_snr_db=None if q is None else float(q.weight_snr_db),
-            layer_form=form, detail=detail))
+            snr_db=None if q is None else float(q.snr_db if snr_db is None else snr_db),
+            weight_snr_db=None if q is None else float(q.weight_snr_db), layer_form=form, detail=detail))
         if form:
+            stored = q.int8pack if form == "int8pack" else (q.packed, q.scales, q.zeros)
             self.summary.quantized += 1
-            self.summary.symmetric = self.summary.symmetric and q.zeros is None
+            self.summary.symmetric = self.summary.symmetric and (form == "int8pack" or q.zeros is None)
             self.summary.bytes_before += weight.numel() * weight.element_size()
-            self.summary.bytes_after += sum(t.numel() * t.element_size() for t in (q.packed, q.scales, q.zeros) if t is not None)
+            self.summary.bytes_after += sum(t.numel() * t.element_size() for t in stored if t is not None)
         else:
             self.summary.kept += 1
 
@@ -219,47 +230,72 @@ class _Rewriter:
             self.decide(node, site_name, reason)
             self.layer(node, site_name, weight, "budget", reason, quantized)
             return False
-        form, alternatives, basis, why = self.choose(node, x, bias, weight, quantized)
-        self.decide(node, site_name, f"{kind} block {self.block}{'' if quantized.zeros is None else ' with zero points'}: "
-                    f"{snr} >= {self.min_snr:g} dB; {why}", chosen=form, basis=basis, alternatives=alternatives)
+        form, alternatives, basis, why, form_snr = self.choose(node, x, bias, weight, quantized)
+        scheme = "per channel" if form == "int8pack" else f"block {self.block}{'' if quantized.zeros is None else ' with zero points'}"
+        self.decide(node, site_name, f"{kind} {scheme}: {snr} >= {self.min_snr:g} dB; {why}", chosen=form, basis=basis,
+                    alternatives=alternatives)
         if form == "unquantized":
             self.kept.append(f"{site_name} (unquantized measured faster)")
             self.layer(node, site_name, weight, "speed_measured", f"unquantized measured faster: {why}", quantized)
             return False
-        self.layer(node, site_name, weight, "", f"{'zero points; ' if quantized.zeros is not None else ''}{why}", quantized, form)
+        zero_points = quantized.zeros is not None and form != "int8pack"
+        self.layer(node, site_name, weight, "", f"{'zero points; ' if zero_points else ''}{why}", quantized, form, form_snr)
         self.emit(node, form, x, bias, weight, quantized, site_name)
         return True
 
     def candidates(self, bias_t: torch.Tensor | None, weight: torch.Tensor, q: Any) -> list[Candidate]:
-        k = weight.shape[0]
+        """The forms timed for this weight: CUDA's (graphopt's kernel, dequantize + matmul, tinygemm)
+        or, on the CPU, its packed kernels; the unquantized matmul always."""
+        k, n = weight.shape
         args = (q.packed, q.scales, q.zeros, bias_t, self.bits, self.block, k)
         found = []
-        if self.use_kernel:
-            found.append(Candidate("wq_linear", lambda x: torch.ops.graphopt.wq_linear(x, *args)))
-        found.append(Candidate("dequant", lambda x: dequant_linear(x, *args)))
+        on_cpu = weight.device.type == "cpu" and not MEASURE_OFF_CUDA
+        if not on_cpu:
+            if self.use_kernel:
+                found.append(Candidate("wq_linear", lambda x: torch.ops.graphopt.wq_linear(x, *args)))
+            found.append(Candidate("dequant", lambda x: dequant_linear(x, *args)))
         int4 = int4pack_weight(q.blocks, weight.device) if self.bits == 4 else None
         if int4 is not None:
             q.int4pack = int4
-            found.append(Candidate("int4pack", lambda x: int4pack_linear(x, int4[0], int4[1], self.block, weight.shape[1], bias_t)))
+            found.append(Candidate("int4pack", lambda x: int4pack_linear(x, int4[0], int4[1], self.block, n, bias_t)))
+        int8 = int8pack_weight(weight) if self.bits == 8 and on_cpu else None
+        if int8 is not None:
+            q.int8pack = int8
+            found.append(Candidate("int8pack", lambda x: int8pack_linear(x, int8[0], int8[1], n, bias_t)))
         found.append(Candidate("unquantized", lambda x: unquantized_linear(x, weight, bias_t)))
         return found
 
-    def choose(self, node: fx.Node, x: fx.Node, bias: Any, weight: torch.Tensor, q: Any) -> tuple[str, list[Alternative], str, str]:
+    def choose(self, node: fx.Node, x: fx.Node, bias: Any, weight: torch.Tensor,
+               q: Any) -> tuple[str, list[Alternative], str, str, float | None]:
+        """(form, the alternatives with their times, basis, why, the form's own SNR where it has its own
+        quantization): the fastest form, a quantized one only MARGIN ahead of the unquantized matmul
+        and within the layer's SNR budget as it runs."""
         default = "wq_linear" if self.use_kernel else "dequant"
-        if weight.device.type != "cuda" and not MEASURE_OFF_CUDA:
-            return default, [], "forced", f"{default} (not timed off CUDA)"
+        if weight.device.type not in ("cuda", "cpu") and not MEASURE_OFF_CUDA:
+            return default, [], "forced", f"{default} (not timed on {weight.device.type})", None
         bias_t = attr_tensor(self.gm, str(bias.target)) if isinstance(bias, fx.Node) and bias.op == "get_attr" else None
         x_val = x.meta["val"]
         rows = _rows(x_val)
         sample = torch.randn(rows, weight.shape[0], device=weight.device, dtype=weight.dtype)
-        key = (rows, *weight.shape, weight.dtype, self.bits, self.block, q.zeros is not None, self.use_kernel, bias_t is not None)
-        times = fastest(key, sample, self.candidates(bias_t, weight, q))
+        candidates = self.candidates(bias_t, weight, q)
+        snrs: dict[str, float] = {}
+        for candidate in candidates:
+            if candidate.name in ("int4pack", "int8pack"):  # their own activation cast (and int8pack its own scales)
+                snrs[candidate.name] = form_snr_db(candidate.run, weight, bias_t)
+        failed = {name: db for name, db in snrs.items() if not db >= self.min_snr}
+        candidates = [c for c in candidates if c.name not in failed]
+        key = (rows, *weight.shape, weight.dtype, weight.device.type, self.bits, self.block, q.zeros is not None, self.use_kernel,
+               bias_t is not None, tuple(c.name for c in candidates))
+        times = fastest(key, sample, candidates)
         if not times:
-            return default, [], "forced", f"{default} (no candidate could be timed)"
+            return default, [], "forced", f"{default} (no candidate could be timed)", None
         best = min(times, key=lambda name: times[name])
+        if best != "unquantized" and "unquantized" in times and times[best] > (1.0 - MARGIN) * times["unquantized"]:
+            best = "unquantized"  # inside the noise margin: the model as it came
         listed = ", ".join(f"{name} {ms:.4f} ms" for name, ms in sorted(times.items(), key=lambda kv: kv[1]))
         alternatives = [Alternative(name, measured_ms=ms, source=f"timed at M={rows}") for name, ms in times.items()]
-        return best, alternatives, "measured", f"{best} fastest at M={rows} ({listed})"
+        refused = "".join(f"; {name} refused: SNR {db:.1f} dB < {self.min_snr:g}" for name, db in failed.items())
+        return best, alternatives, "measured", f"{best} fastest at M={rows} ({listed}){refused}", snrs.get(best)
 
     def emit(self, node: fx.Node, form: str, x: fx.Node, bias: Any, weight: torch.Tensor, q: Any, site_name: str) -> None:
         graph, label = self.gm.graph, site_name.replace(".", "_").replace("+", "_")[-60:]
@@ -269,6 +305,11 @@ class _Rewriter:
                 sz = self.new_constant(q.int4pack[1], f"wq_{label}_scales_and_zeros")
                 target: Any = int4pack_linear
                 args: tuple[Any, ...] = (x, packed, sz, self.block, weight.shape[1], bias)
+            elif form == "int8pack":
+                q8 = self.new_constant(q.int8pack[0], f"wq_{label}_int8pack")
+                scales8 = self.new_constant(q.int8pack[1], f"wq_{label}_channel_scales")
+                target = int8pack_linear
+                args = (x, q8, scales8, weight.shape[1], bias)
             else:
                 packed = self.new_constant(q.packed, f"wq_{label}_packed")
                 scales = self.new_constant(q.scales, f"wq_{label}_scales")

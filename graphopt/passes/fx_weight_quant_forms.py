@@ -7,16 +7,24 @@ fx_weight_quant replaces ``x @ W`` by one of these (each computes x @ dequant(W)
 * ``dequant``: dequantize with torch ops, then ``F.linear`` (`wq_linear_reference` itself);
   inserted as a call of that Python function, which inductor's trace of the graph turns into
   ATen ops it fuses (the unpacking into one pointwise kernel);
-* ``int4pack``: ``torch._weight_int4pack_mm`` (CUDA's tinygemm kernel, bf16 activations),
-  with the weight repacked by ``torch._convert_weight_to_int4pack``;
+* ``int4pack``: tinygemm, ``torch._weight_int4pack_mm`` on CUDA and
+  ``torch._weight_int4pack_mm_for_cpu`` on the CPU (bf16 activations: the CPU kernel is ~30x
+  slower on fp32 ones), with the weight repacked by ``torch._convert_weight_to_int4pack[_for_cpu]``;
+* ``int8pack`` (CPU): ``torch._weight_int8pack_mm`` (bf16 activations), int8 with one scale per
+  output channel: its own quantization, so its accuracy is measured like every form's (below);
 * ``unquantized``: the original matmul, measured too: a quantized kernel is not faster by
   construction (issue 18), so where every quantized form is slower the weight stays as it was.
 
-On CUDA each candidate is timed once per (shape, dtype, bits, block) on random inputs of the
-graph's shape (the layers of a decoder share a few shapes), with the L2 flushed before each
-run (a decode step reads its weights from HBM; a layer's weights, fp16 ones included, fit an
-H100's L2, so timed repeatedly without the flush they measured an L2-bound matmul), and the
-fastest kept.
+Each candidate is timed once per (shape, dtype, bits, block) on random inputs of the graph's
+shape (the layers of a decoder share a few shapes), with the cache flushed before each run (a
+decode step reads its weights from memory; a layer's weights fit an H100's L2 or a CPU's L3, so
+timed repeatedly without the flush they measured a cache-bound matmul), and the fastest kept.
+On the CPU the candidates are the packed kernels and the unquantized matmul: ``wq_linear``'s
+CPU implementation is ``dequant`` itself, and ``dequant`` is the unquantized GEMM plus an
+unpacking of the whole weight, so it cannot be the faster (timed at TinyLlama's shapes: 30-40x
+slower than fp32 at one row; the torch path's int4 ran 1.7x slower than fp32 before the CPU forms).
+Each quantized candidate's output is also checked against the exact product (`form_snr_db`):
+a form whose activations or scales cost it the layer's SNR budget is no candidate.
 """
 
 from __future__ import annotations
@@ -34,7 +42,8 @@ from graphopt.kernels.gpu_timing import gpu_time_ms, release_timing_buffers
 from graphopt.kernels.wq_matmul import wq_linear_reference
 from graphopt.quant import blockwise
 
-__all__ = ["Quantized", "quantize_weight", "dequant_linear", "int4pack_linear", "int4pack_weight", "Candidate", "fastest", "TIMER", "release_timing_buffers", "gpu_time_ms"]
+__all__ = ["Quantized", "quantize_weight", "dequant_linear", "int4pack_linear", "int4pack_weight", "int8pack_linear", "int8pack_weight",
+           "Candidate", "fastest", "form_snr_db", "TIMER", "release_timing_buffers", "gpu_time_ms"]
 
 #: Rows of random x the accuracy budget is measured with.
 SNR_ROWS = 64
@@ -51,6 +60,7 @@ class Quantized:
     snr_db: float
     weight_snr_db: float  # the weight's own SNR (dequantized against original)
     int4pack: tuple[torch.Tensor, torch.Tensor] | None = None  # tinygemm's form, where it was a candidate
+    int8pack: tuple[torch.Tensor, torch.Tensor] | None = None  # torch._weight_int8pack_mm's (per channel), where a candidate
 
 
 def _output_snr(weight: np.ndarray, q: blockwise.BlockQuantized, seed: int = 0) -> float:
@@ -160,26 +170,64 @@ def tinygemm_operands(q: blockwise.BlockQuantized) -> tuple[torch.Tensor, torch.
 
 
 def int4pack_weight(q: blockwise.BlockQuantized, device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(packed, scales_and_zeros bf16) for torch._weight_int4pack_mm, or None where it cannot
-    take this weight (CUDA only; K a multiple of 32 with no padding; N a multiple of 8).
-    The CUDA packing takes uint8 [N, K/2] with element 2i in the HIGH nibble (the opposite of
-    MatMulNBits')."""
-    if device.type != "cuda" or q.bits != 4 or q.k % 32 or q.k != q.k_blocks * q.block_size or q.n % 8:
+    """(packed, scales_and_zeros bf16) for tinygemm, or None where it cannot take this weight
+    (CUDA or CPU; K a multiple of 32 with no padding; N a multiple of 8). The CUDA packing takes
+    uint8 [N, K/2] with element 2i in the HIGH nibble (the opposite of MatMulNBits'); the CPU
+    packing takes the int32 values [N, K]."""
+    if device.type not in ("cuda", "cpu") or q.bits != 4 or q.k % 32 or q.k != q.k_blocks * q.block_size or q.n % 8:
         return None
     inner_k_tiles = 8 if q.k % 128 == 0 else 4 if q.k % 64 == 0 else 2
     flat, scales_and_zeros = tinygemm_operands(q)
+    if device.type == "cpu":
+        return torch._convert_weight_to_int4pack_for_cpu(flat, inner_k_tiles), scales_and_zeros.to(torch.bfloat16)
     uint8 = ((flat[:, 0::2] << 4) | flat[:, 1::2]).to(torch.uint8).to(device)
     return torch._convert_weight_to_int4pack(uint8, inner_k_tiles), scales_and_zeros.to(device, torch.bfloat16)
 
 
 def int4pack_linear(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor, group: int, n: int,
                     bias: torch.Tensor | None) -> torch.Tensor:
-    """The "int4pack" form: tinygemm on bf16 rows (x cast there and back when fp16)."""
+    """The "int4pack" form: tinygemm on bf16 rows (x cast there and back when it is not bf16)."""
     x2d = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
-    y = torch._weight_int4pack_mm(x2d, packed, group, scales_and_zeros).to(x.dtype)
+    if x.device.type == "cpu":
+        y = torch._weight_int4pack_mm_for_cpu(x2d.contiguous(), packed, group, scales_and_zeros).to(x.dtype)
+    else:
+        y = torch._weight_int4pack_mm(x2d, packed, group, scales_and_zeros).to(x.dtype)
     if bias is not None:
         y = y + bias
     return y.reshape(*x.shape[:-1], n)
+
+
+def int8pack_weight(weight_kn: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(int8 [N, K], bf16 scales [N]) for torch._weight_int8pack_mm: symmetric, one scale per output
+    channel (round to nearest, half to even). None off the CPU (the kernel is the CPU's and MPS's)."""
+    if weight_kn.device.type != "cpu":
+        return None
+    w = weight_kn.detach().to(torch.float32).t()
+    scales = w.abs().amax(dim=1) / 127.0
+    scales = torch.where(scales == 0, 1.0, scales)
+    q = torch.clamp(torch.round(w / scales[:, None]), -127, 127).to(torch.int8)
+    return q.contiguous(), scales.to(torch.bfloat16).contiguous()
+
+
+def int8pack_linear(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, n: int, bias: torch.Tensor | None) -> torch.Tensor:
+    """The "int8pack" form: torch._weight_int8pack_mm on bf16 rows."""
+    x2d = x.reshape(-1, x.shape[-1]).to(torch.bfloat16).contiguous()
+    y = torch._weight_int8pack_mm(x2d, q, scales).to(x.dtype)
+    if bias is not None:
+        y = y + bias
+    return y.reshape(*x.shape[:-1], n)
+
+
+def form_snr_db(run: Callable[[torch.Tensor], Any], weight_kn: torch.Tensor, bias: torch.Tensor | None) -> float:
+    """Output SNR (dB) of a candidate form against the exact product, x ~ N(0, 1) [SNR_ROWS, K] in
+    the weight's dtype (the form's own rounding: its quantization, its activation cast, its kernel)."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(SNR_ROWS, weight_kn.shape[0], generator=gen).to(weight_kn.device, weight_kn.dtype)
+    exact = x.double() @ weight_kn.double()
+    if bias is not None:
+        exact = exact + bias.double()
+    with torch.no_grad():
+        return _snr_db(exact, run(x).double())
 
 
 @dataclass

@@ -88,8 +88,8 @@ class WeightLayer:
     #: Why it was kept: "keep_list" (--weights-keep), "lm_head" (the default block list), "budget"
     #: (its SNR is under --weights-min-snr), "no_kernel" (the target has no MatMulNBits for its type),
     #: "speed_decision" (the cost table predicts the quantized form no faster: decisions[], kind weights);
-    #: on the torch path also "speed_measured" (on CUDA every quantized form was timed slower than the
-    #: unquantized matmul); "" when quantized.
+    #: on the torch path also "speed_measured" (every quantized form was timed slower than the
+    #: unquantized matmul, or faster by less than the margin; CUDA and CPU); "" when quantized.
     reason: str = ""
     #: Output SNR in dB of x @ W against x @ dequantize(quantize(W)), x standard normal [rows, K]
     #: (a proxy for calibration activations); None when not measured (kept before measuring).
@@ -97,7 +97,7 @@ class WeightLayer:
     #: The weight's own SNR in dB (dequantized against original).
     weight_snr_db: float | None = None
     #: How the quantized layer runs where it differs per layer (torch: "wq_linear", "dequant",
-    #: "int4pack", "_scaled_mm"); "" on the ONNX path (the summary's form) and for kept layers.
+    #: "int4pack", "int8pack", "_scaled_mm"); "" on the ONNX path (the summary's form) and for kept layers.
     layer_form: str = ""
     #: The reason in words (the block-list glob that matched, the timings), "" when none.
     detail: str = ""
