@@ -161,7 +161,8 @@ def optimize(source: Path, path: Path, args: argparse.Namespace) -> tuple[Path, 
     if path.exists() and path.stat().st_mtime > source.stat().st_mtime and args.reuse:
         return path, {"target": target, "reused": str(path)}
     started = time.perf_counter()
-    report = graphopt.optimize_file(source, path, target=target, kv_buffer="shared", disable=args.disable)
+    report = graphopt.optimize_file(source, path, target=target, kv_buffer="shared", disable=args.disable,
+                                    kv_max_length=None if args.per_step_tables else args.max_length)
     applied = {name: rule.applications for name, rule in report.rules.items() if rule.applications}
     print(f"graphopt --target {target} --kv-buffer shared: {time.perf_counter() - started:.1f} s, {applied}; "
           f"warnings: {report.warnings}", flush=True)
@@ -306,6 +307,9 @@ def add_decode_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--reuse", action="store_true", help="keep graphopt's outputs from an earlier run in --work (default: optimize again)")
     parser.add_argument("--build-only", action="store_true", help="build the folder and the models (into --work) and stop")
+    parser.add_argument("--per-step-tables", action="store_true",
+                        help="graphopt computes its rotary tables every step (default: --kv-max-length = --max-length, constant "
+                             "tables as the builder's cos/sin caches of the config's max positions)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -93,7 +93,7 @@ def optimize(source: Path, path: Path, spec: dict[str, Any], args: argparse.Name
     import graphopt
 
     target = "ort-cuda" if args.device == "cuda" else "ort-cpu"
-    options: dict[str, Any] = {"target": target, "kv_buffer": "shared"}
+    options: dict[str, Any] = {"target": target, "kv_buffer": "shared", "kv_max_length": None if args.per_step_tables else args.max_length}
     if spec["kind"] == "graphopt-int4":
         options |= {"weights": "int4", "block_size": spec["block"], "weights_keep": ["none"] if spec["head"] else [],
                     "weights_symmetric": spec["symmetric"], "weights_accuracy_level": spec["level"]}

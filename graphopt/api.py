@@ -97,6 +97,10 @@ class OptimizeOptions:
     #: input (added where the export has none), not from the past input's shape (graphopt.passes.kv_buffer);
     #: on ort-cuda GroupQueryAttention over the cache is then emitted. "growing" (default): past and present differ.
     kv_buffer: str = "growing"
+    #: With kv_buffer "shared": the longest sequence (past + new tokens) the buffer will hold. The rotary
+    #: tables become constants of this many positions (the onnxruntime-genai builder's cos/sin caches)
+    #: instead of being computed every step; a longer run is outside them. None: computed every step.
+    kv_max_length: int | None = None
     #: With `precision`: the model's 2-D convolutions in the low type or float32. "auto": a
     #: decision (graphopt.passes.precision_decision; ort-cuda): converted as asked unless the
     #: cost table predicts (or --tune measures) float32 faster; "low": converted; "fp32": kept.
@@ -222,6 +226,10 @@ def optimize(model: ModelLike | str | os.PathLike[str], options: OptimizeOptions
 
         if options.kv_buffer not in KV_BUFFER_MODES:
             raise ValueError(f"kv_buffer must be one of {', '.join(KV_BUFFER_MODES)}, not {options.kv_buffer!r}")
+    if options.kv_max_length is not None and (options.kv_buffer != "shared" or isinstance(options.kv_max_length, bool)
+                                              or not isinstance(options.kv_max_length, int) or options.kv_max_length < 1):
+        raise ValueError(f"kv_max_length takes a length >= 1 with kv_buffer='shared', not {options.kv_max_length!r}"
+                         f"{'' if options.kv_buffer == 'shared' else ' with kv_buffer=' + repr(options.kv_buffer)}")
     with shared_kv_buffer(options.kv_buffer == "shared"):
         _run_pipeline(graph_model, rules, target, report, options, plan, weight_plan)
 
@@ -381,11 +389,18 @@ def _lower_and_decide(model: ir.Model, target: Any, report: Report, options: Opt
 
         say("kv buffer: shared")
         problem: list[str] = []
-        run_passes([("kv_buffer", lambda: _count_or_note(share_kv_buffer(model), problem))])
+        run_passes([("kv_buffer", lambda: _count_or_note(share_kv_buffer(model, max_length=options.kv_max_length), problem))])
         if problem:
             report.warnings.append(f"--kv-buffer shared: not applied: {problem[0]}")
         else:  # the layers' seqlens_k, total and rotary pads now read one past length: merge them
+            after: list[tuple[str, Callable[[], int]]] = []
+            if options.kv_max_length is not None:  # the rotary tables, now of constant inputs: folded (under a bound of their own)
+                from graphopt.passes.kv_buffer import rotary_table_nodes
+
+                after.append(("constant_folding", lambda: passes.fold_constants(
+                    OnnxView(model), size_limit_bytes=max(options.fold_size_limit, 1 << 30), only=rotary_table_nodes(model.graph))))
             run_passes([
+                *after,
                 ("cse", lambda: passes.eliminate_common_subexpressions(model)),
                 ("dce", lambda: passes.eliminate_dead_code(model)),
             ])

@@ -207,6 +207,9 @@ def optimize(
         "shared: GroupQueryAttention's past and present may be one max-length buffer (onnxruntime's past_present_share_buffer); "
         "the lengths are read from an attention_mask input (added if absent; ones over the valid tokens: a fixed "
         "[batch, max_length] mask runs under CUDA graphs)."))] = "growing",
+    kv_max_length: Annotated[int | None, typer.Option("--kv-max-length", metavar="N", help=(
+        "With --kv-buffer shared: the longest sequence (prompt + generated tokens) the buffer holds; the rotary tables "
+        "become constants of N positions (as the onnxruntime-genai builder's caches) instead of being computed every step."))] = None,
     tune: Annotated[
         bool,
         typer.Option(
@@ -266,6 +269,8 @@ def optimize(
         get_target(target)  # an unknown target is an error before any work
         precision_name = check_precision_options(precision, target, keep_fp32, precision_convs, precision_recurrent, layout, kv_buffer,
                                                  calibration_data)
+        if kv_max_length is not None and (kv_buffer != "shared" or kv_max_length < 1):
+            raise GraphoptError("--kv-max-length takes a length >= 1, with --kv-buffer shared")
         weight_options = check_weight_options(weights, block_size, weights_keep or [], weights_min_snr, weights_symmetric,
                                               weights_accuracy_level)
         output = output_path(output_argument, output_option)
@@ -296,6 +301,7 @@ def optimize(
                 strict=strict,
                 tune=tune,
                 kv_buffer=kv_buffer,
+                kv_max_length=kv_max_length,
                 calibration_data=str(calibration_data) if calibration_data is not None else None,
                 **weight_options,
             )

@@ -282,3 +282,46 @@ def test_cli_kv_buffer(tmp_path) -> None:
     assert [i.name for i in onnx.load(str(tmp_path / "o.onnx")).graph.input][-1] == "attention_mask"
     bad = run_cli("optimize", source, tmp_path / "x.onnx", "--target", "ort-cpu", "--kv-buffer", "static")
     assert bad.returncode == 2 and bad.stderr.strip() == "error: unknown --kv-buffer 'static' (known: growing, shared)"
+
+
+def test_a_max_length_makes_the_rotary_tables_constants() -> None:
+    """kv_max_length: the tables for positions 0 .. N - 1 folded into initializers (the builder's caches):
+    no table node runs per step, and the decode equals the export's (prefill, then one-token steps)."""
+    pytest.importorskip("transformers")
+    from architectures import build
+
+    path, _ = build("smollm-kv", "dynamo")
+    model = onnx.load(str(path))
+    per_step, _ = graphopt.optimize(model, target="ort-cpu", kv_buffer="shared")
+    optimized, report = graphopt.optimize(model, target="ort-cpu", kv_buffer="shared", kv_max_length=MAX_LENGTH)
+    assert report.rules["FuseGroupQueryAttention"].applications == 2 and not report.warnings
+    gqas = [n for n in optimized.graph.node if n.op_type == "GroupQueryAttention"]
+    initializers = {i.name: i for i in optimized.graph.initializer}
+    for name in gqas[0].input[7:9]:  # cos and sin caches: [N, head / 2] constants
+        assert name in initializers, name
+        assert list(initializers[name].dims) == [MAX_LENGTH, 8], initializers[name].dims  # head 16 (smollm-kv)
+    ops, before = _ops(optimized), _ops(per_step)
+    assert {"Cos", "Sin", "CumSum", "ConstantOfShape"} <= set(before)
+    assert not {"Cos", "Sin", "CumSum", "ConstantOfShape"} & set(ops)
+    assert sum(ops.values()) <= sum(before.values()) - 8  # the table's nodes gone
+    _assert_same_decode(model, optimized, (6, 1, 1, 1, 1), batch=2, atol=2e-5)
+
+
+def test_negative_a_max_length_needs_the_shared_buffer() -> None:
+    model = decoder_block(mask="causal", hidden=64)
+    with pytest.raises(ValueError, match="kv_max_length takes a length >= 1 with kv_buffer='shared'"):
+        graphopt.optimize(model, target="ort-cpu", kv_max_length=64)
+    with pytest.raises(ValueError, match="kv_max_length takes a length >= 1"):
+        graphopt.optimize(model, target="ort-cpu", kv_buffer="shared", kv_max_length=0)
+
+
+def test_cli_kv_max_length(tmp_path) -> None:
+    from conftest import run_cli
+
+    source = tmp_path / "block.onnx"
+    onnx.save(decoder_block(mask="causal", hidden=64), str(source))
+    done = run_cli("optimize", source, tmp_path / "o.onnx", "--target", "ort-cpu", "--kv-buffer", "shared", "--kv-max-length", "32", "-q")
+    assert done.returncode == 0, done.stderr
+    bad = run_cli("optimize", source, tmp_path / "x.onnx", "--target", "ort-cpu", "--kv-max-length", "32")
+    assert bad.returncode == 2 and bad.stderr.strip() == "error: --kv-max-length takes a length >= 1, with --kv-buffer shared"
+    assert not (tmp_path / "x.onnx").exists()

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import numpy as np
@@ -66,13 +66,15 @@ def fold_constants(
     *,
     size_limit_bytes: int = DEFAULT_SIZE_LIMIT_BYTES,
     stats: Any = None,
+    only: Collection[ir.Node] | None = None,
 ) -> int:
     """Fold constant subexpressions in every scope of `view.model`; returns the nodes folded.
 
-    `stats` is an optional `graphopt.report.model.PassStats` to record the run in.
+    `stats` is an optional `graphopt.report.model.PassStats` to record the run in; `only`: fold
+    these nodes and no other (a pass's own constants, under a size bound of its own).
     """
     started = time.perf_counter()
-    folder = _Folder(view, size_limit_bytes)
+    folder = _Folder(view, size_limit_bytes, only)
     model = view.model
     main_opset = model.opset_imports.get("", onnx.defs.onnx_opset_version())
     folder.fold_scope(model.graph, main_opset)
@@ -86,8 +88,9 @@ def fold_constants(
 
 
 class _Folder:
-    def __init__(self, view: OnnxView, limit: int) -> None:
+    def __init__(self, view: OnnxView, limit: int, only: Collection[ir.Node] | None = None) -> None:
         self.view = view
+        self.only = None if only is None else {id(node) for node in only}
         self.main = view.model.graph
         self.limit = limit
         self.count = 0
@@ -99,7 +102,7 @@ class _Folder:
         # Topological order: a folded result is seen as constant by its users, and an
         # If/Loop body is visited after every outer value it can reference.
         for node in list(scope):
-            if node.graph is None:
+            if node.graph is None or (self.only is not None and id(node) not in self.only):
                 continue
             if has_subgraphs(node):
                 for graph in subgraphs(node):

@@ -33,6 +33,12 @@ padding mask input, on ort-cpu) that part still takes it from the mask's length:
 growing mask, and with a fixed-length one right for one-token steps (every valid key precedes the
 new token); a prefill runs with a mask of the prompt's length, as onnxruntime-genai's does.
 
+With `max_length` (`--kv-max-length`: the longest sequence the buffer holds, the builder's context
+length) those tables are computed once, for positions 0 .. max_length - 1, and stored as constants
+(the builder's cos/sin caches): a decode step then runs no table nodes at all (~20 small ops a step:
+on the CPU and on a GPU without CUDA graphs each one costs). A run past max_length is outside the
+tables (onnxruntime refuses it).
+
 An export without an attention_mask input gets one, [batch, total_sequence_length] int64 (ones
 over the valid tokens, as the builder's runner feeds). Refused (the model is left as it
 is, with the reason) where a past input is read other than by GroupQueryAttention's past inputs
@@ -51,7 +57,7 @@ import onnx_ir as ir
 from graphopt.ops.targets import MS_DOMAIN
 from graphopt.passes._common import detach_and_remove, record
 
-__all__ = ["share_kv_buffer", "KV_BUFFER_MODES", "PRESENT_LENGTH", "PAST_LENGTH"]
+__all__ = ["share_kv_buffer", "rotary_table_nodes", "KV_BUFFER_MODES", "PRESENT_LENGTH", "PAST_LENGTH"]
 
 KV_BUFFER_MODES = ("growing", "shared")
 # the present outputs' sequence axis: max(past buffer, total) in onnxruntime's kernel
@@ -126,8 +132,9 @@ def _shape_range(node: ir.Node, rank: int) -> range:
     return range(start, end)
 
 
-def share_kv_buffer(model: ir.Model, *, stats: Any = None) -> tuple[int, str | None]:
-    """(Shape reads rewritten, None), or (0, why not) with the model unchanged."""
+def share_kv_buffer(model: ir.Model, *, max_length: int | None = None, stats: Any = None) -> tuple[int, str | None]:
+    """(Shape reads rewritten, None), or (0, why not) with the model unchanged. `max_length`: the rotary
+    tables for that many positions, as constants for the fold that follows (None: every step's own)."""
     started = time.perf_counter()
     graph = model.graph
     gqas = _gqa_nodes(graph)
@@ -186,10 +193,24 @@ def share_kv_buffer(model: ir.Model, *, stats: Any = None) -> tuple[int, str | N
             detach_and_remove(model, user)
             rewritten += 1
     _share_lengths(graph, gqas, mask, made[1].outputs[0], batch)
-    _position_tables(graph, gqas, past_length, made[1].outputs[0], made[0].outputs[0], new_tokens)
+    rows = made[0].outputs[0] if max_length is None else _constant(graph, "kv_buffer_max_length", np.array([max_length], np.int64))
+    _position_tables(graph, gqas, past_length, made[1].outputs[0], rows, new_tokens)
     _forget_past_shapes(graph, gqas, pasts)
     record(stats, rewritten, started)
     return rewritten, None
+
+
+def rotary_table_nodes(graph: ir.Graph) -> list[ir.Node]:
+    """The nodes that compute GroupQueryAttention's rotary caches (inputs 7 and 8), transitively: with
+    `max_length` every input of theirs is constant, and api folds exactly these."""
+    found: dict[int, ir.Node] = {}
+    todo = [v for node in _gqa_nodes(graph) for v in node.inputs[7:9] if v is not None]
+    while todo:
+        producer = todo.pop().producer()
+        if producer is not None and id(producer) not in found:
+            found[id(producer)] = producer
+            todo.extend(v for v in producer.inputs if v is not None)
+    return list(found.values())
 
 
 def _constant(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
@@ -234,8 +255,8 @@ def _share_lengths(graph: ir.Graph, gqas: list[ir.Node], mask: ir.Value, seq: ir
 def _position_tables(graph: ir.Graph, gqas: list[ir.Node], past_length: ir.Value, seq: ir.Value, total: ir.Value, new_tokens: ir.Value) -> None:
     """Each rotary cache Pad(rows, pads) of a GroupQueryAttention with do_rotary replaced by its rows
     computed again with the new tokens' count (`seq`, or the export's own Shape read of it) read as
-    the mask's length (`total`) and the past length as 0: positions 0 .. total - 1, the table it
-    indexes. Left as it is (right with a growing mask only) where the rows read another input than
+    the mask's length (`total`; or the constant max length) and the past length as 0: positions
+    0 .. total - 1, the table it indexes. Left as it is (right with a growing mask only) where the rows read another input than
     through those (a position_ids input, an activation's shape); every family of
     tests/llm_families.py is of the first kind."""
     substitutes = {id(past_length): _constant(graph, "kv_buffer_zero", np.array([0], np.int64)), id(seq): total}
