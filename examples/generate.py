@@ -10,8 +10,9 @@ each path gives the same tokens as transformers' eager model, and how fast it de
   (graphopt fuses RMSNorm, rotary, SwiGLU, attention over the cache and packs q/k/v, then hands
   the graph to inductor).
 * ONNX: the decoder exported by torch.onnx with past/present key/value inputs and outputs,
-  ``graphopt.optimize_file(..., kv_buffer="shared")`` (GroupQueryAttention reading and writing one
-  max-length buffer per layer), then onnxruntime with io-binding: each layer's buffer is bound as
+  ``graphopt.optimize_file(..., kv_buffer="shared", kv_max_length=N)`` (GroupQueryAttention reading
+  and writing one max-length buffer per layer; the rotary tables made once for N positions), then
+  onnxruntime with io-binding: each layer's buffer is bound as
   both its past input and its present output, so a decode step copies no cache.
 
 Prints prefill and per-token times, tokens/s, and how many of the tokens equal eager's.
@@ -140,14 +141,14 @@ def onnx_path(model: Any, prompt: torch.Tensor, steps: int, device: str, folder:
     start = time.perf_counter()
     export_with_past(model, exported)
     target = "ort-cuda" if device == "cuda" else "ort-cpu"
-    report = graphopt.optimize_file(exported, optimized, target=target, kv_buffer="shared")
+    config = model.config
+    batch, length = prompt.shape
+    max_length = length + steps  # the buffers' length: the rotary tables are made once for it (--kv-max-length)
+    report = graphopt.optimize_file(exported, optimized, target=target, kv_buffer="shared", kv_max_length=max_length)
     prepare_s = time.perf_counter() - start
     providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
     session = ort.InferenceSession(str(optimized), providers=providers)
 
-    config = model.config
-    batch, length = prompt.shape
-    max_length = length + steps
     head = config.hidden_size // config.num_attention_heads
     float_type = np.float16 if model.dtype == torch.float16 else np.float32
     pairs = [(f"past_{kv}{i}", f"present_{kv}{i}") for i in range(config.num_hidden_layers) for kv in "kv"]
