@@ -325,3 +325,17 @@ def test_cli_kv_max_length(tmp_path) -> None:
     bad = run_cli("optimize", source, tmp_path / "x.onnx", "--target", "ort-cpu", "--kv-max-length", "32")
     assert bad.returncode == 2 and bad.stderr.strip() == "error: --kv-max-length takes a length >= 1, with --kv-buffer shared"
     assert not (tmp_path / "x.onnx").exists()
+
+
+def test_a_sequence_past_the_max_length_is_refused_not_wrong(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tables of 8 positions in a 16-row buffer: the step whose total passes 8 fails in onnxruntime (its
+    GroupQueryAttention checks the cache's rows), it does not read past the table."""
+    pytest.importorskip("transformers")
+    from architectures import build
+
+    path, _ = build("smollm-kv", "dynamo")
+    optimized, _ = graphopt.optimize(onnx.load(str(path)), target="ort-cpu", kv_buffer="shared", kv_max_length=8)
+    monkeypatch.setitem(globals(), "MAX_LENGTH", 16)
+    _decode(optimized, (6, 1, 1), batch=2, shared=True)  # totals 6, 7, 8: inside the tables
+    with pytest.raises(Exception, match="cos_cache dimension 0 shall not be less than total_sequence_length"):
+        _decode(optimized, (6, 1, 1, 1), batch=2, shared=True)  # total 9
