@@ -9,7 +9,9 @@ TinyLlama-1.1B shape of benchmarks/llm_decode.py (for the GPU).
 Variants (--variants, comma-separated):
   fp16 / bf16   the eager model cast to that type (on the CPU: against fp32)
   int8, int4    torch.compile(backend="graphopt", options={"weights": ..., "block_size": --block-size}),
-                graphopt's weight-only path (inductor off on the CPU: it compiles C++ here)
+                graphopt's weight-only path (inductor off on the CPU: it compiles C++ here), with the forms'
+                timing pinned so that every eligible layer is quantized (graphopt otherwise keeps a layer
+                in full precision where it times the quantized forms no faster: this measures accuracy)
   fp8           options={"precision": "fp8"} (CUDA with compute capability >= 8.9 only)
   identity      the reference model itself, compiled by graphopt without quantization (a check:
                 cosine 1, agreement 100 %)
@@ -35,6 +37,7 @@ Writes a JSON (--out: a file or a folder; default benchmarks/results/) and print
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import json
 import os
@@ -43,7 +46,7 @@ import statistics
 import sys
 import traceback
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -136,6 +139,22 @@ def compare(reference_logits: Any, forced_logits: Any, free_tokens: Any, min_gap
         "free_gap_at_divergence": None if first is None else float(gaps[first]),
         "free_token_agreement": float(equal.double().mean()),
     }
+
+
+@contextlib.contextmanager
+def every_layer_quantized() -> Iterator[None]:
+    """The weight forms' timing pinned: every quantized form "faster" than the matmul, so each eligible layer is
+    quantized (the first form listed runs) and its accuracy measured; the clock restored after."""
+    from graphopt.passes import fx_weight_quant_forms
+
+    saved = fx_weight_quant_forms.TIMER
+    fx_weight_quant_forms.TIMER = lambda name, fn: 2.0 if name == "unquantized" else 1.0
+    fx_weight_quant_forms._TIMES.clear()
+    try:
+        yield
+    finally:
+        fx_weight_quant_forms.TIMER = saved
+        fx_weight_quant_forms._TIMES.clear()
 
 
 def variant_forward(model: Any, variant: str, args: argparse.Namespace) -> tuple[Any, Callable[..., Any]]:
@@ -250,8 +269,9 @@ def run_variant(variant: str, args: argparse.Namespace, reference_logits: Any, p
         torch._dynamo.reset()
         run, forward = variant_forward(model, variant, args)
         cache = _static_cache(run, 1, prompt.shape[1] + args.steps, args.device)
-        _, forced_logits = decode(forward, run, prompt, args.steps, forced=reference_logits.argmax(-1), cache=cache)
-        free_tokens, _ = decode(forward, run, prompt, args.steps, cache=cache)
+        with every_layer_quantized():  # (the compile happens at the first call)
+            _, forced_logits = decode(forward, run, prompt, args.steps, forced=reference_logits.argmax(-1), cache=cache)
+            free_tokens, _ = decode(forward, run, prompt, args.steps, cache=cache)
         entry.update(compare(reference_logits, forced_logits, free_tokens, args.min_gap))
         weights = weight_summary() if variant in ("int8", "int4", "fp8") else None
         if weights is not None:
