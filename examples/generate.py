@@ -15,7 +15,9 @@ each path gives the same tokens as transformers' eager model, and how fast it de
   onnxruntime with io-binding: each layer's buffer is bound as
   both its past input and its present output, so a decode step copies no cache.
 
-Prints prefill and per-token times, tokens/s, and how many of the tokens equal eager's.
+Prints prefill and per-token times, tokens/s, the fraction of the memory-bandwidth limit (a decode step
+must read every weight and the cache; the limit is those bytes over a measured copy's bandwidth on the
+device), and how many of the tokens equal eager's.
 """
 
 from __future__ import annotations
@@ -182,6 +184,30 @@ def onnx_path(model: Any, prompt: torch.Tensor, steps: int, device: str, folder:
             "fused": fused}
 
 
+def copy_bandwidth(device: str) -> float:
+    """Bytes read + written per second by a large device copy (the memory bandwidth a step can reach)."""
+    nbytes = (1 << 30) if device == "cuda" else (256 << 20)
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(6):
+        _sync(device)
+        start = time.perf_counter()
+        dst.copy_(src)
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return 2 * nbytes / statistics.median(times[1:])
+
+
+def step_bytes(model: Any, prompt_tokens: int, steps: int) -> float:
+    """What one decode step reads at batch 1: every weight, and the key/value cache at the mean position."""
+    config = model.config
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    head = config.hidden_size // config.num_attention_heads
+    mean_rows = prompt_tokens + steps / 2
+    return weights + 2 * config.num_hidden_layers * config.num_key_value_heads * head * mean_rows * model.dtype.itemsize
+
+
 def run_paths(size: str, device: str, prompt_tokens: int, steps: int, paths: str) -> tuple[Any, np.ndarray, dict[str, dict[str, Any]]]:
     """(the model, eager's tokens, each path's result with its "equal_to_eager": leading tokens equal to eager's)."""
     dtype = torch.float16 if device == "cuda" else torch.float32
@@ -194,8 +220,10 @@ def run_paths(size: str, device: str, prompt_tokens: int, steps: int, paths: str
     if "onnx" in paths:
         with tempfile.TemporaryDirectory() as folder:
             results["graphopt --kv-buffer shared + onnxruntime"] = onnx_path(model, prompt, steps, device, Path(folder))
+    limit_ms = step_bytes(model, prompt_tokens, steps) / copy_bandwidth(device) * 1e3
     for r in results.values():
         r["equal_to_eager"] = int((r["tokens"] == reference).all(0).cumprod().sum())
+        r["of_limit"] = limit_ms / r["step_ms"]
     return model, reference, results
 
 
@@ -213,9 +241,12 @@ def main(argv: list[str] | None = None) -> int:
     name = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
     print(f"{args.size} LLaMA-style decoder ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, {model.dtype}) "
           f"on {name}; prompt {args.prompt}, {args.steps} greedy tokens")
-    print(f"{'path':45s} {'prefill ms':>10s} {'ms/token':>9s} {'tokens/s':>9s}  tokens equal to eager")
+    print(f"{'path':45s} {'prefill ms':>10s} {'ms/token':>9s} {'tokens/s':>9s} {'of limit':>8s}  tokens equal to eager")
     for path, r in results.items():
-        print(f"{path:45s} {r['prefill_ms']:10.2f} {r['step_ms']:9.3f} {1e3 / r['step_ms']:9.1f}  {r['equal_to_eager']}/{args.steps}")
+        print(f"{path:45s} {r['prefill_ms']:10.2f} {r['step_ms']:9.3f} {1e3 / r['step_ms']:9.1f} {100 * r['of_limit']:7.1f}%  "
+              f"{r['equal_to_eager']}/{args.steps}")
+    print("of limit: (weights + KV cache bytes a step reads) / a measured device copy's bandwidth, over ms/token "
+          "(on the CPU a copy understates what a stream of reads reaches, and caches help: above 100 % is possible there)")
     for path, r in results.items():
         extra = f"first run (compiling) {r['first_run_s']:.1f} s" if "first_run_s" in r else f"export + optimize {r['prepare_s']:.1f} s; fused {r['fused']}"
         print(f"  {path}: {extra}")
